@@ -1,0 +1,67 @@
+"""aioinfer: an asyncio-native inference runtime for ONNX models.
+
+    core = aioinfer.Core()
+    compiled = core.compile_model("model.onnx", "CPU")
+    request = compiled.create_infer_request()
+    results = await request.infer({"x": x})
+"""
+
+from aioinfer.core import Core
+from aioinfer.errors import (
+    AioinferError,
+    CompileError,
+    InferCancelledError,
+    InferenceError,
+    InputError,
+    InputShapeError,
+    InputTypeError,
+    InvalidModelError,
+    InvalidPropertyValueError,
+    MissingInputError,
+    ModelNotFoundError,
+    ModelReadError,
+    PropertyError,
+    ReadOnlyPropertyError,
+    UnknownDeviceError,
+    UnknownInputError,
+    UnknownPropertyError,
+    UnsupportedOperatorError,
+)
+from aioinfer.model import Model, Port
+from aioinfer.plugin.async_request import AsyncInferRequest
+from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.results import InferResults
+
+__version__ = "0.1.0"
+
+InferRequest = AsyncInferRequest
+"""The request type users hold (``compiled.create_infer_request()``)."""
+
+__all__ = [
+    "AioinferError",
+    "AsyncInferRequest",
+    "CompileError",
+    "CompiledModel",
+    "Core",
+    "InferCancelledError",
+    "InferRequest",
+    "InferResults",
+    "InferenceError",
+    "InputError",
+    "InputShapeError",
+    "InputTypeError",
+    "InvalidModelError",
+    "InvalidPropertyValueError",
+    "MissingInputError",
+    "Model",
+    "ModelNotFoundError",
+    "ModelReadError",
+    "Port",
+    "PropertyError",
+    "ReadOnlyPropertyError",
+    "UnknownDeviceError",
+    "UnknownInputError",
+    "UnknownPropertyError",
+    "UnsupportedOperatorError",
+    "__version__",
+]

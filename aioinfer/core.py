@@ -1,0 +1,133 @@
+"""Core: finds devices, reads models and compiles them."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+import anyio.to_thread
+
+from aioinfer.errors import UnknownDeviceError
+from aioinfer.frontend import ModelSource, read_ir_model
+from aioinfer.model import Model
+from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.plugin.plugin import Plugin
+
+PLUGIN_GROUP = "aioinfer.plugins"
+"""Entry-point group under which a package registers a device (name = device name)."""
+
+_BUILTIN_DEVICES: dict[str, str] = {"CPU": "aioinfer.devices.cpu:CPUPlugin"}
+
+
+def _load(target: str) -> Callable[[], Plugin]:
+    module_name, _, attr = target.partition(":")
+    module = __import__(module_name, fromlist=[attr])
+    return getattr(module, attr)  # type: ignore[no-any-return]
+
+
+class Core:
+    """The entry point: ``Core().compile_model("model.onnx", "CPU")``.
+
+    Devices are the built-in ones plus every plugin registered under the entry-point
+    group ``aioinfer.plugins``; each is loaded on first use.
+    """
+
+    def __init__(self) -> None:
+        self._targets: dict[str, Callable[[], Any]] = {
+            name: functools.partial(_load, target) for name, target in _BUILTIN_DEVICES.items()
+        }
+        for entry in entry_points(group=PLUGIN_GROUP):
+            self._targets.setdefault(entry.name, entry.load)
+        self._plugins: dict[str, Plugin] = {}
+        self._lock = threading.Lock()
+
+    # -- devices --------------------------------------------------------------------------
+
+    @property
+    def available_devices(self) -> list[str]:
+        """Names of the devices this Core can compile for."""
+        return sorted(set(self._targets) | set(self._plugins))
+
+    def register_plugin(self, plugin: Plugin) -> None:
+        """Make ``plugin`` available under its ``device_name`` (in-process registration)."""
+        with self._lock:
+            self._plugins[plugin.device_name] = plugin
+
+    def get_plugin(self, device: str) -> Plugin:
+        """The plugin of ``device``, loading it on first use.
+
+        Raises:
+            UnknownDeviceError: no such device (the message lists the available ones).
+        """
+        with self._lock:
+            plugin = self._plugins.get(device)
+            if plugin is not None:
+                return plugin
+            target = self._targets.get(device)
+            if target is None:
+                raise UnknownDeviceError(
+                    f"unknown device {device!r}; available: {', '.join(self.available_devices)}"
+                )
+            loaded = target()
+            plugin = loaded() if isinstance(loaded, type) else loaded
+            self._plugins[device] = plugin
+            return plugin
+
+    def get_property(self, device: str, name: str) -> Any:
+        """A device-level property, e.g. ``SUPPORTED_PROPERTIES`` or ``NUM_CORES``."""
+        return self.get_plugin(device).get_property(name)
+
+    # -- models ---------------------------------------------------------------------------
+
+    def read_model(self, model: ModelSource) -> Model:
+        """Read an ONNX model from a path, bytes, an ``onnx.ModelProto`` or an
+        ``onnx_ir.Model``. External data next to a model file is found.
+
+        Raises:
+            ModelNotFoundError: the path does not exist.
+            InvalidModelError: not an ONNX model, truncated, or an invalid graph.
+        """
+        return Model(read_ir_model(model))
+
+    async def read_model_async(self, model: ModelSource) -> Model:
+        """:meth:`read_model` on a worker thread, so a large file does not stall the loop."""
+        return await anyio.to_thread.run_sync(self.read_model, model, abandon_on_cancel=True)
+
+    def query_model(self, model: Model | ModelSource, device: str = "CPU") -> dict[str, str]:
+        """Which nodes of ``model`` the device can run (node name -> device)."""
+        model = model if isinstance(model, Model) else self.read_model(model)
+        return self.get_plugin(device).query_model(model)
+
+    def compile_model(
+        self,
+        model: Model | ModelSource,
+        device: str = "CPU",
+        config: Mapping[str, Any] | None = None,
+    ) -> CompiledModel:
+        """Compile ``model`` for ``device``: transformation passes, lowering, weights.
+
+        ``model`` may be a :class:`Model` or anything :meth:`read_model` takes.
+
+        Raises:
+            UnknownDeviceError: no such device.
+            UnknownPropertyError, InvalidPropertyValueError: a bad ``config``.
+            UnsupportedOperatorError: an operator the device cannot run (named).
+            ModelReadError: ``model`` could not be read.
+        """
+        plugin = self.get_plugin(device)
+        model = model if isinstance(model, Model) else self.read_model(model)
+        return plugin.compile_model(model, dict(config or {}))
+
+    async def compile_model_async(
+        self,
+        model: Model | ModelSource,
+        device: str = "CPU",
+        config: Mapping[str, Any] | None = None,
+    ) -> CompiledModel:
+        """:meth:`compile_model` on a worker thread; the event loop stays free."""
+        return await anyio.to_thread.run_sync(
+            functools.partial(self.compile_model, model, device, config), abandon_on_cancel=True
+        )

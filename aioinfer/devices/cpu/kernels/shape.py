@@ -1,0 +1,442 @@
+"""Shape-manipulation kernels: reshaping, reordering, joining, splitting and padding.
+
+Operators whose ``shape``/``axes``/``pads`` operand moved from an attribute to an input
+across opset versions read the attribute in old versions and the input in new ones; a
+constant operand is normalised once in the factory. Resize and Upsample live in
+:mod:`.resize`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
+
+
+def int_list(value: Any) -> list[int]:
+    """A 1-D integer operand (attribute list or tensor) as a list of Python ints."""
+    return [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
+    """``axis`` in ``[-rank, rank-1]`` as a non-negative axis.
+
+    Raises:
+        ValueError: the axis is out of range.
+    """
+    if not -rank <= axis < rank:
+        raise ValueError(f"{what} {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def _resolve_reshape(data_shape: tuple[int, ...], shape: Sequence[int], allowzero: bool) -> tuple:
+    if allowzero:
+        return tuple(shape)
+    out = []
+    for i, dim in enumerate(shape):
+        if dim == 0:
+            if i >= len(data_shape):
+                raise ValueError(
+                    f"Reshape: shape {list(shape)} copies dimension {i} (0) but the input "
+                    f"has rank {len(data_shape)}"
+                )
+            dim = data_shape[i]
+        out.append(dim)
+    return tuple(out)
+
+
+@kernel("Reshape")
+def _reshape(spec: NodeSpec) -> Kernel:
+    allowzero = bool(spec.attr("allowzero", 0))
+    if spec.opset < 5:
+        const = spec.attr("shape")
+        if const is None:
+            raise ValueError("Reshape-1 needs the 'shape' attribute")
+    else:
+        const = spec.const(1)
+    if const is not None:
+        shape = int_list(const)
+        if allowzero or 0 not in shape:
+            fixed = tuple(shape)
+
+            def run_fixed(data: np.ndarray, _shape: Any = None) -> tuple:
+                return (data.reshape(fixed),)
+
+            return run_fixed
+
+        def run_copying(data: np.ndarray, _shape: Any = None) -> tuple:
+            return (data.reshape(_resolve_reshape(data.shape, shape, allowzero)),)
+
+        return run_copying
+
+    def run(data: np.ndarray, shape_in: np.ndarray) -> tuple:
+        return (data.reshape(_resolve_reshape(data.shape, int_list(shape_in), allowzero)),)
+
+    return run
+
+
+@kernel("Flatten")
+def _flatten(spec: NodeSpec) -> Kernel:
+    axis = int(spec.attr("axis", 1))
+
+    def run(data: np.ndarray) -> tuple:
+        rank = data.ndim
+        if not -rank <= axis <= rank:
+            raise ValueError(f"Flatten: axis {axis} is out of range for rank {rank}")
+        split = axis + rank if axis < 0 else axis
+        outer = int(np.prod(data.shape[:split], dtype=np.int64))
+        inner = int(np.prod(data.shape[split:], dtype=np.int64))
+        return (data.reshape(outer, inner),)
+
+    return run
+
+
+@kernel("Transpose")
+def _transpose(spec: NodeSpec) -> Kernel:
+    perm = spec.attr("perm")
+    axes = None if perm is None else tuple(int(p) for p in perm)
+
+    def run(data: np.ndarray) -> tuple:
+        return (np.transpose(data, axes),)
+
+    return run
+
+
+def _axes_operand(spec: NodeSpec, since_input: int) -> tuple[bool, list[int] | None]:
+    """(known at compile time, axes) for ops whose ``axes`` attribute became input 1."""
+    if spec.opset < since_input:
+        axes = spec.attr("axes")
+        return True, None if axes is None else int_list(axes)
+    if spec.num_inputs < 2:
+        return True, None
+    const = spec.const(1)
+    return const is not None, None if const is None else int_list(const)
+
+
+def _squeeze(data: np.ndarray, axes: list[int] | None) -> np.ndarray:
+    if axes is None or len(axes) == 0:
+        return np.squeeze(data)
+    norm = tuple(normalize_axis(a, data.ndim, "Squeeze axis") for a in axes)
+    for a in norm:
+        if data.shape[a] != 1:
+            raise ValueError(f"Squeeze: dimension {a} of shape {data.shape} is not 1")
+    return np.squeeze(data, axis=norm)
+
+
+@kernel("Squeeze")
+def _squeeze_kernel(spec: NodeSpec) -> Kernel:
+    known, axes = _axes_operand(spec, since_input=13)
+    if known:
+
+        def run_fixed(data: np.ndarray, _axes: Any = None) -> tuple:
+            return (_squeeze(data, axes),)
+
+        return run_fixed
+
+    def run(data: np.ndarray, axes_in: np.ndarray | None = None) -> tuple:
+        return (_squeeze(data, None if axes_in is None else int_list(axes_in)),)
+
+    return run
+
+
+def _unsqueeze(data: np.ndarray, axes: list[int]) -> np.ndarray:
+    rank = data.ndim + len(axes)
+    norm = sorted(normalize_axis(a, rank, "Unsqueeze axis") for a in axes)
+    if len(set(norm)) != len(norm):
+        raise ValueError(f"Unsqueeze: axes {axes} repeat an axis")
+    return data.reshape(_unsqueezed_shape(data.shape, norm))
+
+
+def _unsqueezed_shape(shape: tuple[int, ...], sorted_axes: list[int]) -> tuple[int, ...]:
+    out = list(shape)
+    for a in sorted_axes:
+        out.insert(a, 1)
+    return tuple(out)
+
+
+@kernel("Unsqueeze")
+def _unsqueeze_kernel(spec: NodeSpec) -> Kernel:
+    known, axes = _axes_operand(spec, since_input=13)
+    if known:
+        if axes is None:
+            raise ValueError("Unsqueeze needs axes")
+        fixed = axes
+
+        def run_fixed(data: np.ndarray, _axes: Any = None) -> tuple:
+            return (_unsqueeze(data, fixed),)
+
+        return run_fixed
+
+    def run(data: np.ndarray, axes_in: np.ndarray) -> tuple:
+        return (_unsqueeze(data, int_list(axes_in)),)
+
+    return run
+
+
+@kernel("Concat")
+def _concat(spec: NodeSpec) -> Kernel:
+    axis = int(spec.attr("axis", 1))
+
+    def run(*inputs: np.ndarray) -> tuple:
+        rank = inputs[0].ndim
+        return (np.concatenate(inputs, axis=normalize_axis(axis, rank, "Concat axis")),)
+
+    return run
+
+
+def _split_sizes(dim: int, parts: int) -> list[int]:
+    """Equal chunks of ``ceil(dim / parts)``; the last one takes what is left."""
+    chunk = -(-dim // parts)
+    last = dim - chunk * (parts - 1)
+    if last < 0:
+        raise ValueError(f"Split: a dimension of {dim} cannot be split into {parts} outputs")
+    return [chunk] * (parts - 1) + [last]
+
+
+def _split(data: np.ndarray, axis: int, sizes: list[int] | None, parts: int) -> tuple:
+    ax = normalize_axis(axis, data.ndim, "Split axis")
+    dim = data.shape[ax]
+    if sizes is None:
+        sizes = _split_sizes(dim, parts)
+    if sum(sizes) != dim or len(sizes) != parts:
+        raise ValueError(
+            f"Split: sizes {sizes} do not split dimension {dim} into {parts} outputs"
+        )
+    bounds = np.cumsum(sizes)[:-1]
+    return tuple(np.split(data, bounds, axis=ax))
+
+
+@kernel("Split")
+def _split_kernel(spec: NodeSpec) -> Kernel:
+    axis = int(spec.attr("axis", 0))
+    parts = int(spec.attr("num_outputs", spec.num_outputs))
+    sizes_attr = spec.attr("split") if spec.opset < 13 else None
+    if sizes_attr is not None and len(sizes_attr) > 0:
+        fixed: list[int] | None = int_list(sizes_attr)
+    elif (spec.opset == 1 or spec.opset >= 13) and spec.num_inputs > 1:
+        const = spec.const(1)
+        if const is None:
+
+            def run_dynamic(data: np.ndarray, split: np.ndarray | None = None) -> tuple:
+                sizes = None if split is None or split.size == 0 else int_list(split)
+                return _split(data, axis, sizes, parts)
+
+            return run_dynamic
+        fixed = int_list(const) if const.size else None
+    else:
+        fixed = None
+
+    def run(data: np.ndarray, _split_in: Any = None) -> tuple:
+        return _split(data, axis, fixed, parts)
+
+    return run
+
+
+@kernel("Expand", since=8)
+def _expand(spec: NodeSpec) -> Kernel:
+    const = spec.const(1)
+    fixed = None if const is None else tuple(int_list(const))
+
+    def run(data: np.ndarray, shape: np.ndarray) -> tuple:
+        target = fixed if fixed is not None else tuple(int_list(shape))
+        return (np.broadcast_to(data, np.broadcast_shapes(data.shape, target)),)
+
+    return run
+
+
+@kernel("Tile", since=6)
+def _tile(spec: NodeSpec) -> Kernel:
+    const = spec.const(1)
+    fixed = None if const is None else int_list(const)
+
+    def run(data: np.ndarray, repeats: np.ndarray) -> tuple:
+        reps = fixed if fixed is not None else int_list(repeats)
+        if len(reps) != data.ndim:
+            raise ValueError(f"Tile: {len(reps)} repeats for an input of rank {data.ndim}")
+        return (np.tile(data, reps),)
+
+    return run
+
+
+_PAD_MODES = {"constant", "reflect", "edge", "wrap"}
+
+
+def _pad(
+    data: np.ndarray, pads: list[int], axes: list[int] | None, mode: str, value: Any
+) -> np.ndarray:
+    rank = data.ndim
+    axes_n = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
+    if len(pads) != 2 * len(axes_n):
+        raise ValueError(f"Pad: {len(pads)} pads for {len(axes_n)} axes (want twice as many)")
+    width = [(0, 0)] * rank
+    for i, a in enumerate(axes_n):
+        width[a] = (pads[i], pads[i + len(axes_n)])
+    if any(b < 0 or e < 0 for b, e in width):
+        crop = tuple(
+            slice(max(-b, 0), data.shape[a] - max(-e, 0)) for a, (b, e) in enumerate(width)
+        )
+        data = data[crop]
+        width = [(max(b, 0), max(e, 0)) for b, e in width]
+    if not any(b or e for b, e in width):
+        return data
+    if mode == "constant":
+        return np.pad(data, width, mode="constant", constant_values=value)
+    return np.pad(data, width, mode=mode)
+
+
+@kernel("Pad")
+def _pad_kernel(spec: NodeSpec) -> Kernel:
+    mode = spec.attr("mode", "constant")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode not in _PAD_MODES:
+        raise ValueError(f"Pad: mode {mode!r} is not one of {sorted(_PAD_MODES)}")
+    if spec.opset < 11:
+        pads_attr = spec.attr("paddings" if spec.opset < 2 else "pads")
+        if pads_attr is None:
+            raise ValueError("Pad needs the 'pads' attribute")
+        fixed_pads = int_list(pads_attr)
+        value = float(spec.attr("value", 0.0))
+
+        def run_attr(data: np.ndarray) -> tuple:
+            return (_pad(data, fixed_pads, None, mode, value),)
+
+        return run_attr
+
+    const_pads = spec.const(1)
+    const_axes = spec.const(3)
+    pads_c = None if const_pads is None else int_list(const_pads)
+    axes_c = None if const_axes is None else int_list(const_axes)
+
+    def run(
+        data: np.ndarray,
+        pads: np.ndarray,
+        constant_value: np.ndarray | None = None,
+        axes: np.ndarray | None = None,
+    ) -> tuple:
+        p = pads_c if pads_c is not None else int_list(pads)
+        ax = axes_c if axes_c is not None else (None if axes is None else int_list(axes))
+        v = 0 if constant_value is None or constant_value.size == 0 else constant_value.item()
+        return (_pad(data, p, ax, mode, v),)
+
+    return run
+
+
+@kernel("Shape")
+def _shape(spec: NodeSpec) -> Kernel:
+    start = int(spec.attr("start", 0))
+    end = spec.attr("end")
+
+    def run(data: np.ndarray) -> tuple:
+        return (np.array(data.shape[start:end], dtype=np.int64),)
+
+    return run
+
+
+@kernel("Size")
+def _size(spec: NodeSpec) -> Kernel:
+    def run(data: np.ndarray) -> tuple:
+        return (np.array(data.size, dtype=np.int64),)
+
+    return run
+
+
+@kernel("ConstantOfShape", since=9)
+def _constant_of_shape(spec: NodeSpec) -> Kernel:
+    value = spec.attr("value")
+    fill = np.zeros((), np.float32) if value is None else np.asarray(value)
+    if fill.size != 1:
+        raise ValueError(f"ConstantOfShape: 'value' must hold one element, not {fill.size}")
+    scalar, dtype = fill.reshape(-1)[0], fill.dtype
+    const = spec.const(0)
+    fixed = None if const is None else tuple(int_list(const))
+
+    def run(shape: np.ndarray) -> tuple:
+        target = fixed if fixed is not None else tuple(int_list(shape))
+        return (np.full(target, scalar, dtype=dtype),)
+
+    return run
+
+
+@kernel("Range", since=11)
+def _range(spec: NodeSpec) -> Kernel:
+    def run(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> tuple:
+        if delta.item() == 0:
+            raise ValueError("Range: delta must not be 0")
+        return (np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype),)
+
+    return run
+
+
+def _check_blocks(data: np.ndarray, op: str) -> None:
+    if data.ndim != 4:
+        raise ValueError(f"{op}: input must have rank 4, not {data.ndim}")
+
+
+@kernel("DepthToSpace")
+def _depth_to_space(spec: NodeSpec) -> Kernel:
+    bs = int(spec.attr("blocksize"))
+    mode = spec.attr("mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise ValueError(f"DepthToSpace: mode {mode!r} is not 'DCR' or 'CRD'")
+
+    def run(data: np.ndarray) -> tuple:
+        _check_blocks(data, "DepthToSpace")
+        n, c, h, w = data.shape
+        if c % (bs * bs):
+            raise ValueError(f"DepthToSpace: {c} channels not divisible by blocksize² {bs * bs}")
+        oc = c // (bs * bs)
+        if mode == "DCR":
+            x = data.reshape(n, bs, bs, oc, h, w).transpose(0, 3, 4, 1, 5, 2)
+        else:
+            x = data.reshape(n, oc, bs, bs, h, w).transpose(0, 1, 4, 2, 5, 3)
+        return (x.reshape(n, oc, h * bs, w * bs),)
+
+    return run
+
+
+@kernel("SpaceToDepth")
+def _space_to_depth(spec: NodeSpec) -> Kernel:
+    bs = int(spec.attr("blocksize"))
+
+    def run(data: np.ndarray) -> tuple:
+        _check_blocks(data, "SpaceToDepth")
+        n, c, h, w = data.shape
+        if h % bs or w % bs:
+            raise ValueError(f"SpaceToDepth: spatial size {h}x{w} not divisible by {bs}")
+        x = data.reshape(n, c, h // bs, bs, w // bs, bs).transpose(0, 3, 5, 1, 2, 4)
+        return (x.reshape(n, c * bs * bs, h // bs, w // bs),)
+
+    return run
+
+
+@kernel("Trilu", since=14)
+def _trilu(spec: NodeSpec) -> Kernel:
+    upper = bool(spec.attr("upper", 1))
+    const = spec.const(1)
+    fixed = None if const is None else int(const.item())
+    op = np.triu if upper else np.tril
+
+    def run(data: np.ndarray, k: np.ndarray | None = None) -> tuple:
+        diag = fixed if fixed is not None else (0 if k is None else int(k.item()))
+        return (op(data, diag),)
+
+    return run
+
+
+@kernel("EyeLike", since=9)
+def _eye_like(spec: NodeSpec) -> Kernel:
+    dtype_attr = spec.attr("dtype")
+    dtype = None if dtype_attr is None else np.dtype(ir.DataType(int(dtype_attr)).numpy())
+    k = int(spec.attr("k", 0))
+
+    def run(data: np.ndarray) -> tuple:
+        if data.ndim != 2:
+            raise ValueError(f"EyeLike: input must have rank 2, not {data.ndim}")
+        return (np.eye(data.shape[0], data.shape[1], k=k, dtype=dtype or data.dtype),)
+
+    return run

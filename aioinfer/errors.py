@@ -1,0 +1,92 @@
+"""The aioinfer exception hierarchy.
+
+Every failure a user can cause raises one of these, with a message that names what was
+wrong, what was expected and what was given. Catch :class:`AioinferError` for all of
+them; the request, compiled model and core stay usable after any of them.
+"""
+
+from __future__ import annotations
+
+
+class AioinferError(Exception):
+    """Base class of every aioinfer error."""
+
+
+# -- reading models ---------------------------------------------------------------------
+
+
+class ModelReadError(AioinferError):
+    """A model could not be read."""
+
+
+class ModelNotFoundError(ModelReadError, FileNotFoundError):
+    """The model path does not exist."""
+
+
+class InvalidModelError(ModelReadError):
+    """The data is not an ONNX model, is truncated, or fails ONNX's checks."""
+
+
+# -- compiling --------------------------------------------------------------------------
+
+
+class CompileError(AioinferError):
+    """A model could not be compiled for a device."""
+
+
+class UnsupportedOperatorError(CompileError):
+    """The device has no kernel for an operator (or for its version)."""
+
+
+class UnknownDeviceError(AioinferError):
+    """No device of that name is registered."""
+
+
+class PropertyError(AioinferError):
+    """A property name or value is not accepted."""
+
+
+class UnknownPropertyError(PropertyError):
+    """The device does not know that property."""
+
+
+class InvalidPropertyValueError(PropertyError):
+    """The property exists but the value is not valid for it."""
+
+
+class ReadOnlyPropertyError(PropertyError):
+    """The property can be read but not set."""
+
+
+# -- inference --------------------------------------------------------------------------
+
+
+class InputError(AioinferError, ValueError):
+    """An input tensor given to a request is not acceptable."""
+
+
+class UnknownInputError(InputError, KeyError):
+    """No input or output port has that name or index."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingInputError(InputError):
+    """An inference started without a value for a model input."""
+
+
+class InputTypeError(InputError, TypeError):
+    """An input tensor has the wrong element type."""
+
+
+class InputShapeError(InputError):
+    """An input tensor has the wrong rank or a dimension that disagrees with the model."""
+
+
+class InferenceError(AioinferError):
+    """A kernel failed while running the model; the message names the node."""
+
+
+class InferCancelledError(AioinferError):
+    """The inference was stopped by ``request.cancel()`` before it completed."""

@@ -1,0 +1,142 @@
+"""Model: the user's handle on a graph before compilation, and its ports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from aioinfer.errors import InvalidModelError, UnknownInputError
+
+Dim = int | str | None
+"""A dimension: a static size, a symbolic name, or None when unknown."""
+
+
+@dataclass(frozen=True)
+class Port:
+    """An input or output of a model: name, element type and partial shape."""
+
+    index: int
+    name: str
+    element_type: ir.DataType
+    shape: tuple[Dim, ...] | None
+    """Partial shape: ints are static, strings symbolic, None unknown; None if rank unknown."""
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype of the element type."""
+        return np.dtype(self.element_type.numpy())
+
+    @property
+    def rank(self) -> int | None:
+        """Number of dimensions, or None when the rank is unknown."""
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True when the rank or any dimension is not static."""
+        return self.shape is None or any(not isinstance(d, int) for d in self.shape)
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else "[" + ", ".join(_dim_str(d) for d in self.shape) + "]"
+        return f"{self.name}: {self.element_type.name.lower()}{dims}"
+
+
+def _dim_str(dim: Dim) -> str:
+    return "?" if dim is None else str(dim)
+
+
+def port_from_value(index: int, value: ir.Value) -> Port:
+    """Describe an IR graph input or output as a :class:`Port`."""
+    if value.dtype is None:
+        raise InvalidModelError(f"graph input/output {value.name!r} has no element type")
+    shape: tuple[Dim, ...] | None = None
+    if value.shape is not None:
+        shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
+    return Port(index, value.name or f"port{index}", value.dtype, shape)
+
+
+def find_port(ports: Sequence[Port], key: str | int | Port, kind: str) -> Port:
+    """The port named ``key`` (or at position ``key``) among ``ports``.
+
+    Raises:
+        UnknownInputError: no such port; the message lists the ports that exist.
+    """
+    if isinstance(key, Port):
+        key = key.name
+    if isinstance(key, int) and not isinstance(key, bool):
+        if -len(ports) <= key < len(ports):
+            return ports[key]
+        raise UnknownInputError(f"the model has {len(ports)} {kind}s; there is no {kind} {key}")
+    for port in ports:
+        if port.name == key:
+            return port
+    names = ", ".join(repr(p.name) for p in ports) or "none"
+    raise UnknownInputError(f"the model has no {kind} named {key!r}; its {kind}s are {names}")
+
+
+class Model:
+    """An ONNX model read into aioinfer's IR (onnx-ir), ready to compile.
+
+    Obtain one with :meth:`aioinfer.Core.read_model`. ``inputs`` and ``outputs`` list the
+    ports the compiled model will have; ``ir`` is the underlying :class:`onnx_ir.Model`.
+    """
+
+    def __init__(self, ir_model: ir.Model) -> None:
+        self._ir = ir_model
+        graph = ir_model.graph
+        initializers = set(graph.initializers)
+        feeds = [v for v in graph.inputs if v.name not in initializers]
+        self._inputs = [port_from_value(i, v) for i, v in enumerate(feeds)]
+        self._outputs = [port_from_value(i, v) for i, v in enumerate(graph.outputs)]
+
+    @property
+    def ir(self) -> ir.Model:
+        """The underlying onnx-ir model (compiling copies it; the Model is not changed)."""
+        return self._ir
+
+    @property
+    def name(self) -> str:
+        """The graph's name."""
+        return self._ir.graph.name or "model"
+
+    @property
+    def inputs(self) -> list[Port]:
+        """The inputs a user feeds (initializers listed as graph inputs are not among them)."""
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[Port]:
+        """The model's outputs."""
+        return list(self._outputs)
+
+    def input(self, key: str | int = 0) -> Port:
+        """One input by name or position."""
+        return find_port(self._inputs, key, "input")
+
+    def output(self, key: str | int = 0) -> Port:
+        """One output by name or position."""
+        return find_port(self._outputs, key, "output")
+
+    def reshape(self, shapes: Mapping[str | int, Sequence[Dim]]) -> None:
+        """Set new (partial) shapes for inputs, by name or position, before compiling.
+
+        Raises:
+            UnknownInputError: a key names no input.
+            InvalidModelError: the new shape has a negative dimension.
+        """
+        feeds = {v.name: v for v in self._ir.graph.inputs}
+        for key, dims in shapes.items():
+            port = self.input(key)
+            for d in dims:
+                if isinstance(d, int) and d < 0:
+                    raise InvalidModelError(f"reshape of {port.name!r}: negative dimension {d}")
+            feeds[port.name].shape = ir.Shape([d if d is not None else None for d in dims])
+            self._inputs[port.index] = port_from_value(port.index, feeds[port.name])
+
+    def __repr__(self) -> str:
+        ins = ", ".join(str(p) for p in self._inputs)
+        outs = ", ".join(str(p) for p in self._outputs)
+        return f"<Model {self.name!r} inputs=({ins}) outputs=({outs})>"

@@ -1,0 +1,143 @@
+"""CompiledModel: what all requests of one compiled model share."""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import onnx_ir as ir
+
+from aioinfer.model import Port, find_port
+from aioinfer.plugin.async_request import AsyncInferRequest
+from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
+from aioinfer.properties import check_readable
+
+if TYPE_CHECKING:
+    from aioinfer.plugin.plugin import Plugin
+    from aioinfer.plugin.sync_request import SyncInferRequest
+
+
+class CompiledModel(ABC):
+    """A model compiled for one device.
+
+    Holds the transformed graph, the config it was compiled with, the port index, a
+    request counter, and the executors shared by its requests: the *task executor*
+    (compute, ``streams`` worker threads) and the *callback executor* (user callbacks).
+    A device subclasses it, compiles in ``__init__`` and implements
+    :meth:`create_sync_infer_request`.
+    """
+
+    def __init__(
+        self,
+        plugin: Plugin,
+        graph: ir.Graph,
+        inputs: Sequence[Port],
+        outputs: Sequence[Port],
+        config: Mapping[str, Any],
+        streams: int = 1,
+    ) -> None:
+        self.plugin = plugin
+        self.graph = graph
+        self.config = dict(config)
+        self.streams = streams
+        self._inputs = list(inputs)
+        self._outputs = list(outputs)
+        self._request_ids = itertools.count()
+        self.loop_executor: Executor = LoopExecutor()
+        self.task_executor: Executor = ThreadExecutor(f"{plugin.device_name}-task", streams)
+        self.callback_executor: Executor = ThreadExecutor(f"{plugin.device_name}-callback", 1)
+
+    # -- ports ----------------------------------------------------------------------------
+
+    @property
+    def inputs(self) -> list[Port]:
+        """The inputs a request needs."""
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[Port]:
+        """The outputs a request produces."""
+        return list(self._outputs)
+
+    def input(self, key: str | int = 0) -> Port:
+        """One input by name or position.
+
+        Raises:
+            UnknownInputError: no such input.
+        """
+        return find_port(self._inputs, key, "input")
+
+    def output(self, key: str | int = 0) -> Port:
+        """One output by name or position.
+
+        Raises:
+            UnknownInputError: no such output.
+        """
+        return find_port(self._outputs, key, "output")
+
+    # -- requests -------------------------------------------------------------------------
+
+    @abstractmethod
+    def create_sync_infer_request(self) -> SyncInferRequest:
+        """A new device request (the stages); wrapped by :meth:`create_infer_request`."""
+
+    def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
+        """The (executor, stage) pairs one inference runs through, in order.
+
+        The default runs preprocessing on the loop, the compute on the task executor,
+        and waiting and postprocessing on the loop. A device with more stages (upload,
+        compute, download) returns more pairs, on several executors.
+        """
+        return [
+            (self.loop_executor, request.infer_preprocess),
+            (self.task_executor, request.start_pipeline),
+            (self.loop_executor, request.wait_pipeline),
+            (self.loop_executor, request.infer_postprocess),
+        ]
+
+    def create_infer_request(self) -> AsyncInferRequest:
+        """A new infer request; each owns its tensors (and its variable state)."""
+        request = self.create_sync_infer_request()
+        return AsyncInferRequest(request, self.pipeline(request))
+
+    def next_request_id(self) -> int:
+        """A number for the next request (used in profiling names)."""
+        return next(self._request_ids)
+
+    # -- properties -----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The compiled model's name (``NETWORK_NAME``)."""
+        return self.graph.name or "model"
+
+    def get_property(self, name: str) -> Any:
+        """Read a property: the compile config or a read-only one.
+
+        Raises:
+            UnknownPropertyError: not supported here (the message lists what is).
+        """
+        name = str(getattr(name, "value", name))
+        check_readable(name, self.supported_properties())
+        if name in self.config:
+            return self.config[name]
+        return self.read_only_property(name)
+
+    def supported_properties(self) -> tuple[str, ...]:
+        """Names ``get_property`` answers."""
+        return self.plugin.supported_properties
+
+    def read_only_property(self, name: str) -> Any:
+        """The value of a read-only property; devices extend this for their own."""
+        if name == "NETWORK_NAME":
+            return self.name
+        if name == "OPTIMAL_NUMBER_OF_INFER_REQUESTS":
+            return self.streams
+        if name == "SUPPORTED_PROPERTIES":
+            return self.supported_properties()
+        return self.plugin.get_property(name)
+
+    def __repr__(self) -> str:
+        return f"<CompiledModel {self.name!r} on {self.plugin.device_name}>"

@@ -1,0 +1,50 @@
+"""Plugin: a device as the Core sees it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from aioinfer.properties import check_readable, num_cores
+
+if TYPE_CHECKING:
+    from aioinfer.model import Model
+    from aioinfer.plugin.compiled_model import CompiledModel
+
+
+class Plugin(ABC):
+    """A device: compiles models for itself and answers questions about itself.
+
+    A third-party device subclasses this and registers the class under the entry-point
+    group ``aioinfer.plugins`` with the device name as the entry-point name.
+    """
+
+    device_name: str = ""
+    supported_properties: tuple[str, ...] = ()
+    """Names (declared in :mod:`aioinfer.properties`) that ``compile_model`` accepts or
+    that ``get_property`` answers."""
+
+    @abstractmethod
+    def compile_model(self, model: Model, config: Mapping[str, Any]) -> CompiledModel:
+        """Transform, lower and allocate ``model`` for this device.
+
+        Raises:
+            UnknownPropertyError, InvalidPropertyValueError: a bad config.
+            UnsupportedOperatorError: an operator the device cannot run.
+            CompileError: any other reason the model cannot run here.
+        """
+
+    @abstractmethod
+    def query_model(self, model: Model) -> dict[str, str]:
+        """Map each node name this device can run to the device name."""
+
+    def get_property(self, name: str) -> Any:
+        """A device-level property (``SUPPORTED_PROPERTIES``, ``DEVICE_NAME``, ``NUM_CORES``)."""
+        device_level = ("SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
+        check_readable(name, [n for n in self.supported_properties if n in device_level])
+        if name == "SUPPORTED_PROPERTIES":
+            return self.supported_properties
+        if name == "DEVICE_NAME":
+            return self.device_name
+        return num_cores()

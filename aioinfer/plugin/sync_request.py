@@ -1,0 +1,262 @@
+"""SyncInferRequest: a device's request, as four stages over the request's tensors."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aioinfer.errors import (
+    AioinferError,
+    InputShapeError,
+    InputTypeError,
+    MissingInputError,
+)
+from aioinfer.model import Port, find_port
+from aioinfer.results import InferResults
+
+if TYPE_CHECKING:
+    from aioinfer.plugin.compiled_model import CompiledModel
+
+STAGES = ("preprocess", "start", "wait", "postprocess")
+
+Inputs = Mapping[Any, Any] | Sequence[Any]
+"""Inputs of one inference: a dict from name (or index or Port) to array, or a list."""
+
+
+class CancelToken:
+    """A flag the compute checks between kernels; set by ``cancel()`` from any thread."""
+
+    __slots__ = ("requested",)
+
+    def __init__(self) -> None:
+        self.requested = False
+
+
+class SyncInferRequest(ABC):
+    """The device side of one infer request.
+
+    Owns the input tensors, the last results and the stage timings. A device implements
+    :meth:`start_pipeline` (the compute) and usually :meth:`infer_postprocess`; the base
+    class validates inputs against the compiled model's ports.
+    """
+
+    def __init__(self, compiled_model: CompiledModel) -> None:
+        self.compiled_model = compiled_model
+        self.id = compiled_model.next_request_id()
+        self._input_ports = compiled_model.inputs
+        self._output_ports = compiled_model.outputs
+        self._inputs: list[np.ndarray | None] = [None] * len(self._input_ports)
+        self._results: InferResults | None = None
+        self.cancel_token = CancelToken()
+        self.stage_durations: dict[str, float] = {}
+
+    # -- tensors --------------------------------------------------------------------------
+
+    def set_tensor(self, key: str | int | Port, value: Any) -> None:
+        """Set the input ``key`` (name, index or Port) for the next inference.
+
+        Raises:
+            UnknownInputError: no such input.
+            InputTypeError: wrong element type.
+            InputShapeError: wrong rank, or a dimension that disagrees with the model.
+        """
+        port = find_port(self._input_ports, key, "input")
+        self._inputs[port.index] = check_input(port, value)
+
+    def set_tensors(self, key: str | int | Port, values: Sequence[Any]) -> None:
+        """Set input ``key`` from a list of tensors joined along the batch (first) axis.
+
+        Raises:
+            InputShapeError: the list is empty or the parts disagree past the batch axis.
+            InputTypeError, UnknownInputError: as for :meth:`set_tensor`.
+        """
+        port = find_port(self._input_ports, key, "input")
+        if len(values) == 0:
+            raise InputShapeError(f"input {port.name!r}: set_tensors needs at least one tensor")
+        parts = [check_input(port, v, check_batch=False) for v in values]
+        shapes = {p.shape[1:] for p in parts}
+        if len(shapes) > 1:
+            raise InputShapeError(
+                f"input {port.name!r}: the tensors given to set_tensors differ past the "
+                f"batch axis: {sorted(shapes)}"
+            )
+        self._inputs[port.index] = check_input(port, np.concatenate(parts, axis=0))
+
+    def get_tensor(self, key: str | int | Port) -> np.ndarray:
+        """The input set for ``key``, or the output ``key`` of the last inference.
+
+        Raises:
+            UnknownInputError: no input or output of that name, or nothing set/computed yet.
+        """
+        if isinstance(key, str) or isinstance(key, Port):
+            name = key.name if isinstance(key, Port) else key
+            for port in self._input_ports:
+                if port.name == name and self._inputs[port.index] is not None:
+                    return self._inputs[port.index]  # type: ignore[return-value]
+            if self._results is not None and name in {p.name for p in self._output_ports}:
+                return self._results[name]
+        port = find_port(self._output_ports, key, "output")
+        if self._results is None:
+            raise MissingInputError(f"output {port.name!r} is not computed yet; run infer first")
+        return self._results[port.index]
+
+    def set_inputs(self, inputs: Inputs | None) -> None:
+        """Set several inputs at once: a mapping by name/index/Port, or a list by position."""
+        if inputs is None:
+            return
+        if isinstance(inputs, Mapping):
+            for key, value in inputs.items():
+                self.set_tensor(key, value)
+            return
+        if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
+            inputs = [inputs]
+        if len(inputs) > len(self._input_ports):
+            raise MissingInputError(
+                f"{len(inputs)} inputs given by position, the model has "
+                f"{len(self._input_ports)}"
+            )
+        for index, value in enumerate(inputs):
+            self.set_tensor(index, value)
+
+    @property
+    def results(self) -> InferResults | None:
+        """The results of the last completed inference (None before the first)."""
+        return self._results
+
+    # -- stages ---------------------------------------------------------------------------
+
+    def infer_preprocess(self) -> None:
+        """Check that every input is set and that symbolic dimensions agree across inputs.
+
+        Raises:
+            MissingInputError: an input has no value.
+            InputShapeError: two inputs give different sizes to one symbolic dimension.
+        """
+        self.cancel_token.requested = False
+        missing = [p.name for p in self._input_ports if self._inputs[p.index] is None]
+        if missing:
+            raise MissingInputError(f"no value for input(s) {', '.join(map(repr, missing))}")
+        seen: dict[str, tuple[int, str]] = {}
+        for port in self._input_ports:
+            if port.shape is None:
+                continue
+            array = self._inputs[port.index]
+            assert array is not None
+            for axis, dim in enumerate(port.shape):
+                if not isinstance(dim, str):
+                    continue
+                size = array.shape[axis]
+                first = seen.setdefault(dim, (size, port.name))
+                if first[0] != size:
+                    raise InputShapeError(
+                        f"input {port.name!r} dimension {axis} ({dim!r}) is {size}, but "
+                        f"input {first[1]!r} gives {dim!r} = {first[0]}"
+                    )
+
+    @abstractmethod
+    def start_pipeline(self) -> None:
+        """Run (or launch) the compute; runs on the task executor."""
+
+    def wait_pipeline(self) -> None:
+        """Wait for the compute to finish (nothing to do for a device that computes in
+        ``start_pipeline``)."""
+
+    @abstractmethod
+    def infer_postprocess(self) -> None:
+        """Turn device outputs into the user's results (see :meth:`set_results`)."""
+
+    def set_results(self, arrays: Sequence[np.ndarray]) -> None:
+        """Publish the outputs of the inference that just completed."""
+        self._results = InferResults(self._output_ports, list(arrays))
+
+    def cancel(self) -> None:
+        """Ask the running compute to stop at the next kernel boundary."""
+        self.cancel_token.requested = True
+
+    # -- the synchronous path -------------------------------------------------------------
+
+    def infer(self, inputs: Inputs | None = None) -> InferResults:
+        """Run one inference in the calling thread: the same four stages, timed."""
+        self.set_inputs(inputs)
+        for name, stage in zip(STAGES, self.stages()):
+            self.run_stage(name, stage)
+        assert self._results is not None
+        return self._results
+
+    def stages(self) -> tuple[Callable[[], None], ...]:
+        """The four stages in order."""
+        return (
+            self.infer_preprocess,
+            self.start_pipeline,
+            self.wait_pipeline,
+            self.infer_postprocess,
+        )
+
+    def run_stage(self, name: str, stage: Callable[[], None]) -> None:
+        """Run one stage and record its duration."""
+        start = time.perf_counter()
+        try:
+            stage()
+        finally:
+            self.stage_durations[name] = time.perf_counter() - start
+
+    def get_profiling_info(self) -> list[dict[str, Any]]:
+        """Durations of the last inference's stages (seconds), one entry per stage."""
+        return [
+            {"name": name, "type": "stage", "seconds": self.stage_durations[name]}
+            for name in STAGES
+            if name in self.stage_durations
+        ]
+
+
+def check_input(port: Port, value: Any, check_batch: bool = True) -> np.ndarray:
+    """``value`` as an array for ``port``, or a clear error naming the port.
+
+    A numpy array must have the port's element type exactly; other array-likes (lists,
+    scalars) are converted when the conversion cannot change their kind.
+    """
+    expected = port.dtype
+    if isinstance(value, np.ndarray):
+        array = value
+        if array.dtype != expected:
+            raise InputTypeError(
+                f"input {port.name!r}: expected element type {expected}, got {array.dtype}"
+            )
+    else:
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise InputTypeError(f"input {port.name!r}: not an array ({exc})") from None
+        if array.dtype != expected:
+            if not np.can_cast(array.dtype, expected, "same_kind"):
+                raise InputTypeError(
+                    f"input {port.name!r}: expected element type {expected}, "
+                    f"got {array.dtype} values"
+                )
+            array = array.astype(expected)
+    if port.shape is not None:
+        if array.ndim != len(port.shape):
+            raise InputShapeError(
+                f"input {port.name!r}: expected rank {len(port.shape)} "
+                f"(shape {_shape_text(port.shape)}), got shape {list(array.shape)}"
+            )
+        for axis, (dim, size) in enumerate(zip(port.shape, array.shape)):
+            if axis == 0 and not check_batch:
+                continue
+            if isinstance(dim, int) and dim != size:
+                raise InputShapeError(
+                    f"input {port.name!r}: expected shape {_shape_text(port.shape)}, got "
+                    f"{list(array.shape)} (dimension {axis} is {size}, expected {dim})"
+                )
+    return array
+
+
+def _shape_text(shape: Sequence[Any]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+__all__ = ["STAGES", "AioinferError", "CancelToken", "Inputs", "SyncInferRequest", "check_input"]
