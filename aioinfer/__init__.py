@@ -22,14 +22,17 @@ from aioinfer.errors import (
     ModelReadError,
     PropertyError,
     ReadOnlyPropertyError,
+    RequestBusyError,
+    RequestClosedError,
     UnknownDeviceError,
     UnknownInputError,
     UnknownPropertyError,
     UnsupportedOperatorError,
 )
 from aioinfer.model import Model, Port
-from aioinfer.plugin.async_request import AsyncInferRequest
+from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.queue import AsyncInferQueue
 from aioinfer.results import InferResults
 
 __version__ = "0.1.0"
@@ -39,6 +42,7 @@ InferRequest = AsyncInferRequest
 
 __all__ = [
     "AioinferError",
+    "AsyncInferQueue",
     "AsyncInferRequest",
     "CompileError",
     "CompiledModel",
@@ -59,6 +63,9 @@ __all__ = [
     "Port",
     "PropertyError",
     "ReadOnlyPropertyError",
+    "RequestBusyError",
+    "RequestClosedError",
+    "RequestState",
     "UnknownDeviceError",
     "UnknownInputError",
     "UnknownPropertyError",

@@ -90,3 +90,11 @@ class InferenceError(AioinferError):
 
 class InferCancelledError(AioinferError):
     """The inference was stopped by ``request.cancel()`` before it completed."""
+
+
+class RequestBusyError(AioinferError):
+    """An inference was started on a request that is already running one."""
+
+
+class RequestClosedError(AioinferError):
+    """The request, compiled model or queue was closed."""

@@ -1,33 +1,75 @@
-"""AsyncInferRequest: the generic awaitable request that runs a device's stage pipeline."""
+"""AsyncInferRequest: the generic awaitable request.
+
+It owns the request's state machine (idle -> busy -> idle, closed), runs the device's
+(executor, stage) pipeline, calls the user's callback, and turns cancellation of the
+awaiting task into a cooperative stop of the compute. A device only declares stages.
+"""
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
+from aioinfer.errors import InferCancelledError, RequestBusyError, RequestClosedError
+from aioinfer.plugin.executors import Executor, spawn_detached
 from aioinfer.plugin.sync_request import STAGES, Inputs
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from aioinfer.model import Port
-    from aioinfer.plugin.executors import Executor
     from aioinfer.plugin.sync_request import SyncInferRequest
     from aioinfer.results import InferResults
 
 Stage = Callable[[], None]
+Callback = Callable[["AsyncInferRequest", Any], Any]
+
+
+class RequestState(Enum):
+    """Where a request is in its life."""
+
+    IDLE = "idle"
+    BUSY = "busy"
+    CLOSED = "closed"
 
 
 class AsyncInferRequest:
     """One infer request: ``await request.infer(inputs)``.
 
-    Runs the device's (executor, stage) pipeline in order; each stage is awaited on its
-    executor, so compute happens on worker threads while the event loop stays free.
+    One inference at a time per request (a second one while busy raises
+    :class:`RequestBusyError`); use several requests, or an ``AsyncInferQueue``, for
+    parallelism. Cancelling the task that awaits :meth:`infer` or :meth:`wait`, or
+    calling :meth:`cancel`, stops the compute at the next kernel boundary and leaves the
+    request idle and reusable.
     """
 
-    def __init__(self, request: SyncInferRequest, pipeline: Sequence[tuple[Executor, Stage]]):
+    def __init__(
+        self,
+        request: SyncInferRequest,
+        pipeline: Sequence[tuple[Executor, Stage]],
+        callback_executor: Executor,
+    ) -> None:
         self._request = request
         self._pipeline = list(pipeline)
         self._names = _stage_names(self._pipeline)
+        self._callback_executor = callback_executor
+        self._state = RequestState.IDLE
+        self._done: anyio.Event | None = None
+        self._callback: Callback | None = None
+        self._callback_userdata: Any = None
+        self._userdata: Any = None
+        self._on_idle: Callable[[], None] | None = None
+        self._callback_error: BaseException | None = None
+        self.error: BaseException | None = None
+        """How the last inference ended: None on success, else its exception
+        (``InferCancelledError`` when it was cancelled). Callbacks read it."""
+
+    # -- ports and tensors ----------------------------------------------------------------
 
     @property
     def compiled_model(self) -> Any:
@@ -44,6 +86,46 @@ class AsyncInferRequest:
         """The output ports."""
         return self._request.compiled_model.outputs
 
+    @property
+    def state(self) -> RequestState:
+        """IDLE, BUSY or CLOSED."""
+        return self._state
+
+    @property
+    def userdata(self) -> Any:
+        """The userdata of the current (or last) inference."""
+        return self._userdata
+
+    def set_tensor(self, key: str | int | Port, value: Any) -> None:
+        """Set one input for the next inference (by name, index or Port).
+
+        Raises:
+            UnknownInputError, InputTypeError, InputShapeError: see the messages.
+            RequestBusyError: an inference is running on this request.
+        """
+        self._check_idle()
+        self._request.set_tensor(key, value)
+
+    def set_tensors(self, key: str | int | Port, values: Sequence[Any]) -> None:
+        """Set one input from a list of tensors joined along the batch (first) axis."""
+        self._check_idle()
+        self._request.set_tensors(key, values)
+
+    def get_tensor(self, key: str | int | Port) -> Any:
+        """The input set for ``key`` or the output ``key`` of the last inference."""
+        return self._request.get_tensor(key)
+
+    @property
+    def results(self) -> InferResults | None:
+        """The results of the last completed inference (None before the first)."""
+        return self._request.results
+
+    def get_profiling_info(self) -> list[dict[str, Any]]:
+        """Per-stage durations of the last inference."""
+        return self._request.get_profiling_info()
+
+    # -- inference ------------------------------------------------------------------------
+
     async def infer(self, inputs: Inputs | None = None) -> InferResults:
         """Run one inference and return its results.
 
@@ -53,50 +135,201 @@ class AsyncInferRequest:
         Raises:
             UnknownInputError, InputTypeError, InputShapeError, MissingInputError: bad
                 input (nothing runs; the request stays usable).
+            RequestBusyError: this request is already running an inference.
             InferenceError: a kernel failed (the message names the node).
+            InferCancelledError: :meth:`cancel` was called meanwhile.
         """
+        self._begin(inputs, None)
+        await self._run()
+        return self._finish()
+
+    def start_async(self, inputs: Inputs | None = None, userdata: Any = None) -> None:
+        """Start one inference and return at once; ``await wait()`` for it.
+
+        ``userdata`` goes to the callback of this inference (instead of the one given
+        to :meth:`set_callback`). Must be called from a running event loop.
+
+        Raises:
+            RequestBusyError, RequestClosedError, and the input errors of :meth:`infer`.
+        """
+        self._begin(inputs, userdata)
+        spawn_detached(self._run_detached)
+
+    async def wait(self) -> InferResults | None:
+        """Wait for the inference started with :meth:`start_async` (and its callback).
+
+        Returns its results (None when nothing was started). Cancelling the waiting task
+        cancels the inference.
+
+        Raises:
+            The inference's or the callback's exception.
+        """
+        if self._done is None:
+            return self._request.results
+        try:
+            await self._done.wait()
+        except anyio.get_cancelled_exc_class():
+            self.cancel()
+            with anyio.CancelScope(shield=True):
+                await self._done.wait()
+            raise
+        return self._finish()
+
+    async def wait_for(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds; True when the inference has completed.
+
+        A timeout does not cancel the inference.
+
+        Raises:
+            The inference's or the callback's exception, when it completed with one.
+        """
+        if self._done is None:
+            return True
+        with anyio.move_on_after(timeout):
+            await self._done.wait()
+        if not self._done.is_set():
+            return False
+        self._finish()
+        return True
+
+    def cancel(self) -> None:
+        """Stop the running inference at the next kernel boundary (no-op when idle).
+
+        Its awaiter gets :class:`InferCancelledError`; cancelling the awaiting task
+        instead gives the framework's own cancellation exception.
+        """
+        if self._state is RequestState.BUSY:
+            self._request.cancel()
+
+    def set_callback(self, callback: Callback | None, userdata: Any = None) -> None:
+        """Call ``callback(request, userdata)`` after each inference completes.
+
+        A coroutine function is awaited on the event loop; a plain function runs on the
+        compiled model's callback executor (a thread). It also runs when the inference
+        failed or was cancelled: ``request.error`` then holds the exception (None on
+        success). ``wait()``/``infer()`` return only after the callback finished, and
+        re-raise its exception. ``None`` removes the callback.
+        """
+        self._callback = callback
+        self._callback_userdata = userdata
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Cancel a running inference, wait until its compute let go, and close.
+
+        Using the request afterwards raises :class:`RequestClosedError`.
+        """
+        if self._state is RequestState.CLOSED:
+            return
+        if self._state is RequestState.BUSY and self._done is not None:
+            self.cancel()
+            with anyio.CancelScope(shield=True):
+                await self._done.wait()
+        self._state = RequestState.CLOSED
+
+    async def __aenter__(self) -> AsyncInferRequest:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def infer_sync(self, inputs: Inputs | None = None) -> InferResults:
+        """Run one inference in the calling thread, through the same stages.
+
+        For scripts, tests and the ONNX backend API; never call it on an event loop.
+        No callback runs. Raises the errors of :meth:`infer`.
+        """
+        self._check_idle()
+        self._state = RequestState.BUSY
+        try:
+            return self._request.infer(inputs)
+        finally:
+            self._state = RequestState.IDLE
+
+    # -- the state machine ----------------------------------------------------------------
+
+    def _check_idle(self) -> None:
+        if self._state is RequestState.CLOSED:
+            raise RequestClosedError("this infer request is closed")
+        if self._state is RequestState.BUSY:
+            raise RequestBusyError(
+                "this infer request is already running an inference; await it (wait()) or "
+                "use another request (create_infer_request() or an AsyncInferQueue)"
+            )
+
+    def _begin(self, inputs: Inputs | None, userdata: Any) -> None:
+        self._check_idle()
         self._request.set_inputs(inputs)
-        await self._run_pipeline()
+        self._state = RequestState.BUSY
+        self._request.cancel_token.requested = False
+        self._userdata = self._callback_userdata if userdata is None else userdata
+        self.error = None
+        self._callback_error = None
+        self._done = anyio.Event()
+
+    async def _run(self) -> None:
+        """Stages, then the callback, then back to idle; exceptions end in ``self.error``."""
+        request = self._request
+        cancelled = anyio.get_cancelled_exc_class()
+        try:
+            for name, (executor, stage) in zip(self._names, self._pipeline):
+                if request.cancel_token.requested:
+                    raise InferCancelledError("the inference was cancelled")
+                start = time.perf_counter()
+                try:
+                    await executor.run(stage, request.cancel)
+                finally:
+                    request.stage_durations[name] = time.perf_counter() - start
+        except cancelled:
+            self.error = InferCancelledError("the inference was cancelled")
+            with anyio.CancelScope(shield=True):
+                await self._call_back()
+            self._settle()
+            raise
+        except Exception as exc:
+            self.error = exc
+        await self._call_back()
+        self._settle()
+
+    async def _run_detached(self) -> None:
+        try:
+            await self._run()
+        except BaseException:  # noqa: BLE001  recorded in self.error; wait() re-raises it
+            return
+
+    async def _call_back(self) -> None:
+        callback = self._callback
+        if callback is None:
+            return
+        try:
+            if inspect.iscoroutinefunction(callback):
+                await callback(self, self._userdata)
+            else:
+                await self._callback_executor.run(lambda: callback(self, self._userdata))
+        except Exception as exc:
+            self._callback_error = exc
+
+    def _settle(self) -> None:
+        self._state = RequestState.IDLE
+        assert self._done is not None
+        self._done.set()
+        if self._on_idle is not None:
+            self._on_idle()
+
+    def _finish(self) -> InferResults:
+        if self.error is not None:
+            raise self.error
+        if self._callback_error is not None:
+            raise self._callback_error
         results = self._request.results
         assert results is not None
         return results
-
-    async def _run_pipeline(self) -> None:
-        request = self._request
-        for name, (executor, stage) in zip(self._names, self._pipeline):
-            start = time.perf_counter()
-            try:
-                await executor.run(stage, request.cancel)
-            finally:
-                request.stage_durations[name] = time.perf_counter() - start
-
-    def infer_sync(self, inputs: Inputs | None = None) -> InferResults:
-        """Run one inference in the calling thread, through the same stages (for scripts,
-        tests and the ONNX backend API; never call it on an event loop)."""
-        return self._request.infer(inputs)
-
-    # -- tensors --------------------------------------------------------------------------
-
-    def set_tensor(self, key: str | int | Port, value: Any) -> None:
-        """Set one input for the next inference (see SyncInferRequest.set_tensor)."""
-        self._request.set_tensor(key, value)
-
-    def set_tensors(self, key: str | int | Port, values: Sequence[Any]) -> None:
-        """Set one input from a list of tensors joined along the batch axis."""
-        self._request.set_tensors(key, values)
-
-    def get_tensor(self, key: str | int | Port) -> Any:
-        """The input set for ``key`` or the output ``key`` of the last inference."""
-        return self._request.get_tensor(key)
-
-    @property
-    def results(self) -> InferResults | None:
-        """The results of the last completed inference."""
-        return self._request.results
-
-    def get_profiling_info(self) -> list[dict[str, Any]]:
-        """Per-stage durations of the last inference."""
-        return self._request.get_profiling_info()
 
 
 def _stage_names(pipeline: Sequence[tuple[Executor, Stage]]) -> list[str]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
+from aioinfer.errors import RequestClosedError
 from aioinfer.model import Port, find_port
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
@@ -45,6 +47,8 @@ class CompiledModel(ABC):
         self._inputs = list(inputs)
         self._outputs = list(outputs)
         self._request_ids = itertools.count()
+        self._requests: weakref.WeakSet[AsyncInferRequest] = weakref.WeakSet()
+        self._closed = False
         self.loop_executor: Executor = LoopExecutor()
         self.task_executor: Executor = ThreadExecutor(f"{plugin.device_name}-task", streams)
         self.callback_executor: Executor = ThreadExecutor(f"{plugin.device_name}-callback", 1)
@@ -99,8 +103,26 @@ class CompiledModel(ABC):
 
     def create_infer_request(self) -> AsyncInferRequest:
         """A new infer request; each owns its tensors (and its variable state)."""
+        if self._closed:
+            raise RequestClosedError("this compiled model is closed")
         request = self.create_sync_infer_request()
-        return AsyncInferRequest(request, self.pipeline(request))
+        wrapper = AsyncInferRequest(request, self.pipeline(request), self.callback_executor)
+        self._requests.add(wrapper)
+        return wrapper
+
+    async def close(self) -> None:
+        """Close every request (cancelling what runs), then release the executors."""
+        self._closed = True
+        for request in list(self._requests):
+            await request.close()
+        self.task_executor.close()
+        self.callback_executor.close()
+
+    async def __aenter__(self) -> CompiledModel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     def next_request_id(self) -> int:
         """A number for the next request (used in profiling names)."""
@@ -121,7 +143,7 @@ class CompiledModel(ABC):
         """
         name = str(getattr(name, "value", name))
         check_readable(name, self.supported_properties())
-        if name in self.config:
+        if name in self.config and self.config[name] not in ("AUTO", 0):
             return self.config[name]
         return self.read_only_property(name)
 
@@ -131,10 +153,14 @@ class CompiledModel(ABC):
 
     def read_only_property(self, name: str) -> Any:
         """The value of a read-only property; devices extend this for their own."""
+        if name == "NUM_STREAMS":
+            return self.streams
         if name == "NETWORK_NAME":
             return self.name
         if name == "OPTIMAL_NUMBER_OF_INFER_REQUESTS":
-            return self.streams
+            # THROUGHPUT: a second request per stream prepares while the first computes.
+            throughput = self.config.get("PERFORMANCE_HINT") == "THROUGHPUT"
+            return self.streams * 2 if throughput else self.streams
         if name == "SUPPORTED_PROPERTIES":
             return self.supported_properties()
         return self.plugin.get_property(name)

@@ -8,10 +8,11 @@ sleeps, so the loop stays free. Both work under asyncio and trio.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -32,7 +33,8 @@ class Executor(ABC):
 
         If the awaiting task is cancelled while the stage runs elsewhere, ``on_cancel`` is
         called (it should make the stage stop soon), the executor waits until the stage
-        has let go, and the cancellation propagates.
+        has let go, and the cancellation propagates. A stage cancelled before it started
+        never runs.
         """
 
     def close(self) -> None:
@@ -49,6 +51,44 @@ class LoopExecutor(Executor):
 
 
 _STOP = object()
+
+
+class _Job:
+    """A stage handed to a worker thread, and how it ended."""
+
+    __slots__ = ("done", "lock", "ok", "stage", "started", "token", "value")
+
+    def __init__(self, stage: Callable[[], Any], token: anyio.lowlevel.EventLoopToken) -> None:
+        self.stage: Callable[[], Any] | None = stage
+        self.token = token
+        self.done = anyio.Event()
+        self.lock = threading.Lock()
+        self.started = False
+        self.ok = False
+        self.value: Any = None
+
+    def __call__(self) -> None:
+        with self.lock:
+            stage, self.stage = self.stage, None
+            if stage is None:  # abandoned before it started
+                return
+            self.started = True
+        try:
+            self.value, self.ok = stage(), True
+        except BaseException as exc:  # handed back to the awaiting task
+            self.value = exc
+        try:
+            self.token.backend_class.run_sync_soon(self.done.set, (), self.token.native_token)
+        except RunFinishedError:
+            pass  # the loop is gone; nobody waits for this stage any more
+
+    def abandon(self) -> bool:
+        """Drop the job if no worker took it yet; True when it will never run."""
+        with self.lock:
+            if self.started:
+                return False
+            self.stage = None
+            return True
 
 
 class ThreadExecutor(Executor):
@@ -73,16 +113,14 @@ class ThreadExecutor(Executor):
             if self._closed:
                 raise RuntimeError(f"executor {self.name!r} is closed")
             if len(self._threads) < self.workers:
-                self._start_worker()
+                thread = threading.Thread(
+                    target=self._work,
+                    name=f"aioinfer-{self.name}-{len(self._threads)}",
+                    daemon=True,
+                )
+                self._threads.append(thread)
+                thread.start()
         self._jobs.put(job)
-
-    def _start_worker(self) -> None:
-        number = len(self._threads)
-        thread = threading.Thread(
-            target=self._work, name=f"aioinfer-{self.name}-{number}", daemon=True
-        )
-        self._threads.append(thread)
-        thread.start()
 
     def _work(self) -> None:
         while True:
@@ -92,33 +130,20 @@ class ThreadExecutor(Executor):
             job()
 
     async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
-        token = anyio.lowlevel.current_token()
-        done = anyio.Event()
-        outcome: list[Any] = []
-
-        def job() -> None:
-            try:
-                outcome.append((True, stage()))
-            except BaseException as exc:  # handed back to the awaiting task
-                outcome.append((False, exc))
-            try:
-                token.backend_class.run_sync_soon(done.set, (), token.native_token)
-            except RunFinishedError:
-                pass  # the loop is gone; nobody waits for this stage any more
-
+        job = _Job(stage, anyio.lowlevel.current_token())
         self.submit(job)
         try:
-            await done.wait()
+            await job.done.wait()
         except anyio.get_cancelled_exc_class():
-            if on_cancel is not None:
-                on_cancel()
-            with anyio.CancelScope(shield=True):
-                await done.wait()
+            if not job.abandon():
+                if on_cancel is not None:
+                    on_cancel()
+                with anyio.CancelScope(shield=True):
+                    await job.done.wait()
             raise
-        ok, value = outcome[0]
-        if ok:
-            return value  # type: ignore[no-any-return]
-        raise value
+        if job.ok:
+            return job.value  # type: ignore[no-any-return]
+        raise job.value
 
     def close(self) -> None:
         with self._lock:
@@ -127,3 +152,24 @@ class ThreadExecutor(Executor):
             self._closed = True
             for _ in self._threads:
                 self._jobs.put(_STOP)
+
+
+_background: set[Any] = set()
+
+
+def spawn_detached(start: Callable[[], Awaitable[None]]) -> None:
+    """Run ``start()`` as a task of the current event loop, outside any task group.
+
+    Used by ``start_async``, which returns at once while the inference goes on. The
+    coroutine must catch its own exceptions.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        import trio  # the only other backend anyio supports
+
+        trio.lowlevel.spawn_system_task(start)
+        return
+    task = loop.create_task(start())  # type: ignore[arg-type]
+    _background.add(task)
+    task.add_done_callback(_background.discard)

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aioinfer.errors import (
-    AioinferError,
     InputShapeError,
     InputTypeError,
     MissingInputError,
@@ -136,7 +135,6 @@ class SyncInferRequest(ABC):
             MissingInputError: an input has no value.
             InputShapeError: two inputs give different sizes to one symbolic dimension.
         """
-        self.cancel_token.requested = False
         missing = [p.name for p in self._input_ports if self._inputs[p.index] is None]
         if missing:
             raise MissingInputError(f"no value for input(s) {', '.join(map(repr, missing))}")
@@ -182,6 +180,7 @@ class SyncInferRequest(ABC):
     def infer(self, inputs: Inputs | None = None) -> InferResults:
         """Run one inference in the calling thread: the same four stages, timed."""
         self.set_inputs(inputs)
+        self.cancel_token.requested = False
         for name, stage in zip(STAGES, self.stages()):
             self.run_stage(name, stage)
         assert self._results is not None
@@ -259,4 +258,3 @@ def _shape_text(shape: Sequence[Any]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-__all__ = ["STAGES", "AioinferError", "CancelToken", "Inputs", "SyncInferRequest", "check_input"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from threadpoolctl import threadpool_limits
+
 from aioinfer.devices.cpu import kernels  # noqa: F401  (registers every kernel)
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
 from aioinfer.devices.cpu.kernels.registry import find_kernel
@@ -54,12 +56,28 @@ class CPUCompiledModel(CompiledModel):
         ir_model = model.ir.clone()
         compile_passes(evaluate_node)(ir_model)
         self.plan = lower(ir_model.graph, ir_model.opset_imports)
-        super().__init__(
-            plugin, ir_model.graph, model.inputs, model.outputs, config, _streams(config)
-        )
+        streams = _streams(config)
+        self.threads_per_stream = _configure_blas(config, streams)
+        super().__init__(plugin, ir_model.graph, model.inputs, model.outputs, config, streams)
 
     def create_sync_infer_request(self) -> CPUInferRequest:
         return CPUInferRequest(self)
+
+    def read_only_property(self, name: str) -> Any:
+        if name == "INFERENCE_NUM_THREADS":
+            return self.threads_per_stream * self.streams
+        return super().read_only_property(name)
+
+
+def _configure_blas(config: Mapping[str, Any], streams: int) -> int:
+    """Split the compute threads between the streams; return the BLAS threads per stream.
+
+    BLAS thread pools are process-wide, so the most recently compiled model sets them.
+    """
+    total = int(config["INFERENCE_NUM_THREADS"]) or num_cores()
+    per_stream = max(1, total // streams)
+    threadpool_limits(limits=per_stream, user_api="blas")
+    return per_stream
 
 
 def _streams(config: Mapping[str, Any]) -> int:

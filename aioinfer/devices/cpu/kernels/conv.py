@@ -1,1 +1,305 @@
-"""Placeholder: being written."""
+"""Convolution kernels: Conv and ConvTranspose over 1-, 2- and 3-D (any rank) inputs.
+
+Conv is im2col on a strided window view of the once-padded input followed by one
+BLAS matmul (batched over groups); ConvTranspose is one matmul producing columns and a
+col2im scatter-add looping over kernel positions only. The window and padding helpers
+are shared with the pooling kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
+
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def auto_pad_attr(spec: NodeSpec) -> str:
+    """The node's ``auto_pad`` attribute, validated."""
+    auto_pad = spec.attr("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    if auto_pad == "":
+        auto_pad = "NOTSET"
+    if auto_pad not in AUTO_PADS:
+        raise ValueError(f"{spec.op_type}: auto_pad must be one of {AUTO_PADS}, got {auto_pad!r}")
+    return str(auto_pad)
+
+
+def per_axis(values: Sequence[int] | None, rank: int, default: int, name: str) -> tuple[int, ...]:
+    """An attribute with one entry per spatial axis (``default`` when absent)."""
+    if not values:
+        return (default,) * rank
+    if len(values) != rank:
+        raise ValueError(f"{name} has {len(values)} entries, expected {rank} (one per axis)")
+    return tuple(int(v) for v in values)
+
+
+def explicit_pads(pads: Sequence[int] | None, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Split an ONNX ``pads`` list ``[b1, b2, ..., e1, e2, ...]`` into (begins, ends)."""
+    if not pads:
+        return (0,) * rank, (0,) * rank
+    if len(pads) != 2 * rank:
+        raise ValueError(f"pads has {len(pads)} entries, expected {2 * rank} (two per axis)")
+    if min(pads) < 0:
+        raise ValueError(f"pads must be non-negative, got {list(pads)}")
+    return tuple(int(p) for p in pads[:rank]), tuple(int(p) for p in pads[rank:])
+
+
+def same_pad_split(total: int, auto_pad: str) -> tuple[int, int]:
+    """Split ``total`` padding between begin and end; the odd one goes to the end for UPPER."""
+    small = total // 2
+    return (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
+
+
+def pad_spatial(
+    x: np.ndarray, begins: Sequence[int], ends: Sequence[int], value: float | int = 0
+) -> np.ndarray:
+    """``x`` with its spatial axes (2...) padded by ``value``; ``x`` itself when no padding."""
+    if not any(begins) and not any(ends):
+        return x
+    shape = x.shape[:2] + tuple(
+        n + b + e for n, b, e in zip(x.shape[2:], begins, ends, strict=True)
+    )
+    padded = np.full(shape, value, dtype=x.dtype)
+    inner = tuple(slice(b, b + n) for n, b in zip(x.shape[2:], begins, strict=True))
+    padded[(slice(None), slice(None), *inner)] = x
+    return padded
+
+
+def window_view(
+    x: np.ndarray,
+    kernel_shape: Sequence[int],
+    out_shape: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+) -> np.ndarray:
+    """Read-only view ``(N, C, *kernel_shape, *out_shape)`` of the windows of ``x``.
+
+    ``view[n, c, k..., o...] == x[n, c, o * stride + k * dilation ...]``; the caller makes
+    sure every window lies inside ``x`` (pad first).
+    """
+    spatial = x.strides[2:]
+    shape = x.shape[:2] + tuple(kernel_shape) + tuple(out_shape)
+    view_strides = (
+        x.strides[:2]
+        + tuple(s * d for s, d in zip(spatial, dilations, strict=True))
+        + tuple(s * st for s, st in zip(spatial, strides, strict=True))
+    )
+    return as_strided(x, shape, view_strides, writeable=False)
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype the matmuls run in: float16 has no BLAS, so it is widened to float32."""
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+# -- Conv -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ConvPlan:
+    """The geometry of one Conv call, derived from the input and weight shapes."""
+
+    kernel_shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    begins: tuple[int, ...]
+    ends: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    pointwise: bool
+    """1x1 kernel, stride 1, no padding: the input already is the column matrix."""
+
+
+@kernel("Conv", since=1)
+def conv(spec: NodeSpec) -> Kernel:
+    """Conv-1/11/22: N-D convolution with groups, dilations, strides and (auto) padding."""
+    group = int(spec.attr("group", 1))
+    auto_pad = auto_pad_attr(spec)
+    strides_attr = spec.attr("strides")
+    dilations_attr = spec.attr("dilations")
+    pads_attr = spec.attr("pads")
+    plans: dict[tuple[tuple[int, ...], tuple[int, ...]], _ConvPlan] = {}
+
+    def plan_for(x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _ConvPlan:
+        rank = len(x_shape) - 2
+        if rank < 1 or len(w_shape) != rank + 2:
+            raise ValueError(f"Conv: input shape {x_shape} and weight shape {w_shape} mismatch")
+        if x_shape[1] != w_shape[1] * group or w_shape[0] % group:
+            raise ValueError(
+                f"Conv: input channels {x_shape[1]} and weight shape {w_shape} do not fit "
+                f"group={group} (expected W of shape (M, C/group, ...) with M % group == 0)"
+            )
+        kshape = tuple(w_shape[2:])
+        strides = per_axis(strides_attr, rank, 1, "strides")
+        dilations = per_axis(dilations_attr, rank, 1, "dilations")
+        begins, ends = explicit_pads(pads_attr, rank)
+        out: list[int] = []
+        if auto_pad != "NOTSET":
+            begins, ends = (0,) * rank, (0,) * rank
+        for i, (size, k, s, d) in enumerate(
+            zip(x_shape[2:], kshape, strides, dilations, strict=True)
+        ):
+            extent = (k - 1) * d + 1
+            if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+                out.append(-(-size // s))
+                total = max(0, (out[-1] - 1) * s + extent - size)
+                b, e = same_pad_split(total, auto_pad)
+                begins, ends = (*begins[:i], b, *begins[i + 1 :]), (*ends[:i], e, *ends[i + 1 :])
+            else:
+                out.append((size + begins[i] + ends[i] - extent) // s + 1)
+        if min(out) < 1:
+            raise ValueError(f"Conv: input {x_shape} is smaller than the kernel {kshape}")
+        pointwise = (
+            all(k == 1 for k in kshape)
+            and all(s == 1 for s in strides)
+            and not any(begins)
+            and not any(ends)
+        )
+        return _ConvPlan(kshape, strides, dilations, begins, ends, tuple(out), pointwise)
+
+    def weight_matrix(w: np.ndarray) -> np.ndarray:
+        # (M, C/g, *k) -> (g, M/g, C/g * prod(k)): one matrix per group.
+        return np.ascontiguousarray(
+            w.reshape(group, w.shape[0] // group, -1), dtype=compute_dtype(w.dtype)
+        )
+
+    w_const = spec.const(1)
+    w_fixed = weight_matrix(w_const) if w_const is not None else None
+
+    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> tuple[np.ndarray]:
+        key = (x.shape, w.shape)
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = plan_for(x.shape, w.shape)
+        wmat = w_fixed if w_fixed is not None else weight_matrix(w)
+        n, c = x.shape[:2]
+        work = x.astype(compute_dtype(x.dtype), copy=False)
+        pixels = int(np.prod(plan.out_shape))
+        if plan.pointwise:
+            cols = work.reshape(n, group, c // group, pixels)
+        else:
+            padded = pad_spatial(work, plan.begins, plan.ends)
+            view = window_view(
+                padded, plan.kernel_shape, plan.out_shape, plan.strides, plan.dilations
+            )
+            cols = np.empty(view.shape, dtype=work.dtype)
+            np.copyto(cols, view)
+            cols = cols.reshape(n, group, -1, pixels)
+        y = np.matmul(wmat[0] if group == 1 else wmat, cols)
+        y = y.reshape(n, -1, pixels)
+        if b is not None:
+            y += b.reshape(-1, 1)
+        return (y.reshape((n, y.shape[1], *plan.out_shape)).astype(x.dtype, copy=False),)
+
+    return run
+
+
+# -- ConvTranspose ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _TransposePlan:
+    """The geometry of one ConvTranspose call."""
+
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    buffer_shape: tuple[int, ...]
+    """Spatial shape of the scatter buffer, covering every kernel tap and the output."""
+    offsets: tuple[int, ...]
+    """Where full-output coordinate 0 lies in the buffer."""
+    crop: tuple[slice, ...]
+    """The output window of the buffer."""
+
+
+@kernel("ConvTranspose", since=1)
+def conv_transpose(spec: NodeSpec) -> Kernel:
+    """ConvTranspose-1/11/22: N-D transposed convolution (columns matmul + col2im)."""
+    group = int(spec.attr("group", 1))
+    auto_pad = auto_pad_attr(spec)
+    strides_attr = spec.attr("strides")
+    dilations_attr = spec.attr("dilations")
+    pads_attr = spec.attr("pads")
+    output_padding_attr = spec.attr("output_padding")
+    output_shape_attr = spec.attr("output_shape")
+    plans: dict[tuple[tuple[int, ...], tuple[int, ...]], _TransposePlan] = {}
+
+    def plan_for(x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _TransposePlan:
+        rank = len(x_shape) - 2
+        if rank < 1 or len(w_shape) != rank + 2:
+            raise ValueError(
+                f"ConvTranspose: input shape {x_shape} and weight shape {w_shape} mismatch"
+            )
+        if x_shape[1] != w_shape[0] or w_shape[0] % group:
+            raise ValueError(
+                f"ConvTranspose: input channels {x_shape[1]} and weight shape {w_shape} do "
+                f"not fit group={group} (expected W of shape (C, M/group, ...))"
+            )
+        strides = per_axis(strides_attr, rank, 1, "strides")
+        dilations = per_axis(dilations_attr, rank, 1, "dilations")
+        out_pad = per_axis(output_padding_attr, rank, 0, "output_padding")
+        begins, ends = explicit_pads(pads_attr, rank)
+        # Old models sometimes give output_shape with the batch and channel dims.
+        requested = list(output_shape_attr)[-rank:] if output_shape_attr else None
+        buffer_shape, offsets, crop = [], [], []
+        for i, (size, k, s, d) in enumerate(
+            zip(x_shape[2:], w_shape[2:], strides, dilations, strict=True)
+        ):
+            extent = (size - 1) * s + (k - 1) * d + 1
+            natural = extent + out_pad[i]
+            if requested is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+                out = int(requested[i]) if requested is not None else size * s
+                begin, _ = same_pad_split(natural - out, auto_pad)
+            elif auto_pad == "VALID":
+                begin, out = 0, natural
+            else:
+                begin, out = begins[i], natural - begins[i] - ends[i]
+            if out < 1:
+                raise ValueError(f"ConvTranspose: output size {out} along axis {i} < 1")
+            low, high = min(0, begin), max(extent, begin + out)
+            buffer_shape.append(high - low)
+            offsets.append(-low)
+            crop.append(slice(begin - low, begin - low + out))
+        return _TransposePlan(strides, dilations, tuple(buffer_shape), tuple(offsets), tuple(crop))
+
+    def weight_columns(w: np.ndarray) -> np.ndarray:
+        # (C, M/g, *k) -> (g, M/g * prod(k), C/g): one transposed matrix per group.
+        per_group = w.reshape(group, w.shape[0] // group, -1).transpose(0, 2, 1)
+        return np.ascontiguousarray(per_group, dtype=compute_dtype(w.dtype))
+
+    w_const = spec.const(1)
+    w_fixed = weight_columns(w_const) if w_const is not None else None
+
+    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> tuple[np.ndarray]:
+        key = (x.shape, w.shape)
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = plan_for(x.shape, w.shape)
+        wcols = w_fixed if w_fixed is not None else weight_columns(w)
+        n, c = x.shape[:2]
+        in_shape = x.shape[2:]
+        kshape = w.shape[2:]
+        m = w.shape[1] * group
+        work = x.astype(compute_dtype(x.dtype), copy=False)
+        cols = np.matmul(wcols, work.reshape(n, group, c // group, -1))
+        cols = cols.reshape((n, m, *kshape, *in_shape))
+        buffer = np.zeros((n, m, *plan.buffer_shape), dtype=work.dtype)
+        for tap in np.ndindex(*kshape):
+            target = tuple(
+                slice(o + t * d, o + t * d + (size - 1) * s + 1, s)
+                for o, t, d, size, s in zip(
+                    plan.offsets, tap, plan.dilations, in_shape, plan.strides, strict=True
+                )
+            )
+            buffer[(slice(None), slice(None), *target)] += cols[(slice(None), slice(None), *tap)]
+        y = buffer[(slice(None), slice(None), *plan.crop)]
+        if b is not None:
+            y = y + b.reshape((-1,) + (1,) * len(in_shape))
+        return (np.ascontiguousarray(y, dtype=x.dtype),)
+
+    return run

@@ -1,1 +1,91 @@
-"""Placeholder: being written."""
+"""Matrix product kernels: MatMul, Gemm and MatMulInteger, all on BLAS-backed np.matmul."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
+
+
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul``, with float16 run in float32 BLAS and a stack against one matrix as a
+    single GEMM."""
+    if a.dtype == np.float16 and b.dtype == np.float16:
+        return _matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
+    if b.ndim == 2 and a.ndim > 2:
+        # numpy would run one GEMM per matrix of the stack; fold the stack into the rows.
+        rows = a.reshape(-1, a.shape[-1])
+        return np.matmul(rows, b).reshape((*a.shape[:-1], b.shape[1]))
+    return np.asarray(np.matmul(a, b))
+
+
+@kernel("MatMul", since=1)
+def matmul(spec: NodeSpec) -> Kernel:
+    """MatMul-1/9/13: numpy matmul semantics (1-D operands, broadcast batch dims)."""
+
+    def run(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray]:
+        return (_matmul(a, b),)
+
+    return run
+
+
+@kernel("Gemm", since=1)
+def gemm(spec: NodeSpec) -> Kernel:
+    """Gemm-1/6/7/9/11/13: ``alpha * A' @ B' + beta * C`` with optional transposes.
+
+    Before opset 7 the ``broadcast`` attribute governs C; C is broadcast either way, since
+    a C that already has the output shape is unaffected. C is optional from opset 11.
+    """
+    alpha = float(spec.attr("alpha", 1.0))
+    beta = float(spec.attr("beta", 1.0))
+    trans_a = bool(spec.attr("transA", 0))
+    trans_b = bool(spec.attr("transB", 0))
+
+    def run(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> tuple[np.ndarray]:
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(f"Gemm: A and B must be 2-D, got shapes {a.shape} and {b.shape}")
+        y = _matmul(a.T if trans_a else a, b.T if trans_b else b)
+        add_c = c is not None and beta != 0.0
+        if y.dtype.kind != "f":
+            # Integer Gemm: scale in float64 like the definition, cast the sum once.
+            if alpha == 1.0 and (not add_c or beta == 1.0):
+                return (y + c if add_c else y,)
+            total = y * alpha + (c * beta if add_c else 0.0)
+            return (total.astype(y.dtype),)
+        if alpha != 1.0:
+            y *= y.dtype.type(alpha)
+        if add_c:
+            if y.shape != np.broadcast_shapes(y.shape, c.shape):
+                raise ValueError(f"Gemm: C of shape {c.shape} does not broadcast to {y.shape}")
+            y += c if beta == 1.0 else c * y.dtype.type(beta)
+        return (y,)
+
+    return run
+
+
+@kernel("MatMulInteger", since=10)
+def matmul_integer(spec: NodeSpec) -> Kernel:
+    """MatMulInteger-10: (A - a_zero_point) @ (B - b_zero_point) in int32.
+
+    The product runs in float64 BLAS, exact for 8-bit operands (every partial sum stays
+    far below 2**53), instead of numpy's slow integer matmul loop.
+    """
+
+    def run(
+        a: np.ndarray,
+        b: np.ndarray,
+        a_zero_point: np.ndarray | None = None,
+        b_zero_point: np.ndarray | None = None,
+    ) -> tuple[np.ndarray]:
+        a64 = a.astype(np.float64)
+        if a_zero_point is not None:
+            zero = np.asarray(a_zero_point, dtype=np.float64)
+            if zero.ndim == 1 and a.ndim >= 2:
+                zero = zero.reshape(-1, 1)  # one zero point per row of A
+            a64 -= zero
+        b64 = b.astype(np.float64)
+        if b_zero_point is not None:
+            b64 -= np.asarray(b_zero_point, dtype=np.float64)  # one per column of B
+        return (_matmul(a64, b64).astype(np.int32),)
+
+    return run

@@ -9,10 +9,9 @@ constant operand is normalised once in the factory. Resize and Upsample live in
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
-import onnx_ir as ir
 
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 
@@ -203,9 +202,7 @@ def _split(data: np.ndarray, axis: int, sizes: list[int] | None, parts: int) -> 
     if sizes is None:
         sizes = _split_sizes(dim, parts)
     if sum(sizes) != dim or len(sizes) != parts:
-        raise ValueError(
-            f"Split: sizes {sizes} do not split dimension {dim} into {parts} outputs"
-        )
+        raise ValueError(f"Split: sizes {sizes} do not split dimension {dim} into {parts} outputs")
     bounds = np.cumsum(sizes)[:-1]
     return tuple(np.split(data, bounds, axis=ax))
 
@@ -262,11 +259,12 @@ def _tile(spec: NodeSpec) -> Kernel:
     return run
 
 
+PadMode = Literal["constant", "reflect", "edge", "wrap"]
 _PAD_MODES = {"constant", "reflect", "edge", "wrap"}
 
 
 def _pad(
-    data: np.ndarray, pads: list[int], axes: list[int] | None, mode: str, value: Any
+    data: np.ndarray, pads: list[int], axes: list[int] | None, mode: PadMode, value: Any
 ) -> np.ndarray:
     rank = data.ndim
     axes_n = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
@@ -290,11 +288,10 @@ def _pad(
 
 @kernel("Pad")
 def _pad_kernel(spec: NodeSpec) -> Kernel:
-    mode = spec.attr("mode", "constant")
-    if isinstance(mode, bytes):
-        mode = mode.decode()
-    if mode not in _PAD_MODES:
-        raise ValueError(f"Pad: mode {mode!r} is not one of {sorted(_PAD_MODES)}")
+    mode_name = spec.attr("mode", "constant")
+    if mode_name not in _PAD_MODES:
+        raise ValueError(f"Pad: mode {mode_name!r} is not one of {sorted(_PAD_MODES)}")
+    mode = cast(PadMode, mode_name)
     if spec.opset < 11:
         pads_attr = spec.attr("paddings" if spec.opset < 2 else "pads")
         if pads_attr is None:
@@ -424,19 +421,5 @@ def _trilu(spec: NodeSpec) -> Kernel:
     def run(data: np.ndarray, k: np.ndarray | None = None) -> tuple:
         diag = fixed if fixed is not None else (0 if k is None else int(k.item()))
         return (op(data, diag),)
-
-    return run
-
-
-@kernel("EyeLike", since=9)
-def _eye_like(spec: NodeSpec) -> Kernel:
-    dtype_attr = spec.attr("dtype")
-    dtype = None if dtype_attr is None else np.dtype(ir.DataType(int(dtype_attr)).numpy())
-    k = int(spec.attr("k", 0))
-
-    def run(data: np.ndarray) -> tuple:
-        if data.ndim != 2:
-            raise ValueError(f"EyeLike: input must have rank 2, not {data.ndim}")
-        return (np.eye(data.shape[0], data.shape[1], k=k, dtype=dtype or data.dtype),)
 
     return run

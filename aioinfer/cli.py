@@ -1,0 +1,260 @@
+"""The ``aioinfer`` command: run a model once (or N times) and describe the devices.
+
+aioinfer run [MODEL] [--device CPU] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
+             [--hint LATENCY|THROUGHPUT] [--iterations N] [--seed S]
+aioinfer info
+aioinfer --version
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+
+import aioinfer
+from aioinfer.errors import AioinferError
+from aioinfer.model import Port
+from aioinfer.models import default_model_path
+
+_TOP1_ROWS = 8
+"""How many rows of a 2-D output get their top-1 index printed."""
+
+
+class UsageError(Exception):
+    """A command-line value that cannot be used (bad syntax, unreadable file)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit code.
+
+    User errors (a bad option value, a model that cannot be read or compiled, a bad input)
+    print one ``error: ...`` line to stderr and return 2.
+    """
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage and the reason
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.version:
+        print(f"aioinfer {aioinfer.__version__}")
+        return 0
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        if args.command == "info":
+            _info()
+        else:
+            anyio.run(_run, args)
+    except (AioinferError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aioinfer", description="aioinfer ONNX runtime")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = commands.add_parser("run", help="run a model on random or given inputs")
+    run.add_argument(
+        "model", nargs="?", type=Path, help="ONNX model file (default: the bundled tiny_cnn)"
+    )
+    run.add_argument("--device", default="CPU", help="device to compile for (default: CPU)")
+    run.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.npy",
+        help="take input NAME from a .npy file (repeatable); other inputs are random",
+    )
+    run.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="shape of the random input NAME (repeatable); unset dynamic dims are 1",
+    )
+    run.add_argument("--hint", type=str.upper, choices=("LATENCY", "THROUGHPUT"))
+    run.add_argument("--iterations", type=int, default=1, help="inferences to time (>= 1)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    commands.add_parser("info", help="list devices and their properties")
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> None:
+    if args.iterations < 1:
+        raise UsageError(f"--iterations must be >= 1, got {args.iterations}")
+    files = _pairs(args.input, "--input", "NAME=FILE.npy")
+    shape_texts = _pairs(args.shape, "--shape", "NAME=D0,D1,...")
+    shapes = {name: _dims(name, text) for name, text in shape_texts.items()}
+    both = sorted(files.keys() & shapes.keys())
+    if both:
+        raise UsageError(f"input {both[0]!r} has both --input and --shape; give one of them")
+    arrays = {name: _read_npy(name, file) for name, file in files.items()}
+    model_path = args.model if args.model is not None else default_model_path()
+    config = {"PERFORMANCE_HINT": args.hint} if args.hint else {}
+
+    start = time.perf_counter()
+    compiled = await aioinfer.Core().compile_model_async(model_path, args.device, config)
+    compile_seconds = time.perf_counter() - start
+    for name in [*files, *shapes]:
+        compiled.input(name)  # raises UnknownInputError naming the inputs that exist
+    inputs = _inputs(compiled.inputs, arrays, shapes, np.random.default_rng(args.seed))
+
+    request = compiled.create_infer_request()
+    latencies = []
+    for _ in range(args.iterations):
+        start = time.perf_counter()
+        results = await request.infer(inputs)
+        latencies.append(time.perf_counter() - start)
+
+    print(f"model:        {compiled.name} ({model_path})")
+    print(f"device:       {args.device}")
+    print(f"compile time: {_ms(compile_seconds)}")
+    print("inputs:")
+    for port in compiled.inputs:
+        source = files.get(port.name, f"random, seed {args.seed}")
+        array = inputs[port.name]
+        print(f"  {port.name}: {array.dtype} {list(array.shape)} ({source})")
+    print("outputs:")
+    for port in compiled.outputs:
+        _print_output(port.name, results[port.name])
+    _print_timing(latencies, request.get_profiling_info())
+
+
+def _inputs(
+    ports: Sequence[Port],
+    arrays: dict[str, np.ndarray],
+    shapes: dict[str, tuple[int, ...]],
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
+    """The arrays of every input: read from a file if given, else random."""
+    return {
+        port.name: _convert(port, arrays[port.name])
+        if port.name in arrays
+        else _random(port, shapes.get(port.name), rng)
+        for port in ports
+    }
+
+
+def _print_output(name: str, array: np.ndarray) -> None:
+    print(f"  {name}: {array.dtype} {list(array.shape)} {_summary(array)}".rstrip())
+    if array.ndim == 2 and array.dtype.kind == "f" and array.size:
+        top1 = array[:_TOP1_ROWS].argmax(axis=1).tolist()
+        more = ", ..." if array.shape[0] > _TOP1_ROWS else ""
+        print(f"    top-1 per row: [{', '.join(map(str, top1))}{more}]")
+
+
+def _print_timing(latencies: list[float], profiling: list[dict[str, Any]]) -> None:
+    if len(latencies) == 1:
+        print(f"latency:      {_ms(latencies[0])}")
+    else:
+        print(
+            f"latency:      first {_ms(latencies[0])}, median "
+            f"{_ms(statistics.median(latencies))} over {len(latencies)} iterations"
+        )
+    stages = [e for e in profiling if e.get("type") == "stage"]
+    print("stages:       " + ", ".join(f"{e['name']} {_ms(e['seconds'])}" for e in stages))
+
+
+def _info() -> None:
+    core = aioinfer.Core()
+    for device in core.available_devices:
+        print(device)
+        try:
+            names = core.get_property(device, "SUPPORTED_PROPERTIES")
+        except (AioinferError, ImportError) as exc:
+            print(f"  (unavailable: {exc})")
+            continue
+        for name in names:
+            try:
+                value = core.get_property(device, name)
+            except AioinferError:  # a compile-time property: no device-level value
+                print(f"  {name} (per compiled model)")
+                continue
+            shown = ", ".join(value) if isinstance(value, (list, tuple)) else value
+            print(f"  {name}: {shown}")
+
+
+def _pairs(items: Sequence[str], option: str, form: str) -> dict[str, str]:
+    """Split ``NAME=VALUE`` option values into a dict."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise UsageError(f"{option} expects {form}, got {item!r}")
+        if name in pairs:
+            raise UsageError(f"{option} given twice for {name!r}")
+        pairs[name] = value
+    return pairs
+
+
+def _dims(name: str, text: str) -> tuple[int, ...]:
+    """Parse ``1,3,32,32`` (``x`` also separates) into a shape."""
+    try:
+        dims = tuple(int(part) for part in text.replace("x", ",").split(","))
+    except ValueError:
+        raise UsageError(
+            f"--shape {name}: expected comma-separated integers such as 1,3,32,32, got {text!r}"
+        ) from None
+    if any(d < 0 for d in dims):
+        raise UsageError(f"--shape {name}: dimensions must be >= 0, got {text!r}")
+    return dims
+
+
+def _read_npy(name: str, file: str) -> np.ndarray:
+    """Read the .npy file given for input ``name``."""
+    try:
+        return np.asarray(np.load(file, allow_pickle=False))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--input {name}: cannot read {file!r} as a .npy array: {exc}") from None
+
+
+def _convert(port: Port, array: np.ndarray) -> np.ndarray:
+    """``array`` in the port's type when both are of one kind (float64 -> float32)."""
+    if array.dtype != port.dtype and array.dtype.kind == port.dtype.kind:
+        return array.astype(port.dtype)
+    return array
+
+
+def _random(port: Port, shape: tuple[int, ...] | None, rng: np.random.Generator) -> np.ndarray:
+    """A random array for ``port``; dims not static and not given by ``shape`` are 1."""
+    if shape is None:
+        if port.shape is None:
+            raise UsageError(f"input {port.name!r} has unknown rank; give --shape {port.name}=...")
+        shape = tuple(d if isinstance(d, int) else 1 for d in port.shape)
+    dtype = port.dtype
+    if dtype.kind in "fc":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind in "iu":
+        return rng.integers(0, 10, shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    raise UsageError(
+        f"cannot make random values of type {dtype} for input {port.name!r}; "
+        f"give --input {port.name}=FILE.npy"
+    )
+
+
+def _summary(array: np.ndarray) -> str:
+    if array.size == 0 or array.dtype.kind not in "biuf":
+        return ""
+    values = array.astype(np.float64)
+    return f"min {values.min():.6g} max {values.max():.6g} mean {values.mean():.6g}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

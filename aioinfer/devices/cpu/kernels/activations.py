@@ -1,0 +1,294 @@
+"""Activation kernels: Relu and its relatives, sigmoid-like functions, Gelu, Clip.
+
+Attribute values stay Python floats so that numpy keeps the input's float type (a numpy
+float64 scalar would promote float32 data). Functions made of several numpy steps run
+float16 data in float32 and round once at the end, as a fused kernel would.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from aioinfer.devices.cpu.kernels.elementwise import erf
+from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
+
+Unary = Callable[[np.ndarray], np.ndarray]
+
+
+def _in_float32_for_half(fn: Unary) -> Kernel:
+    """The kernel computing ``fn``, with float16 input widened to float32 and back."""
+
+    def run(x: np.ndarray) -> tuple[np.ndarray]:
+        if x.dtype == np.float16:
+            return (fn(x.astype(np.float32)).astype(np.float16),)
+        return (fn(x),)
+
+    return run
+
+
+# -- the Relu family ----------------------------------------------------------------------
+
+
+@kernel("Relu", since=1)
+def _relu(spec: NodeSpec) -> Kernel:
+    return lambda x: (np.maximum(x, 0),)
+
+
+@kernel("LeakyRelu", since=1)
+def _leaky_relu(spec: NodeSpec) -> Kernel:
+    alpha = float(spec.attr("alpha", 0.01))
+    if 0 <= alpha <= 1:
+        # For a slope in [0, 1] the larger of x and alpha*x is the right branch.
+        return lambda x: (np.maximum(x, x * alpha),)
+    return lambda x: (np.where(x > 0, x, x * alpha),)
+
+
+def _slope_for(x_shape: tuple[int, ...], slope: np.ndarray, name: str) -> np.ndarray:
+    """Line a 1-D slope up with the channel axis when it does not broadcast as is.
+
+    Models converted from PyTorch give a slope of shape [C] for NCHW data; numpy would
+    align it with W. Like the reference implementation, use the axis of size C: axis 1
+    when it matches, else the only axis that does.
+    """
+    size = slope.shape[0]
+    if len(x_shape) > 1 and x_shape[1] == size:
+        axis = 1
+    else:
+        matches = [i for i, d in enumerate(x_shape) if d == size]
+        if len(matches) != 1:
+            raise ValueError(
+                f"PRelu node {name!r}: slope of shape {slope.shape} does not broadcast to "
+                f"input of shape {x_shape}"
+            )
+        axis = matches[0]
+    return slope.reshape((size,) + (1,) * (len(x_shape) - axis - 1))
+
+
+@kernel("PRelu", since=1)
+def _prelu(spec: NodeSpec) -> Kernel:
+    def run(x: np.ndarray, slope: np.ndarray) -> tuple[np.ndarray]:
+        if (
+            slope.ndim == 1
+            and slope.shape[0] != 1
+            and (x.ndim == 0 or slope.shape[0] != x.shape[-1])
+        ):
+            slope = _slope_for(x.shape, slope, spec.name)
+        return (np.where(x > 0, x, x * slope),)
+
+    return run
+
+
+@kernel("ThresholdedRelu", since=10)
+def _thresholded_relu(spec: NodeSpec) -> Kernel:
+    alpha = float(spec.attr("alpha", 1.0))
+    return lambda x: (np.where(x > alpha, x, 0),)
+
+
+def _exp_linear(x: np.ndarray, alpha: float, divisor: float = 1.0) -> np.ndarray:
+    """x for x > 0, else alpha * (exp(x / divisor) - 1); exp sees no positive values."""
+    negative = np.minimum(x, 0)
+    if divisor != 1:
+        negative /= divisor
+    np.expm1(negative, out=negative)
+    negative *= alpha
+    return np.where(x > 0, x, negative)
+
+
+@kernel("Elu", since=1)
+def _elu(spec: NodeSpec) -> Kernel:
+    alpha = float(spec.attr("alpha", 1.0))
+    return _in_float32_for_half(lambda x: _exp_linear(x, alpha))
+
+
+@kernel("Selu", since=1)
+def _selu(spec: NodeSpec) -> Kernel:
+    alpha = float(spec.attr("alpha", 1.67326319217681884765625))
+    gamma = float(spec.attr("gamma", 1.05070102214813232421875))
+
+    def selu(x: np.ndarray) -> np.ndarray:
+        y = _exp_linear(x, alpha)
+        y *= gamma
+        return y
+
+    return _in_float32_for_half(selu)
+
+
+@kernel("Celu", since=12)
+def _celu(spec: NodeSpec) -> Kernel:
+    alpha = float(spec.attr("alpha", 1.0))
+    return _in_float32_for_half(lambda x: _exp_linear(x, alpha, divisor=alpha))
+
+
+@kernel("Shrink", since=9)
+def _shrink(spec: NodeSpec) -> Kernel:
+    bias = float(spec.attr("bias", 0.0))
+    lambd = float(spec.attr("lambd", 0.5))
+
+    def run(x: np.ndarray) -> tuple[np.ndarray]:
+        y = np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0))
+        return (y.astype(x.dtype, copy=False),)
+
+    return run
+
+
+# -- sigmoid-like -------------------------------------------------------------------------
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # exp(-x) overflows to inf for very negative x, and 1 / (1 + inf) is the exact 0.
+    with np.errstate(over="ignore"):
+        e = np.exp(np.negative(x))
+    e += 1
+    return np.reciprocal(e, out=e)
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)), which cannot overflow."""
+    y = np.exp(np.negative(np.abs(x)))
+    np.log1p(y, out=y)
+    y += np.maximum(x, 0)
+    return y
+
+
+def _softsign(x: np.ndarray) -> np.ndarray:
+    d = np.abs(x)
+    d += 1
+    return np.divide(x, d, out=d)
+
+
+def _mish(x: np.ndarray) -> np.ndarray:
+    y = np.tanh(_softplus(x))
+    y *= x
+    return y
+
+
+def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    y = x * alpha
+    y += beta
+    return np.clip(y, 0, 1, out=y)
+
+
+@kernel("Sigmoid", since=1)
+def _sigmoid_kernel(spec: NodeSpec) -> Kernel:
+    return _in_float32_for_half(_sigmoid)
+
+
+@kernel("Tanh", since=1)
+def _tanh(spec: NodeSpec) -> Kernel:
+    return lambda x: (np.tanh(x),)
+
+
+@kernel("Softplus", since=1)
+def _softplus_kernel(spec: NodeSpec) -> Kernel:
+    return _in_float32_for_half(_softplus)
+
+
+@kernel("Softsign", since=1)
+def _softsign_kernel(spec: NodeSpec) -> Kernel:
+    return _in_float32_for_half(_softsign)
+
+
+@kernel("Mish", since=18)
+def _mish_kernel(spec: NodeSpec) -> Kernel:
+    return _in_float32_for_half(_mish)
+
+
+@kernel("HardSigmoid", since=1)
+def _hard_sigmoid_kernel(spec: NodeSpec) -> Kernel:
+    alpha = float(spec.attr("alpha", 0.2))
+    beta = float(spec.attr("beta", 0.5))
+    return _in_float32_for_half(lambda x: _hard_sigmoid(x, alpha, beta))
+
+
+@kernel("HardSwish", since=14)
+def _hard_swish(spec: NodeSpec) -> Kernel:
+    def hard_swish(x: np.ndarray) -> np.ndarray:
+        y = _hard_sigmoid(x, 1 / 6, 0.5)
+        y *= x
+        return y
+
+    return _in_float32_for_half(hard_swish)
+
+
+_SQRT_HALF = math.sqrt(0.5)
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """x * Phi(x) = x/2 * (1 + erf(x / sqrt 2))."""
+    y = erf(x * _SQRT_HALF)
+    y += 1
+    y *= x
+    y *= 0.5
+    return y
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))."""
+    y = x * x
+    y *= 0.044715
+    y += 1
+    y *= x
+    y *= _SQRT_2_OVER_PI
+    np.tanh(y, out=y)
+    y += 1
+    y *= x
+    y *= 0.5
+    return y
+
+
+@kernel("Gelu", since=20)
+def _gelu_kernel(spec: NodeSpec) -> Kernel:
+    approximate = spec.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise ValueError(
+            f"Gelu node {spec.name!r}: approximate must be 'none' or 'tanh', got {approximate!r}"
+        )
+    return _in_float32_for_half(_gelu if approximate == "none" else _gelu_tanh)
+
+
+# -- Clip ---------------------------------------------------------------------------------
+
+
+def _clip(
+    x: np.ndarray, low: np.ndarray | float | None, high: np.ndarray | float | None
+) -> np.ndarray:
+    if low is None and high is None:
+        return x
+    if high is None:
+        return np.maximum(x, low)
+    y = x if low is None else np.maximum(x, low)
+    return np.minimum(y, high, out=None if y is x else y)
+
+
+def _bound(value: np.ndarray | None) -> np.ndarray | None:
+    """A Clip bound as a 0-d array (exporters sometimes give shape [1])."""
+    if value is None or value.ndim == 0:
+        return value
+    if value.size != 1:
+        raise ValueError(f"Clip: min and max must be scalars, got shape {value.shape}")
+    return value.reshape(())
+
+
+@kernel("Clip", since=1)
+def _clip_kernel(spec: NodeSpec) -> Kernel:
+    if spec.opset < 11:
+        low, high = spec.attr("min"), spec.attr("max")
+        low = None if low is None else float(low)
+        high = None if high is None else float(high)
+        return lambda x: (_clip(x, low, high),)
+    const_low, const_high = _bound(spec.const(1)), _bound(spec.const(2))
+    if (spec.num_inputs < 2 or const_low is not None) and (
+        spec.num_inputs < 3 or const_high is not None
+    ):
+        return lambda x, *_: (_clip(x, const_low, const_high),)
+
+    def run(
+        x: np.ndarray, low: np.ndarray | None = None, high: np.ndarray | None = None
+    ) -> tuple[np.ndarray]:
+        return (_clip(x, _bound(low), _bound(high)),)
+
+    return run

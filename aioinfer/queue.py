@@ -1,0 +1,151 @@
+"""AsyncInferQueue: a pool of infer requests that keeps the device busy."""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from aioinfer.errors import RequestClosedError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from aioinfer.plugin.async_request import AsyncInferRequest
+    from aioinfer.plugin.compiled_model import CompiledModel
+    from aioinfer.plugin.sync_request import Inputs
+
+
+class AsyncInferQueue:
+    """A pool of ``jobs`` infer requests of one compiled model.
+
+    ``await queue.start_async(inputs, userdata)`` waits (without blocking the loop) for an
+    idle request and starts it; the queue's callback ``fn(request, userdata)`` runs as each
+    job completes (``request.results`` holds its outputs, ``request.error`` its exception
+    if it failed). An exception from a job or from the callback is re-raised by the next
+    ``start_async`` or ``wait_all`` — never swallowed.
+
+    ``jobs=0`` uses the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``. Closing
+    (``await queue.close()`` or leaving ``async with``) cancels the running jobs;
+    ``await queue.wait_all()`` first drains them.
+    """
+
+    def __init__(self, compiled_model: CompiledModel, jobs: int = 0) -> None:
+        if jobs < 0:
+            raise ValueError("jobs must be >= 0 (0: the optimal number of requests)")
+        count = jobs or int(compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        self._requests = [compiled_model.create_infer_request() for _ in range(count)]
+        self.userdata: list[Any] = [None] * count
+        """The userdata of the job each request ran last."""
+        self._idle: deque[int] = deque(range(count))
+        self._idle_changed: anyio.Event | None = None
+        self._callback: Callable[[AsyncInferRequest, Any], Any] | None = None
+        self._errors: list[BaseException] = []
+        self._closed = False
+        for index, request in enumerate(self._requests):
+            request.set_callback(self._job_done)
+            request._on_idle = self._make_release(index)
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __getitem__(self, index: int) -> AsyncInferRequest:
+        return self._requests[index]
+
+    def set_callback(self, callback: Callable[[AsyncInferRequest, Any], Any] | None) -> None:
+        """Call ``callback(request, userdata)`` as each job completes (sync or async)."""
+        self._callback = callback
+
+    def is_ready(self) -> bool:
+        """True when a request is idle, so ``start_async`` would not wait."""
+        return bool(self._idle)
+
+    async def start_async(self, inputs: Inputs | None = None, userdata: Any = None) -> None:
+        """Wait for an idle request and start ``inputs`` on it.
+
+        Raises:
+            RequestClosedError: the queue is closed.
+            The exception of an earlier job or callback; input errors of this job.
+        """
+        self._raise_pending()
+        while not self._idle:
+            self._idle_changed = self._idle_changed or anyio.Event()
+            await self._idle_changed.wait()
+            self._raise_pending()
+        index = self._idle.popleft()
+        self.userdata[index] = userdata
+        try:
+            self._requests[index].start_async(inputs, userdata)
+        except BaseException:
+            self._idle.appendleft(index)
+            raise
+
+    async def wait_all(self) -> None:
+        """Wait until every started job (and its callback) has completed.
+
+        Raises:
+            The exception of a job or callback that failed since the last call.
+        """
+        for request in self._requests:
+            try:
+                await request.wait()
+            except Exception:  # noqa: BLE001, S110  collected by _job_done already
+                pass
+        self._raise_pending()
+
+    async def close(self) -> None:
+        """Cancel the running jobs, wait for their compute to stop, close the requests."""
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for request in self._requests:
+                await request.close()
+        if self._idle_changed is not None:
+            self._idle_changed.set()
+
+    async def __aenter__(self) -> AsyncInferQueue:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    async def _job_done(self, request: AsyncInferRequest, userdata: Any) -> None:
+        if request.error is not None:
+            self._errors.append(request.error)
+        callback = self._callback
+        if callback is None:
+            return
+        if inspect.iscoroutinefunction(callback):
+            await callback(request, userdata)
+        else:
+            executor = request.compiled_model.callback_executor
+            await executor.run(lambda: callback(request, userdata))
+
+    def _make_release(self, index: int) -> Callable[[], None]:
+        def release() -> None:
+            error = self._requests[index]._callback_error
+            if error is not None:
+                self._errors.append(error)
+            self._idle.append(index)
+            if self._idle_changed is not None:
+                self._idle_changed.set()
+                self._idle_changed = None
+
+        return release
+
+    def _raise_pending(self) -> None:
+        if self._closed:
+            raise RequestClosedError("this AsyncInferQueue is closed")
+        if self._errors:
+            error = self._errors.pop(0)
+            self._errors.clear()
+            raise error
