@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import numpy as np
@@ -18,16 +21,17 @@ import aioinfer as ai
 pytestmark = pytest.mark.anyio
 
 SIZE = 384
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def chain_model(steps: int) -> onnx.ModelProto:
-    """x -> (MatMul W, Sin) * steps: a plan of 2*steps kernels, each well under 10 ms."""
+    """x -> (MatMul W, Tanh) * steps: a plan of 2*steps kernels, each well under 10 ms."""
     rng = np.random.default_rng(0)
     weight = (rng.standard_normal((SIZE, SIZE)) / np.sqrt(SIZE)).astype(np.float32)
     nodes, last = [], "x"
     for i in range(steps):
         nodes.append(oh.make_node("MatMul", [last, "w"], [f"m{i}"], name=f"matmul{i}"))
-        nodes.append(oh.make_node("Sin", [f"m{i}"], [f"t{i}"], name=f"sin{i}"))
+        nodes.append(oh.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"))
         last = f"t{i}"
     nodes.append(oh.make_node("Identity", [last], ["y"]))
     graph = oh.make_graph(
@@ -331,3 +335,25 @@ def test_properties_follow_the_hint():
         assert name in latency.get_property("SUPPORTED_PROPERTIES")
     with pytest.raises(ai.InvalidPropertyValueError, match="PERFORMANCE_HINT"):
         core.compile_model(chain_model(1), "CPU", {"PERFORMANCE_HINT": "FAST"})
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_nothing_hangs_at_interpreter_exit(backend):
+    script = f"""
+import anyio, numpy as np, aioinfer as ai
+from tests.test_async import chain_model, inputs
+compiled = ai.Core().compile_model(chain_model(400), "CPU")
+async def main():
+    request = compiled.create_infer_request()
+    request.start_async({{"x": inputs(1, 64)}})
+    await anyio.sleep(0.05)
+anyio.run(main, backend={backend!r})
+print("exited")
+"""
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert "exited" in done.stdout
+    assert time.perf_counter() - start < 30

@@ -2,7 +2,9 @@
 
 Attribute values stay Python floats so that numpy keeps the input's float type (a numpy
 float64 scalar would promote float32 data). Functions made of several numpy steps run
-float16 data in float32 and round once at the end, as a fused kernel would.
+float16 data in float32 and round once at the end, as a fused kernel would. They work
+in place on their temporaries, so 0-d data (for which ufuncs return scalars) runs as
+shape (1,).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 Unary = Callable[[np.ndarray], np.ndarray]
 
 
-def _in_float32_for_half(fn: Unary) -> Kernel:
-    """The kernel computing ``fn``, with float16 input widened to float32 and back."""
+def _unary_kernel(fn: Unary, widen_half: bool = True) -> Kernel:
+    """The kernel computing ``fn``: float16 data in float32 (``widen_half``), 0-d as 1-D."""
 
     def run(x: np.ndarray) -> tuple[np.ndarray]:
-        if x.dtype == np.float16:
+        if x.ndim == 0:
+            return (run(x.reshape(1))[0].reshape(()),)
+        if widen_half and x.dtype == np.float16:
             return (fn(x.astype(np.float32)).astype(np.float16),)
         return (fn(x),)
 
@@ -34,7 +38,7 @@ def _in_float32_for_half(fn: Unary) -> Kernel:
 
 @kernel("Relu", since=1)
 def _relu(spec: NodeSpec) -> Kernel:
-    return lambda x: (np.maximum(x, 0),)
+    return _unary_kernel(lambda x: np.maximum(x, 0), widen_half=False)
 
 
 @kernel("LeakyRelu", since=1)
@@ -42,8 +46,8 @@ def _leaky_relu(spec: NodeSpec) -> Kernel:
     alpha = float(spec.attr("alpha", 0.01))
     if 0 <= alpha <= 1:
         # For a slope in [0, 1] the larger of x and alpha*x is the right branch.
-        return lambda x: (np.maximum(x, x * alpha),)
-    return lambda x: (np.where(x > 0, x, x * alpha),)
+        return _unary_kernel(lambda x: np.maximum(x, x * alpha), widen_half=False)
+    return _unary_kernel(lambda x: np.where(x > 0, x, x * alpha), widen_half=False)
 
 
 def _slope_for(x_shape: tuple[int, ...], slope: np.ndarray, name: str) -> np.ndarray:
@@ -100,7 +104,7 @@ def _exp_linear(x: np.ndarray, alpha: float, divisor: float = 1.0) -> np.ndarray
 @kernel("Elu", since=1)
 def _elu(spec: NodeSpec) -> Kernel:
     alpha = float(spec.attr("alpha", 1.0))
-    return _in_float32_for_half(lambda x: _exp_linear(x, alpha))
+    return _unary_kernel(lambda x: _exp_linear(x, alpha))
 
 
 @kernel("Selu", since=1)
@@ -113,13 +117,13 @@ def _selu(spec: NodeSpec) -> Kernel:
         y *= gamma
         return y
 
-    return _in_float32_for_half(selu)
+    return _unary_kernel(selu)
 
 
 @kernel("Celu", since=12)
 def _celu(spec: NodeSpec) -> Kernel:
     alpha = float(spec.attr("alpha", 1.0))
-    return _in_float32_for_half(lambda x: _exp_linear(x, alpha, divisor=alpha))
+    return _unary_kernel(lambda x: _exp_linear(x, alpha, divisor=alpha))
 
 
 @kernel("Shrink", since=9)
@@ -173,34 +177,34 @@ def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
 
 @kernel("Sigmoid", since=1)
 def _sigmoid_kernel(spec: NodeSpec) -> Kernel:
-    return _in_float32_for_half(_sigmoid)
+    return _unary_kernel(_sigmoid)
 
 
 @kernel("Tanh", since=1)
 def _tanh(spec: NodeSpec) -> Kernel:
-    return lambda x: (np.tanh(x),)
+    return _unary_kernel(np.tanh, widen_half=False)
 
 
 @kernel("Softplus", since=1)
 def _softplus_kernel(spec: NodeSpec) -> Kernel:
-    return _in_float32_for_half(_softplus)
+    return _unary_kernel(_softplus)
 
 
 @kernel("Softsign", since=1)
 def _softsign_kernel(spec: NodeSpec) -> Kernel:
-    return _in_float32_for_half(_softsign)
+    return _unary_kernel(_softsign)
 
 
 @kernel("Mish", since=18)
 def _mish_kernel(spec: NodeSpec) -> Kernel:
-    return _in_float32_for_half(_mish)
+    return _unary_kernel(_mish)
 
 
 @kernel("HardSigmoid", since=1)
 def _hard_sigmoid_kernel(spec: NodeSpec) -> Kernel:
     alpha = float(spec.attr("alpha", 0.2))
     beta = float(spec.attr("beta", 0.5))
-    return _in_float32_for_half(lambda x: _hard_sigmoid(x, alpha, beta))
+    return _unary_kernel(lambda x: _hard_sigmoid(x, alpha, beta))
 
 
 @kernel("HardSwish", since=14)
@@ -210,7 +214,7 @@ def _hard_swish(spec: NodeSpec) -> Kernel:
         y *= x
         return y
 
-    return _in_float32_for_half(hard_swish)
+    return _unary_kernel(hard_swish)
 
 
 _SQRT_HALF = math.sqrt(0.5)
@@ -247,7 +251,7 @@ def _gelu_kernel(spec: NodeSpec) -> Kernel:
         raise ValueError(
             f"Gelu node {spec.name!r}: approximate must be 'none' or 'tanh', got {approximate!r}"
         )
-    return _in_float32_for_half(_gelu if approximate == "none" else _gelu_tanh)
+    return _unary_kernel(_gelu if approximate == "none" else _gelu_tanh)
 
 
 # -- Clip ---------------------------------------------------------------------------------
@@ -258,10 +262,12 @@ def _clip(
 ) -> np.ndarray:
     if low is None and high is None:
         return x
-    if high is None:
-        return np.maximum(x, low)
-    y = x if low is None else np.maximum(x, low)
-    return np.minimum(y, high, out=None if y is x else y)
+    y = np.empty_like(x)  # as out=, also keeps 0-d results arrays
+    if low is not None:
+        np.maximum(x, low, out=y)
+    if high is not None:
+        np.minimum(x if low is None else y, high, out=y)
+    return y
 
 
 def _bound(value: np.ndarray | None) -> np.ndarray | None:

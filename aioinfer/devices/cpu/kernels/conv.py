@@ -190,12 +190,12 @@ def conv(spec: NodeSpec) -> Kernel:
             )
             cols = np.empty(view.shape, dtype=work.dtype)
             np.copyto(cols, view)
-            cols = cols.reshape(n, group, -1, pixels)
+            cols = cols.reshape(n, group, wmat.shape[-1], pixels)
         y = np.matmul(wmat[0] if group == 1 else wmat, cols)
-        y = y.reshape(n, -1, pixels)
+        y = y.reshape(n, w.shape[0], pixels)
         if b is not None:
             y += b.reshape(-1, 1)
-        return (y.reshape((n, y.shape[1], *plan.out_shape)).astype(x.dtype, copy=False),)
+        return (y.reshape((n, w.shape[0], *plan.out_shape)).astype(x.dtype, copy=False),)
 
     return run
 
@@ -286,7 +286,7 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
         kshape = w.shape[2:]
         m = w.shape[1] * group
         work = x.astype(compute_dtype(x.dtype), copy=False)
-        cols = np.matmul(wcols, work.reshape(n, group, c // group, -1))
+        cols = np.matmul(wcols, work.reshape(n, group, c // group, int(np.prod(in_shape))))
         cols = cols.reshape((n, m, *kshape, *in_shape))
         buffer = np.zeros((n, m, *plan.buffer_shape), dtype=work.dtype)
         for tap in np.ndindex(*kshape):

@@ -4,6 +4,9 @@ Binary operators follow numpy's multidirectional broadcasting, which is what ONN
 specifies from opset 7 on; before that, ``broadcast=1`` with ``axis`` aligned the second
 input to the first at ``axis`` (handled by :func:`_legacy_alignment`). Activation
 functions and Clip live in :mod:`.activations`.
+
+numpy ufuncs return scalars, not arrays, for 0-d operands; kernels wrap such results
+in ``np.asarray`` so that every output is an ndarray.
 """
 
 from __future__ import annotations
@@ -51,8 +54,8 @@ def _register_binary(op_type: str, since: int, fn: Binary) -> None:
     def factory(spec: NodeSpec) -> Kernel:
         align = _legacy_alignment(spec)
         if align is None:
-            return lambda a, b: (fn(a, b),)
-        return lambda a, b: (fn(a, align(a, b)),)
+            return lambda a, b: (np.asarray(fn(a, b)),)
+        return lambda a, b: (np.asarray(fn(a, align(a, b))),)
 
     kernel(op_type, since=since)(factory)
 
@@ -63,33 +66,36 @@ def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.floor_divide(a, b)
     if a.dtype.kind != "i":
         return np.divide(a, b)
-    quotient, remainder = np.divmod(a, b)
+    quotient, remainder = (np.asarray(r) for r in np.divmod(a, b))
     # Floor and truncation differ by one where the division is inexact and negative.
     inexact_negative = (remainder != 0) & ((a < 0) != (b < 0))
     return np.add(quotient, inexact_negative, out=quotient, casting="unsafe")
 
 
-for _op, _fn in [("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply), ("Div", _divide)]:
-    _register_binary(_op, 1, _fn)
-for _op, _fn in [
-    ("Equal", np.equal),
-    ("Less", np.less),
-    ("Greater", np.greater),
-    ("And", np.logical_and),
-    ("Or", np.logical_or),
-    ("Xor", np.logical_xor),
-]:
-    _register_binary(_op, 1, _fn)
-_register_binary("LessOrEqual", 12, np.less_equal)
-_register_binary("GreaterOrEqual", 12, np.greater_equal)
-_register_binary("BitwiseAnd", 18, np.bitwise_and)
-_register_binary("BitwiseOr", 18, np.bitwise_or)
-_register_binary("BitwiseXor", 18, np.bitwise_xor)
+_BINARY: list[tuple[str, int, Binary]] = [
+    ("Add", 1, np.add),
+    ("Sub", 1, np.subtract),
+    ("Mul", 1, np.multiply),
+    ("Div", 1, _divide),
+    ("Equal", 1, np.equal),
+    ("Less", 1, np.less),
+    ("Greater", 1, np.greater),
+    ("And", 1, np.logical_and),
+    ("Or", 1, np.logical_or),
+    ("Xor", 1, np.logical_xor),
+    ("LessOrEqual", 12, np.less_equal),
+    ("GreaterOrEqual", 12, np.greater_equal),
+    ("BitwiseAnd", 18, np.bitwise_and),
+    ("BitwiseOr", 18, np.bitwise_or),
+    ("BitwiseXor", 18, np.bitwise_xor),
+]
+for _op, _since, _binary in _BINARY:
+    _register_binary(_op, _since, _binary)
 
 
 def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a ** b`` in the type of the base, whatever the exponent's type."""
-    result = np.power(a, b)
+    result = np.asarray(np.power(a, b))
     return result if result.dtype == a.dtype else result.astype(a.dtype)
 
 
@@ -107,7 +113,7 @@ def _pow(spec: NodeSpec) -> Kernel:
             if a.ndim < rank:
                 return (_power(a, b),)
             if value == 2:
-                return (np.square(a),)
+                return (np.asarray(np.square(a)),)
             return (_power(a, value),)
 
         return scalar_pow
@@ -120,7 +126,7 @@ def _pow(spec: NodeSpec) -> Kernel:
 def _mod(spec: NodeSpec) -> Kernel:
     # fmod=0 takes the divisor's sign (Python/numpy %), fmod=1 the dividend's (C fmod).
     fn = np.fmod if spec.attr("fmod", 0) else np.mod
-    return lambda a, b: (fn(a, b),)
+    return lambda a, b: (np.asarray(fn(a, b)),)
 
 
 @kernel("BitShift", since=11)
@@ -132,7 +138,7 @@ def _bit_shift(spec: NodeSpec) -> Kernel:
         )
     # numpy defines shifts by the bit width or more as 0, as ONNX's unsigned types need.
     fn = np.left_shift if direction == "LEFT" else np.right_shift
-    return lambda a, b: (fn(a, b),)
+    return lambda a, b: (np.asarray(fn(a, b)),)
 
 
 # -- unary math ---------------------------------------------------------------------------
@@ -148,11 +154,13 @@ def _erf_tables() -> tuple[tuple[np.ndarray, float, float], tuple[np.ndarray, fl
     variable mapped to [-1, 1], and that map's scale and shift.
     """
 
-    def interpolate(f: Callable[[float], float], lo: float, hi: float, degree: int):
-        def on_unit(u: np.ndarray) -> np.ndarray:
-            return np.array([f(lo + (hi - lo) * (v + 1) / 2) for v in u])
-
-        coeffs = chebyshev.cheb2poly(chebyshev.chebinterpolate(on_unit, degree))[::-1]
+    def interpolate(
+        f: Callable[[float], float], lo: float, hi: float, degree: int
+    ) -> tuple[np.ndarray, float, float]:
+        nodes = np.cos(np.pi * (np.arange(degree + 1) + 0.5) / (degree + 1))
+        values = [f(lo + (hi - lo) * (u + 1) / 2) for u in nodes]
+        # degree + 1 Chebyshev nodes: the least-squares fit is the interpolant.
+        coeffs = chebyshev.cheb2poly(chebyshev.chebfit(nodes, values, degree))[::-1]
         return coeffs.copy(), 2 / (hi - lo), -(hi + lo) / (hi - lo)
 
     def erf_over_x(t: float) -> float:
@@ -239,7 +247,7 @@ _UNARY: list[tuple[str, int, Unary]] = [
 
 
 def _register_unary(op_type: str, since: int, fn: Unary) -> None:
-    kernel(op_type, since=since)(lambda spec: lambda x: (fn(x),))
+    kernel(op_type, since=since)(lambda spec: lambda x: (np.asarray(fn(x)),))
 
 
 for _op, _since, _unary in _UNARY:
@@ -251,11 +259,11 @@ def _is_inf(spec: NodeSpec) -> Kernel:
     negative = bool(spec.attr("detect_negative", 1))
     positive = bool(spec.attr("detect_positive", 1))
     if negative and positive:
-        return lambda x: (np.isinf(x),)
+        return lambda x: (np.asarray(np.isinf(x)),)
     if negative:
-        return lambda x: (np.isneginf(x),)
+        return lambda x: (np.asarray(np.isneginf(x)),)
     if positive:
-        return lambda x: (np.isposinf(x),)
+        return lambda x: (np.asarray(np.isposinf(x)),)
     return lambda x: (np.zeros(x.shape, dtype=np.bool_),)
 
 
@@ -264,7 +272,7 @@ def _is_inf(spec: NodeSpec) -> Kernel:
 
 def _fold(ufunc: np.ufunc, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     """``ufunc`` over all inputs with broadcasting, reusing the first result as buffer."""
-    result = ufunc(inputs[0], inputs[1])
+    result = np.asarray(ufunc(inputs[0], inputs[1]))
     for x in inputs[2:]:
         if np.broadcast_shapes(result.shape, x.shape) == result.shape:
             ufunc(result, x, out=result)

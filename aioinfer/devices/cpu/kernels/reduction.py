@@ -51,11 +51,11 @@ def _reduce_sum(x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:
 
 def _reduce_mean(x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:
     count = x.size if axes is None else math.prod(x.shape[a] for a in axes)
+    is_float = np.issubdtype(x.dtype, np.inexact)
     if count == 0:
         shape = np.sum(x, axis=axes, keepdims=keepdims).shape
-        return np.full(shape, np.nan).astype(x.dtype)
+        return np.full(shape, np.nan if is_float else 0, dtype=x.dtype)
     # Like np.mean: half floats accumulate in float32, integers in their own dtype.
-    is_float = np.issubdtype(x.dtype, np.inexact)
     acc = np.promote_types(x.dtype, np.float32) if is_float else x.dtype
     total = np.sum(x, axis=axes, keepdims=keepdims, dtype=acc)
     return np.true_divide(total, count).astype(x.dtype, copy=False)

@@ -1,0 +1,11 @@
+"""Shared fixtures: every async test (``@pytest.mark.anyio``) runs under asyncio and trio."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(params=["asyncio", "trio"], scope="module")
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """The anyio backend an async test runs on; parametrized so each test runs on both."""
+    return str(request.param)
