@@ -25,7 +25,8 @@ _BUILTIN_DEVICES: dict[str, str] = {"CPU": "aioinfer.devices.cpu:CPUPlugin"}
 def _load(target: str) -> Callable[[], Plugin]:
     module_name, _, attr = target.partition(":")
     module = __import__(module_name, fromlist=[attr])
-    return getattr(module, attr)  # type: ignore[no-any-return]
+    factory: Callable[[], Plugin] = getattr(module, attr)
+    return factory
 
 
 class Core:

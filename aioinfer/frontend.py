@@ -81,6 +81,4 @@ def _check(proto: onnx.ModelProto, what: str, path: Path | None = None) -> None:
 
 
 def _uses_external_data(proto: onnx.ModelProto) -> bool:
-    return any(
-        t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer
-    )
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)

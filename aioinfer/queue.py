@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections import deque
 from collections.abc import Callable
@@ -90,10 +91,9 @@ class AsyncInferQueue:
             The exception of a job or callback that failed since the last call.
         """
         for request in self._requests:
-            try:
+            # A job's exception was collected by _job_done already.
+            with contextlib.suppress(Exception):
                 await request.wait()
-            except Exception:  # noqa: BLE001, S110  collected by _job_done already
-                pass
         self._raise_pending()
 
     async def close(self) -> None:

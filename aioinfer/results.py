@@ -23,7 +23,7 @@ class InferResults(Mapping[str, np.ndarray]):
         self._ports = ports
         self._arrays = arrays
 
-    def __getitem__(self, key: str | int | Port) -> np.ndarray:  # type: ignore[override]
+    def __getitem__(self, key: str | int | Port) -> np.ndarray:
         return self._arrays[find_port(self._ports, key, "output").index]
 
     def __iter__(self) -> Iterator[str]:

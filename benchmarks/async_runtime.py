@@ -35,7 +35,9 @@ def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
     options.intra_op_num_threads = 2
     # Spinning workers would tax whatever runs next in this process (see docs/benchmarks.md).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def median_us(fn: Callable[[], object], repeat: int = 2000) -> float:
@@ -80,7 +82,9 @@ async def overhead() -> None:
             lambda: anyio.to_thread.run_sync(lambda: session.run(None, {"x": x}))
         )
         print(f"    onnxruntime session.run      {ort_direct:8.1f}")
-        print(f"    onnxruntime via to_thread    {ort_thread:8.1f}  (+{ort_thread - ort_direct:.1f})")
+        print(
+            f"    onnxruntime via to_thread    {ort_thread:8.1f}  (+{ort_thread - ort_direct:.1f})"
+        )
 
 
 async def loop_lag(seconds: float) -> None:
@@ -100,7 +104,8 @@ async def loop_lag(seconds: float) -> None:
     for name, run in runners.items():
         delays = await _lag_while(run, seconds, concurrency=4)
         p50, p99 = np.percentile(delays, [50, 99]) * 1e3
-        print(f"    {name:24s} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {max(delays) * 1e3:6.1f} ms")
+        worst = max(delays) * 1e3
+        print(f"    {name:24s} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {worst:6.1f} ms")
 
 
 def _queue_runner(queue: ai.AsyncInferQueue, x: np.ndarray) -> Callable[[], Awaitable[object]]:
@@ -144,7 +149,8 @@ async def throughput(seconds: float) -> None:
         for hint in ("LATENCY", "THROUGHPUT"):
             compiled = ai.Core().compile_model(model, "CPU", {"PERFORMANCE_HINT": hint})
             rates[hint] = await _queue_rate(compiled, x, seconds)
-        line = f"    {label:12s} LATENCY {rates['LATENCY']:8.0f}   THROUGHPUT {rates['THROUGHPUT']:8.0f}"
+        line = f"    {label:12s} LATENCY {rates['LATENCY']:8.0f}   "
+        line += f"THROUGHPUT {rates['THROUGHPUT']:8.0f}"
         if ort is not None:
             rates["ort"] = await _ort_rate(ort_session(model), x, seconds, concurrency=8)
             best = max(rates["LATENCY"], rates["THROUGHPUT"])

@@ -64,12 +64,18 @@ def cnn(size: int = 64, channels: tuple[int, ...] = (32, 64, 128)) -> onnx.Model
         inits.append(numpy_helper.from_array(np.zeros(out, np.float32), f"{conv}b"))
         nodes.append(
             oh.make_node(
-                "Conv", [last, f"{conv}w", f"{conv}b"], [f"{conv}c"], pads=[1, 1, 1, 1], strides=[2, 2]
+                "Conv",
+                [last, f"{conv}w", f"{conv}b"],
+                [f"{conv}c"],
+                pads=[1, 1, 1, 1],
+                strides=[2, 2],
             )
         )
         nodes.append(oh.make_node("Relu", [f"{conv}c"], [f"{conv}r"]))
         inits.append(_weight(rng, f"{conv}w2", (out, out, 3, 3)))
-        nodes.append(oh.make_node("Conv", [f"{conv}r", f"{conv}w2"], [f"{conv}c2"], pads=[1, 1, 1, 1]))
+        nodes.append(
+            oh.make_node("Conv", [f"{conv}r", f"{conv}w2"], [f"{conv}c2"], pads=[1, 1, 1, 1])
+        )
         nodes.append(oh.make_node("Add", [f"{conv}c2", f"{conv}r"], [f"{conv}a"]))
         nodes.append(oh.make_node("Relu", [f"{conv}a"], [f"{conv}o"]))
         last, width = f"{conv}o", out

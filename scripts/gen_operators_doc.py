@@ -1,7 +1,7 @@
 """Write docs/operators.md from the CPU device's kernel registry.
 
-    python scripts/gen_operators_doc.py          # rewrite the file
-    python scripts/gen_operators_doc.py --check  # exit 1 when the file is out of date
+python scripts/gen_operators_doc.py          # rewrite the file
+python scripts/gen_operators_doc.py --check  # exit 1 when the file is out of date
 """
 
 from __future__ import annotations

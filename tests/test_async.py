@@ -283,8 +283,7 @@ async def test_closing_queue_cancels_running_jobs(slow):
         await queue.start_async({"x": inputs(1)})
 
 
-async def test_closed_request_and_compiled_model_refuse_work(small):
-    _, compiled = small
+async def test_closed_request_and_compiled_model_refuse_work():
     compiled2 = ai.Core().compile_model(chain_model(1), "CPU")
     async with compiled2.create_infer_request() as request:
         await request.infer({"x": inputs(1)})

@@ -300,7 +300,7 @@ class AsyncInferRequest:
     async def _run_detached(self) -> None:
         try:
             await self._run()
-        except BaseException:  # noqa: BLE001  recorded in self.error; wait() re-raises it
+        except BaseException:  # recorded in self.error; wait() re-raises it
             return
 
     async def _call_back(self) -> None:

@@ -9,6 +9,7 @@ sleeps, so the loop stays free. Both work under asyncio and trio.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from abc import ABC, abstractmethod
@@ -77,10 +78,9 @@ class _Job:
             self.value, self.ok = stage(), True
         except BaseException as exc:  # handed back to the awaiting task
             self.value = exc
-        try:
+        # If the loop is gone, nobody waits for this stage any more.
+        with contextlib.suppress(RunFinishedError):
             self.token.backend_class.run_sync_soon(self.done.set, (), self.token.native_token)
-        except RunFinishedError:
-            pass  # the loop is gone; nobody waits for this stage any more
 
     def abandon(self) -> bool:
         """Drop the job if no worker took it yet; True when it will never run."""
@@ -142,7 +142,7 @@ class ThreadExecutor(Executor):
                     await job.done.wait()
             raise
         if job.ok:
-            return job.value  # type: ignore[no-any-return]
+            return job.value
         raise job.value
 
     def close(self) -> None:
@@ -170,6 +170,6 @@ def spawn_detached(start: Callable[[], Awaitable[None]]) -> None:
 
         trio.lowlevel.spawn_system_task(start)
         return
-    task = loop.create_task(start())  # type: ignore[arg-type]
+    task: asyncio.Task[None] = loop.create_task(start())  # type: ignore[arg-type]
     _background.add(task)
     task.add_done_callback(_background.discard)

@@ -91,7 +91,7 @@ class SyncInferRequest(ABC):
         Raises:
             UnknownInputError: no input or output of that name, or nothing set/computed yet.
         """
-        if isinstance(key, str) or isinstance(key, Port):
+        if isinstance(key, (str, Port)):
             name = key.name if isinstance(key, Port) else key
             for port in self._input_ports:
                 if port.name == name and self._inputs[port.index] is not None:
@@ -115,8 +115,7 @@ class SyncInferRequest(ABC):
             inputs = [inputs]
         if len(inputs) > len(self._input_ports):
             raise MissingInputError(
-                f"{len(inputs)} inputs given by position, the model has "
-                f"{len(self._input_ports)}"
+                f"{len(inputs)} inputs given by position, the model has {len(self._input_ports)}"
             )
         for index, value in enumerate(inputs):
             self.set_tensor(index, value)
@@ -256,5 +255,3 @@ def check_input(port: Port, value: Any, check_batch: bool = True) -> np.ndarray:
 
 def _shape_text(shape: Sequence[Any]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
-
-

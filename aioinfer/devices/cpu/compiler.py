@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from aioinfer.devices.cpu.kernels.registry import find_kernel, make_spec
+from aioinfer.devices.cpu.kernels.registry import Kernel, find_kernel, make_spec
 from aioinfer.devices.cpu.plan import NONE_SLOT, SCRATCH_SLOT, Plan, Step
 from aioinfer.errors import CompileError, UnsupportedOperatorError
 
@@ -48,7 +48,7 @@ def lower(graph: ir.Graph, opsets: dict[str, int]) -> Plan:
     input_slots = tuple(slot_of(v) for v in graph.inputs if v.name not in graph.initializers)
 
     nodes = list(graph)
-    bound = []
+    bound: list[tuple[ir.Node, str, Kernel, tuple[int, ...], tuple[int, ...], str]] = []
     for node in nodes:
         opset = opsets.get(node.domain, opsets.get("", 1))
         const_inputs = [None if v is None else arrays.get(v) for v in node.inputs]

@@ -32,10 +32,6 @@ def _owned(value: Any, inputs: list[np.ndarray | None]) -> np.ndarray:
     """``value`` as an array the user may keep: copied when it may alias shared memory
     (a weight, a user input, or a view into a buffer)."""
     array = np.asarray(value)
-    if (
-        not array.flags.owndata
-        or not array.flags.writeable
-        or any(array is x for x in inputs)
-    ):
+    if not array.flags.owndata or not array.flags.writeable or any(array is x for x in inputs):
         return array.copy()
     return array

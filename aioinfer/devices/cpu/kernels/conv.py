@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -66,9 +67,14 @@ def pad_spatial(
     shape = x.shape[:2] + tuple(
         n + b + e for n, b, e in zip(x.shape[2:], begins, ends, strict=True)
     )
-    padded = np.full(shape, value, dtype=x.dtype)
+    padded = np.empty(shape, dtype=x.dtype)
     inner = tuple(slice(b, b + n) for n, b in zip(x.shape[2:], begins, strict=True))
     padded[(slice(None), slice(None), *inner)] = x
+    # Fill only the borders (corners are written twice), not the whole buffer.
+    for axis, (n, b) in enumerate(zip(x.shape[2:], begins, strict=True)):
+        lead = (slice(None),) * (2 + axis)
+        padded[(*lead, slice(0, b))] = value
+        padded[(*lead, slice(b + n, None))] = value
     return padded
 
 
@@ -124,6 +130,7 @@ def conv(spec: NodeSpec) -> Kernel:
     strides_attr = spec.attr("strides")
     dilations_attr = spec.attr("dilations")
     pads_attr = spec.attr("pads")
+    kernel_shape_attr = spec.attr("kernel_shape")
     plans: dict[tuple[tuple[int, ...], tuple[int, ...]], _ConvPlan] = {}
 
     def plan_for(x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _ConvPlan:
@@ -136,12 +143,12 @@ def conv(spec: NodeSpec) -> Kernel:
                 f"group={group} (expected W of shape (M, C/group, ...) with M % group == 0)"
             )
         kshape = tuple(w_shape[2:])
+        if kernel_shape_attr and tuple(kernel_shape_attr) != kshape:
+            raise ValueError(f"Conv: kernel_shape {kernel_shape_attr} but W has shape {w_shape}")
         strides = per_axis(strides_attr, rank, 1, "strides")
         dilations = per_axis(dilations_attr, rank, 1, "dilations")
-        begins, ends = explicit_pads(pads_attr, rank)
-        out: list[int] = []
-        if auto_pad != "NOTSET":
-            begins, ends = (0,) * rank, (0,) * rank
+        begins, ends = (list(p) for p in explicit_pads(pads_attr, rank))
+        out = []
         for i, (size, k, s, d) in enumerate(
             zip(x_shape[2:], kshape, strides, dilations, strict=True)
         ):
@@ -149,8 +156,10 @@ def conv(spec: NodeSpec) -> Kernel:
             if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
                 out.append(-(-size // s))
                 total = max(0, (out[-1] - 1) * s + extent - size)
-                b, e = same_pad_split(total, auto_pad)
-                begins, ends = (*begins[:i], b, *begins[i + 1 :]), (*ends[:i], e, *ends[i + 1 :])
+                begins[i], ends[i] = same_pad_split(total, auto_pad)
+            elif auto_pad == "VALID":
+                begins[i], ends[i] = 0, 0
+                out.append((size - extent) // s + 1)
             else:
                 out.append((size + begins[i] + ends[i] - extent) // s + 1)
         if min(out) < 1:
@@ -161,7 +170,9 @@ def conv(spec: NodeSpec) -> Kernel:
             and not any(begins)
             and not any(ends)
         )
-        return _ConvPlan(kshape, strides, dilations, begins, ends, tuple(out), pointwise)
+        return _ConvPlan(
+            kshape, strides, dilations, tuple(begins), tuple(ends), tuple(out), pointwise
+        )
 
     def weight_matrix(w: np.ndarray) -> np.ndarray:
         # (M, C/g, *k) -> (g, M/g, C/g * prod(k)): one matrix per group.
@@ -205,16 +216,20 @@ def conv(spec: NodeSpec) -> Kernel:
 
 @dataclass(frozen=True)
 class _TransposePlan:
-    """The geometry of one ConvTranspose call."""
+    """The geometry of one ConvTranspose call.
 
-    strides: tuple[int, ...]
-    dilations: tuple[int, ...]
-    buffer_shape: tuple[int, ...]
-    """Spatial shape of the scatter buffer, covering every kernel tap and the output."""
-    offsets: tuple[int, ...]
-    """Where full-output coordinate 0 lies in the buffer."""
+    Kernel tap ``t`` adds input pixel ``i`` to full-output position ``i * s + t * d``. The
+    scatter buffer holds the full output split into stride phases, ``(N, M, *s, *L)``
+    with position ``q = a * s + r`` at ``[r, a]``, so each tap's target is a contiguous
+    slice rather than a strided one; interleaving the phases afterwards is one copy.
+    """
+
+    phase_shape: tuple[int, ...]
+    """Spatial shape of the scatter buffer: ``(*strides, *phase_lengths)``."""
+    targets: tuple[tuple[Any, ...], ...]
+    """Per kernel tap (``np.ndindex`` order): its index into the scatter buffer."""
     crop: tuple[slice, ...]
-    """The output window of the buffer."""
+    """The output window of the interleaved buffer."""
 
 
 @kernel("ConvTranspose", since=1)
@@ -246,7 +261,7 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
         begins, ends = explicit_pads(pads_attr, rank)
         # Old models sometimes give output_shape with the batch and channel dims.
         requested = list(output_shape_attr)[-rank:] if output_shape_attr else None
-        buffer_shape, offsets, crop = [], [], []
+        phase_lengths, offsets, crop = [], [], []
         for i, (size, k, s, d) in enumerate(
             zip(x_shape[2:], w_shape[2:], strides, dilations, strict=True)
         ):
@@ -261,11 +276,19 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
                 begin, out = begins[i], natural - begins[i] - ends[i]
             if out < 1:
                 raise ValueError(f"ConvTranspose: output size {out} along axis {i} < 1")
+            # The buffer spans every tap's target and the output window.
             low, high = min(0, begin), max(extent, begin + out)
-            buffer_shape.append(high - low)
+            phase_lengths.append(-(-(high - low) // s))
             offsets.append(-low)
             crop.append(slice(begin - low, begin - low + out))
-        return _TransposePlan(strides, dilations, tuple(buffer_shape), tuple(offsets), tuple(crop))
+        targets = []
+        for tap in np.ndindex(*w_shape[2:]):
+            where = [o + t * d for o, t, d in zip(offsets, tap, dilations, strict=True)]
+            phases = tuple(q % s for q, s in zip(where, strides, strict=True))
+            starts = [q // s for q, s in zip(where, strides, strict=True)]
+            spans = tuple(slice(a, a + n) for a, n in zip(starts, x_shape[2:], strict=True))
+            targets.append((slice(None), slice(None), *phases, *spans))
+        return _TransposePlan((*strides, *phase_lengths), tuple(targets), tuple(crop))
 
     def weight_columns(w: np.ndarray) -> np.ndarray:
         # (C, M/g, *k) -> (g, M/g * prod(k), C/g): one transposed matrix per group.
@@ -288,18 +311,17 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
         work = x.astype(compute_dtype(x.dtype), copy=False)
         cols = np.matmul(wcols, work.reshape(n, group, c // group, int(np.prod(in_shape))))
         cols = cols.reshape((n, m, *kshape, *in_shape))
-        buffer = np.zeros((n, m, *plan.buffer_shape), dtype=work.dtype)
-        for tap in np.ndindex(*kshape):
-            target = tuple(
-                slice(o + t * d, o + t * d + (size - 1) * s + 1, s)
-                for o, t, d, size, s in zip(
-                    plan.offsets, tap, plan.dilations, in_shape, plan.strides, strict=True
-                )
-            )
-            buffer[(slice(None), slice(None), *target)] += cols[(slice(None), slice(None), *tap)]
-        y = buffer[(slice(None), slice(None), *plan.crop)]
+        buffer = np.zeros((n, m, *plan.phase_shape), dtype=work.dtype)
+        for tap, target in zip(np.ndindex(*kshape), plan.targets, strict=True):
+            buffer[target] += cols[(slice(None), slice(None), *tap)]
+        # (N, M, *s, *L) -> (N, M, L1, s1, L2, s2, ...) -> (N, M, L1 * s1, L2 * s2, ...)
+        rank = len(in_shape)
+        interleaved = (0, 1, *(a for i in range(rank) for a in (2 + rank + i, 2 + i)))
+        full_shape = [s * length for s, length in zip(*np.split(plan.phase_shape, 2))]
+        full = buffer.transpose(interleaved).reshape(n, m, *full_shape)
+        y = full[(slice(None), slice(None), *plan.crop)]
         if b is not None:
-            y = y + b.reshape((-1,) + (1,) * len(in_shape))
+            y = y + b.reshape((-1,) + (1,) * rank)
         return (np.ascontiguousarray(y, dtype=x.dtype),)
 
     return run

@@ -45,18 +45,19 @@ def gemm(spec: NodeSpec) -> Kernel:
         if a.ndim != 2 or b.ndim != 2:
             raise ValueError(f"Gemm: A and B must be 2-D, got shapes {a.shape} and {b.shape}")
         y = _matmul(a.T if trans_a else a, b.T if trans_b else b)
-        add_c = c is not None and beta != 0.0
+        if beta == 0.0:
+            c = None
+        if c is not None and y.shape != np.broadcast_shapes(y.shape, c.shape):
+            raise ValueError(f"Gemm: C of shape {c.shape} does not broadcast to {y.shape}")
         if y.dtype.kind != "f":
             # Integer Gemm: scale in float64 like the definition, cast the sum once.
-            if alpha == 1.0 and (not add_c or beta == 1.0):
-                return (y + c if add_c else y,)
-            total = y * alpha + (c * beta if add_c else 0.0)
+            if alpha == 1.0 and beta == 1.0:
+                return (y if c is None else y + c,)
+            total = y * alpha if c is None else y * alpha + c * beta
             return (total.astype(y.dtype),)
         if alpha != 1.0:
             y *= y.dtype.type(alpha)
-        if add_c:
-            if y.shape != np.broadcast_shapes(y.shape, c.shape):
-                raise ValueError(f"Gemm: C of shape {c.shape} does not broadcast to {y.shape}")
+        if c is not None:
             y += c if beta == 1.0 else c * y.dtype.type(beta)
         return (y,)
 

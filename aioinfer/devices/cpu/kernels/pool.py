@@ -1,15 +1,17 @@
 """Pooling kernels: MaxPool, AveragePool, LpPool and their global forms.
 
-Windowed pools pad the input once (``-inf`` for max, 0 for sums), take the strided window
-view of it and reduce over the kernel taps with one vectorised ufunc pass per tap. Average
-pooling divides by a per-output count map when padding is excluded or ``ceil_mode``
-produces partial windows.
+Windowed pools pad the input once (``-inf`` for max, 0 for sums) and reduce the windows
+one spatial axis at a time (max and sum are separable), one vectorised ufunc pass per
+kernel tap of that axis over strided views of the padded input. Average pooling divides
+by a per-output count map when padding is excluded or ``ceil_mode`` produces partial
+windows. MaxPool's Indices output walks the full window view tap by tap instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,10 +24,6 @@ from aioinfer.devices.cpu.kernels.conv import (
     window_view,
 )
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
-
-_SMALL_OUTPUT = 64
-"""Outputs with at most this many pixels reduce the window view in one call: there the
-per-tap passes cost more in overhead than they save."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +90,11 @@ class _PoolGeometry:
                 raise ValueError(f"input of shape {x_shape} is smaller than the pooling window")
             begins.append(begin)
             out_shape.append(out)
-            pad_ends.append(max(end, (out - 1) * s + extent - size - begin))
+            pad_end = max(end, (out - 1) * s + extent - size - begin)
+            if i == self.rank - 1:
+                # The last axis is split into stride phases: make it a whole number of them.
+                pad_end += -(size + begin + pad_end) % s
+            pad_ends.append(pad_end)
             # Window taps that land on counted positions, per output index along the axis.
             where = np.arange(out)[:, None] * s + np.arange(k)[None, :] * d
             low, high = (0, size + begin + end) if self.count_include_pad else (begin, begin + size)
@@ -109,15 +111,35 @@ class _PoolGeometry:
         padded = pad_spatial(x, plan.begins, plan.pad_ends, fill)
         return window_view(padded, self.kernel_shape, plan.out_shape, self.strides, self.dilations)
 
-    def reduce(self, windows: np.ndarray, op: np.ufunc) -> np.ndarray:
-        """Reduce the taps of ``windows`` with ``op`` into a new ``(N, C, *out)`` array."""
-        if int(np.prod(windows.shape[2 + self.rank :])) <= _SMALL_OUTPUT:
-            return op.reduce(windows, axis=tuple(range(2, 2 + self.rank)))
-        head = (slice(None), slice(None))
-        y = windows[(*head, *self.taps[0])].copy()
-        for tap in self.taps[1:]:
-            op(y, windows[(*head, *tap)], out=y)
-        return y
+    def reduce(self, x: np.ndarray, plan: _PoolPlan, fill: float | int, op: np.ufunc) -> np.ndarray:
+        """Pad ``x`` with ``fill`` and reduce every window with ``op`` into a new array.
+
+        Max and sum are separable, so the windows are reduced one axis at a time: k
+        passes per axis instead of prod(k) passes in all. Every pass reads a slice whose
+        innermost axis is contiguous (numpy's fast loops): the last axis, where a stride
+        would break that, is first regrouped into its stride phases.
+        """
+        y = pad_spatial(x, plan.begins, plan.pad_ends, fill)
+        for axis in range(self.rank):
+            k, s, d = self.kernel_shape[axis], self.strides[axis], self.dilations[axis]
+            out = plan.out_shape[axis]
+            if axis == self.rank - 1 and s > 1:
+                # (..., L) -> (..., s, L / s): tap t of output o is y[..., t % s, o + t // s].
+                y = np.ascontiguousarray(np.swapaxes(y.reshape(*y.shape[:-1], -1, s), -1, -2))
+                taps: list[tuple[Any, ...]] = [
+                    (..., t * d % s, slice(t * d // s, t * d // s + out)) for t in range(k)
+                ]
+            else:
+                lead = (slice(None),) * (2 + axis)
+                taps = [(*lead, slice(t * d, t * d + (out - 1) * s + 1, s)) for t in range(k)]
+            if k == 1:
+                y = y[taps[0]]
+                continue
+            acc = op(y[taps[0]], y[taps[1]])
+            for tap in taps[2:]:
+                op(acc, y[tap], out=acc)
+            y = acc
+        return y.copy() if np.may_share_memory(y, x) else y
 
 
 def _float_work(x: np.ndarray) -> np.ndarray:
@@ -178,12 +200,12 @@ def max_pool(spec: NodeSpec) -> Kernel:
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         plan = geometry.plan(x.shape)
-        windows = geometry.windows(x, plan, _lowest(x.dtype))
         if want_indices:
+            windows = geometry.windows(x, plan, _lowest(x.dtype))
             return _max_indices(geometry, windows, plan, x.shape, storage_order)
         # fmax skips NaN like the definition's comparisons; integers have no NaN.
         op = np.fmax if x.dtype.kind == "f" else np.maximum
-        return (geometry.reduce(windows, op),)
+        return (geometry.reduce(x, plan, _lowest(x.dtype), op),)
 
     return run
 
@@ -195,7 +217,7 @@ def average_pool(spec: NodeSpec) -> Kernel:
 
     def run(x: np.ndarray) -> tuple[np.ndarray]:
         plan = geometry.plan(x.shape)
-        total = geometry.reduce(geometry.windows(_float_work(x), plan, 0), np.add)
+        total = geometry.reduce(_float_work(x), plan, 0, np.add)
         total /= plan.counts
         return (total.astype(x.dtype, copy=False),)
 
@@ -227,7 +249,7 @@ def lp_pool(spec: NodeSpec) -> Kernel:
 
     def run(x: np.ndarray) -> tuple[np.ndarray]:
         plan = geometry.plan(x.shape)
-        total = geometry.reduce(geometry.windows(power(_float_work(x)), plan, 0), np.add)
+        total = geometry.reduce(power(_float_work(x)), plan, 0, np.add)
         return (root(total).astype(x.dtype, copy=False),)
 
     return run
