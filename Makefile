@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+SOURCES := $(wildcard aioinfer tests benchmarks scripts examples)
 
 .PHONY: demo test lint bench clean
 
@@ -15,8 +16,8 @@ demo: $(BIN)/.installed
 	$(BIN)/aioinfer run --iterations 20
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check aioinfer tests benchmarks scripts examples
-	$(BIN)/ruff format --check aioinfer tests benchmarks scripts examples
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
 	$(BIN)/mypy
 
 test: lint

@@ -175,6 +175,13 @@ def test_conv_is_deterministic_across_input_shapes() -> None:
         )
 
 
+@pytest.mark.parametrize("kernel", [(1, 1), (3, 2)])
+def test_conv_non_contiguous_input(kernel: tuple[int, int]) -> None:
+    x = _random(1, 3, 6, 5).transpose(0, 1, 3, 2)[:, :, ::-1]
+    w = _random(4, 3, *kernel)
+    check_node(oh.make_node("Conv", ["x", "w"], ["y"]), [x, w], opset=11, rtol=RTOL, atol=ATOL)
+
+
 def test_conv_does_not_modify_inputs() -> None:
     x, w, b = _random(1, 2, 4, 4), _random(3, 2, 1, 1), _random(3)
     copies = [x.copy(), w.copy(), b.copy()]
@@ -315,6 +322,7 @@ def test_conv_transpose_dtypes(dtype: type, tol: float) -> None:
         ((1, 3, 4, 4), (3, 2, 3, 3), {"group": 2}),
         ((1, 3, 4, 4), (3, 2, 3, 3), {"pads": [3, 3, 3, 3]}),
         ((1, 3, 4, 4), (3, 2, 3, 3), {"output_padding": [1]}),
+        ((1, 3, 4, 4), (3, 2, 3, 3), {"output_shape": [9]}),
     ],
 )
 def test_conv_transpose_rejects_inconsistent_shapes(

@@ -6,8 +6,11 @@ from typing import Any
 
 import numpy as np
 import onnx.helper as oh
+import onnx_ir as ir
 import pytest
 
+from aioinfer.devices.cpu.kernels.conv import PLAN_CACHE_SIZE
+from aioinfer.devices.cpu.kernels.registry import find_kernel, make_spec
 from tests.kernels._check import check_node, run_aioinfer
 from tests.kernels.test_conv import check_onnxruntime
 
@@ -349,3 +352,13 @@ def test_pool_rejects_bad_attributes_or_shapes(
     node = oh.make_node(op_type, ["x"], ["y"], **attrs)
     with pytest.raises(ValueError):
         run_aioinfer(node, [_random(*shape)], 13)
+
+
+def test_pool_serves_more_input_shapes_than_it_caches() -> None:
+    node = oh.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])
+    ir_node = ir.from_proto(node)
+    fn = find_kernel("", "MaxPool", 13).factory(make_spec(ir_node, 13))
+    for size in [*range(2, 2 + 2 * PLAN_CACHE_SIZE, 2), 4, 2]:
+        x = _random(1, 2, size, 6)
+        want = x.reshape(1, 2, size // 2, 2, 3, 2).max(axis=(3, 5))
+        np.testing.assert_array_equal(fn(x)[0], want)

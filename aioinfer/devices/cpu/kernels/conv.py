@@ -1,16 +1,17 @@
 """Convolution kernels: Conv and ConvTranspose over 1-, 2- and 3-D (any rank) inputs.
 
 Conv is im2col on a strided window view of the once-padded input followed by one
-BLAS matmul (batched over groups); ConvTranspose is one matmul producing columns and a
-col2im scatter-add looping over kernel positions only. The window and padding helpers
-are shared with the pooling kernels.
+BLAS matmul (batched over groups); 1x1 stride-1 unpadded convolutions skip im2col.
+ConvTranspose is one matmul producing columns and a col2im scatter-add that loops over
+kernel positions only. Weight matrices are prepared at compile time when W is constant.
+The padding and window helpers are shared with the pooling kernels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -100,6 +101,23 @@ def window_view(
     return as_strided(x, shape, view_strides, writeable=False)
 
 
+PLAN_CACHE_SIZE = 32
+"""Input shapes whose geometry a kernel remembers; dynamic shapes beyond that start over."""
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def cached_plan(plans: dict[K, V], key: K, make: Callable[[], V]) -> V:
+    """``plans[key]``, made by ``make()`` on a miss; a full cache is emptied first."""
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) >= PLAN_CACHE_SIZE:
+            plans.clear()
+        plan = plans[key] = make()
+    return plan
+
+
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype the matmuls run in: float16 has no BLAS, so it is widened to float32."""
     return np.dtype(np.float32) if dtype == np.float16 else dtype
@@ -184,10 +202,7 @@ def conv(spec: NodeSpec) -> Kernel:
     w_fixed = weight_matrix(w_const) if w_const is not None else None
 
     def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> tuple[np.ndarray]:
-        key = (x.shape, w.shape)
-        plan = plans.get(key)
-        if plan is None:
-            plan = plans[key] = plan_for(x.shape, w.shape)
+        plan = cached_plan(plans, (x.shape, w.shape), lambda: plan_for(x.shape, w.shape))
         wmat = w_fixed if w_fixed is not None else weight_matrix(w)
         n, c = x.shape[:2]
         work = x.astype(compute_dtype(x.dtype), copy=False)
@@ -221,15 +236,16 @@ class _TransposePlan:
     Kernel tap ``t`` adds input pixel ``i`` to full-output position ``i * s + t * d``. The
     scatter buffer holds the full output split into stride phases, ``(N, M, *s, *L)``
     with position ``q = a * s + r`` at ``[r, a]``, so each tap's target is a contiguous
-    slice rather than a strided one; interleaving the phases afterwards is one copy.
+    slice rather than a strided one; the output window is then gathered phase by phase.
     """
 
     phase_shape: tuple[int, ...]
     """Spatial shape of the scatter buffer: ``(*strides, *phase_lengths)``."""
     targets: tuple[tuple[Any, ...], ...]
     """Per kernel tap (``np.ndindex`` order): its index into the scatter buffer."""
-    crop: tuple[slice, ...]
-    """The output window of the interleaved buffer."""
+    out_shape: tuple[int, ...]
+    gathers: tuple[tuple[tuple[Any, ...], tuple[Any, ...]], ...]
+    """Per stride phase: (index into the output, index into the scatter buffer)."""
 
 
 @kernel("ConvTranspose", since=1)
@@ -261,7 +277,11 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
         begins, ends = explicit_pads(pads_attr, rank)
         # Old models sometimes give output_shape with the batch and channel dims.
         requested = list(output_shape_attr)[-rank:] if output_shape_attr else None
-        phase_lengths, offsets, crop = [], [], []
+        if requested is not None and len(requested) != rank:
+            raise ValueError(
+                f"ConvTranspose: output_shape {output_shape_attr} does not fit input {x_shape}"
+            )
+        phase_lengths, offsets, crop_starts, out_shape = [], [], [], []
         for i, (size, k, s, d) in enumerate(
             zip(x_shape[2:], w_shape[2:], strides, dilations, strict=True)
         ):
@@ -280,15 +300,33 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
             low, high = min(0, begin), max(extent, begin + out)
             phase_lengths.append(-(-(high - low) // s))
             offsets.append(-low)
-            crop.append(slice(begin - low, begin - low + out))
+            crop_starts.append(begin - low)
+            out_shape.append(out)
         targets = []
         for tap in np.ndindex(*w_shape[2:]):
             where = [o + t * d for o, t, d in zip(offsets, tap, dilations, strict=True)]
             phases = tuple(q % s for q, s in zip(where, strides, strict=True))
-            starts = [q // s for q, s in zip(where, strides, strict=True)]
-            spans = tuple(slice(a, a + n) for a, n in zip(starts, x_shape[2:], strict=True))
+            spans = tuple(
+                slice(q // s, q // s + n)
+                for q, s, n in zip(where, strides, x_shape[2:], strict=True)
+            )
             targets.append((slice(None), slice(None), *phases, *spans))
-        return _TransposePlan((*strides, *phase_lengths), tuple(targets), tuple(crop))
+        gathers = []
+        for phases in np.ndindex(*strides):
+            # Output j holds buffer position q = start + j: phase q % s, index q // s.
+            firsts = [(r - c) % s for r, c, s in zip(phases, crop_starts, strides, strict=True)]
+            if any(j >= n for j, n in zip(firsts, out_shape, strict=True)):
+                continue
+            dest = tuple(slice(j, None, s) for j, s in zip(firsts, strides, strict=True))
+            source = tuple(
+                slice((c + j) // s, (c + j) // s + len(range(j, n, s)))
+                for c, j, s, n in zip(crop_starts, firsts, strides, out_shape, strict=True)
+            )
+            head = (slice(None), slice(None))
+            gathers.append(((*head, *dest), (*head, *phases, *source)))
+        return _TransposePlan(
+            (*strides, *phase_lengths), tuple(targets), tuple(out_shape), tuple(gathers)
+        )
 
     def weight_columns(w: np.ndarray) -> np.ndarray:
         # (C, M/g, *k) -> (g, M/g * prod(k), C/g): one transposed matrix per group.
@@ -299,10 +337,7 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
     w_fixed = weight_columns(w_const) if w_const is not None else None
 
     def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> tuple[np.ndarray]:
-        key = (x.shape, w.shape)
-        plan = plans.get(key)
-        if plan is None:
-            plan = plans[key] = plan_for(x.shape, w.shape)
+        plan = cached_plan(plans, (x.shape, w.shape), lambda: plan_for(x.shape, w.shape))
         wcols = w_fixed if w_fixed is not None else weight_columns(w)
         n, c = x.shape[:2]
         in_shape = x.shape[2:]
@@ -314,14 +349,11 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
         buffer = np.zeros((n, m, *plan.phase_shape), dtype=work.dtype)
         for tap, target in zip(np.ndindex(*kshape), plan.targets, strict=True):
             buffer[target] += cols[(slice(None), slice(None), *tap)]
-        # (N, M, *s, *L) -> (N, M, L1, s1, L2, s2, ...) -> (N, M, L1 * s1, L2 * s2, ...)
-        rank = len(in_shape)
-        interleaved = (0, 1, *(a for i in range(rank) for a in (2 + rank + i, 2 + i)))
-        full_shape = [s * length for s, length in zip(*np.split(plan.phase_shape, 2))]
-        full = buffer.transpose(interleaved).reshape(n, m, *full_shape)
-        y = full[(slice(None), slice(None), *plan.crop)]
+        y = np.empty((n, m, *plan.out_shape), dtype=work.dtype)
+        for dest, source in plan.gathers:
+            y[dest] = buffer[source]
         if b is not None:
-            y = y + b.reshape((-1,) + (1,) * rank)
-        return (np.ascontiguousarray(y, dtype=x.dtype),)
+            y += b.reshape((-1,) + (1,) * len(in_shape))
+        return (y.astype(x.dtype, copy=False),)
 
     return run

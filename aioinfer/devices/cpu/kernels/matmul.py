@@ -8,8 +8,7 @@ from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.matmul``, with float16 run in float32 BLAS and a stack against one matrix as a
-    single GEMM."""
+    """``np.matmul`` with two fast paths: float16 in float32 BLAS, one GEMM for a stack."""
     if a.dtype == np.float16 and b.dtype == np.float16:
         return _matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
     if b.ndim == 2 and a.ndim > 2:

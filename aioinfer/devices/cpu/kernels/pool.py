@@ -17,6 +17,7 @@ import numpy as np
 
 from aioinfer.devices.cpu.kernels.conv import (
     auto_pad_attr,
+    cached_plan,
     explicit_pads,
     pad_spatial,
     per_axis,
@@ -59,10 +60,7 @@ class _PoolGeometry:
 
     def plan(self, x_shape: tuple[int, ...]) -> _PoolPlan:
         """The padding, output shape and divisor for an input of ``x_shape``."""
-        plan = self._plans.get(x_shape)
-        if plan is None:
-            plan = self._plans[x_shape] = self._make_plan(x_shape)
-        return plan
+        return cached_plan(self._plans, x_shape, lambda: self._make_plan(x_shape))
 
     def _make_plan(self, x_shape: tuple[int, ...]) -> _PoolPlan:
         if len(x_shape) != self.rank + 2:
