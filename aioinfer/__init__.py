@@ -1,9 +1,8 @@
 """aioinfer: an asyncio-native inference runtime for ONNX models.
 
-    core = aioinfer.Core()
-    compiled = core.compile_model("model.onnx", "CPU")
-    request = compiled.create_infer_request()
-    results = await request.infer({"x": x})
+``Core().compile_model("model.onnx", "CPU")`` compiles a model;
+``await compiled.create_infer_request().infer({"x": x})`` runs it without stalling the
+event loop.
 """
 
 from aioinfer.core import Core

@@ -14,15 +14,24 @@ Dim = int | str | None
 """A dimension: a static size, a symbolic name, or None when unknown."""
 
 
+PORT_KINDS = ("tensor", "sequence", "optional", "optional_sequence")
+"""What a port carries: a tensor (``np.ndarray``), a sequence (a list of tensors), an
+optional tensor (an array or None) or an optional sequence (a list or None)."""
+
+
 @dataclass(frozen=True)
 class Port:
-    """An input or output of a model: name, element type and partial shape."""
+    """An input or output of a model: name, element type, partial shape and kind."""
 
     index: int
     name: str
     element_type: ir.DataType
+    """The element type of the tensor (of the sequence's or optional's tensors)."""
     shape: tuple[Dim, ...] | None
-    """Partial shape: ints are static, strings symbolic, None unknown; None if rank unknown."""
+    """Partial shape: ints are static, strings symbolic, None unknown; None if rank unknown
+    (always None for a sequence or optional port)."""
+    kind: str = "tensor"
+    """One of :data:`PORT_KINDS`."""
 
     @property
     def dtype(self) -> np.dtype:
@@ -41,7 +50,12 @@ class Port:
 
     def __str__(self) -> str:
         dims = "?" if self.shape is None else "[" + ", ".join(_dim_str(d) for d in self.shape) + "]"
-        return f"{self.name}: {self.element_type.name.lower()}{dims}"
+        text = f"{self.element_type.name.lower()}{dims}"
+        if self.kind in ("sequence", "optional_sequence"):
+            text = f"sequence({text})"
+        if self.kind.startswith("optional"):
+            text = f"optional({text})"
+        return f"{self.name}: {text}"
 
 
 def _dim_str(dim: Dim) -> str:
@@ -49,13 +63,34 @@ def _dim_str(dim: Dim) -> str:
 
 
 def port_from_value(index: int, value: ir.Value) -> Port:
-    """Describe an IR graph input or output as a :class:`Port`."""
+    """Describe an IR graph input or output as a :class:`Port`.
+
+    Raises:
+        InvalidModelError: the value has no element type, or a type other than a tensor,
+            a sequence of tensors, or an optional of either.
+    """
     if value.dtype is None:
         raise InvalidModelError(f"graph input/output {value.name!r} has no element type")
+    kind = _port_kind(value)
     shape: tuple[Dim, ...] | None = None
-    if value.shape is not None:
+    if value.shape is not None and kind == "tensor":
         shape = tuple(d if isinstance(d, int) else d.value for d in value.shape)
-    return Port(index, value.name or f"port{index}", value.dtype, shape)
+    return Port(index, value.name or f"port{index}", value.dtype, shape, kind)
+
+
+def _port_kind(value: ir.Value) -> str:
+    kind = value.type
+    prefix = ""
+    if isinstance(kind, ir.OptionalType):
+        prefix, kind = "optional_", kind.elem_type
+    if isinstance(kind, ir.SequenceType) and isinstance(kind.elem_type, ir.TensorType):
+        return f"{prefix}sequence"
+    if isinstance(kind, ir.TensorType):
+        return prefix.rstrip("_") or "tensor"
+    raise InvalidModelError(
+        f"graph input/output {value.name!r} has type {kind}; supported are tensors, "
+        "sequences of tensors and optionals of either"
+    )
 
 
 def find_port(ports: Sequence[Port], key: str | int | Port, kind: str) -> Port:
@@ -133,7 +168,7 @@ class Model:
             for d in dims:
                 if isinstance(d, int) and d < 0:
                     raise InvalidModelError(f"reshape of {port.name!r}: negative dimension {d}")
-            feeds[port.name].shape = ir.Shape([d if d is not None else None for d in dims])
+            feeds[port.name].shape = ir.Shape(list(dims))
             self._inputs[port.index] = port_from_value(port.index, feeds[port.name])
 
     def __repr__(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -13,12 +14,14 @@ from aioinfer.errors import (
     InputShapeError,
     InputTypeError,
     MissingInputError,
+    UnknownInputError,
 )
 from aioinfer.model import Port, find_port
 from aioinfer.results import InferResults
 
 if TYPE_CHECKING:
     from aioinfer.plugin.compiled_model import CompiledModel
+    from aioinfer.plugin.state import VariableState
 
 STAGES = ("preprocess", "start", "wait", "postprocess")
 
@@ -86,18 +89,23 @@ class SyncInferRequest(ABC):
         self._inputs[port.index] = check_input(port, np.concatenate(parts, axis=0))
 
     def get_tensor(self, key: str | int | Port) -> np.ndarray:
-        """The input set for ``key``, or the output ``key`` of the last inference.
+        """The input named ``key`` (or that Port), or the output ``key`` of the last
+        inference. An integer ``key`` is an output index.
 
         Raises:
-            UnknownInputError: no input or output of that name, or nothing set/computed yet.
+            UnknownInputError: no input or output of that name.
+            MissingInputError: the input has no value yet, or no inference ran yet.
         """
         if isinstance(key, (str, Port)):
             name = key.name if isinstance(key, Port) else key
             for port in self._input_ports:
-                if port.name == name and self._inputs[port.index] is not None:
-                    return self._inputs[port.index]  # type: ignore[return-value]
-            if self._results is not None and name in {p.name for p in self._output_ports}:
-                return self._results[name]
+                if port.name == name:
+                    value = self._inputs[port.index]
+                    if value is None:
+                        raise MissingInputError(
+                            f"input {name!r} has no value yet; set_tensor() or infer() first"
+                        )
+                    return value
         port = find_port(self._output_ports, key, "output")
         if self._results is None:
             raise MissingInputError(f"output {port.name!r} is not computed yet; run infer first")
@@ -114,8 +122,10 @@ class SyncInferRequest(ABC):
         if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
             inputs = [inputs]
         if len(inputs) > len(self._input_ports):
-            raise MissingInputError(
-                f"{len(inputs)} inputs given by position, the model has {len(self._input_ports)}"
+            names = ", ".join(repr(p.name) for p in self._input_ports)
+            raise UnknownInputError(
+                f"{len(inputs)} inputs given by position, the model has "
+                f"{len(self._input_ports)}: {names}"
             )
         for index, value in enumerate(inputs):
             self.set_tensor(index, value)
@@ -124,6 +134,32 @@ class SyncInferRequest(ABC):
     def results(self) -> InferResults | None:
         """The results of the last completed inference (None before the first)."""
         return self._results
+
+    # -- variable state -------------------------------------------------------------------
+
+    def query_state(self, guard: Callable[[], None] | None = None) -> list[VariableState]:
+        """The request's variables; none here (a device with variables overrides this).
+
+        ``guard`` runs before every change of a state (the async request passes its busy
+        check).
+        """
+        return []
+
+    def reset_state(self) -> None:
+        """Give every variable its initial value again."""
+        for state in self.query_state():
+            state.reset()
+
+    def symbolic_sizes(self) -> dict[str, int]:
+        """The sizes that the inputs set so far give to symbolic dimensions."""
+        sizes: dict[str, int] = {}
+        for port, value in zip(self._input_ports, self._inputs):
+            if port.shape is None or not isinstance(value, np.ndarray):
+                continue
+            for dim, size in zip(port.shape, value.shape):
+                if isinstance(dim, str):
+                    sizes.setdefault(dim, size)
+        return sizes
 
     # -- stages ---------------------------------------------------------------------------
 
@@ -134,7 +170,12 @@ class SyncInferRequest(ABC):
             MissingInputError: an input has no value.
             InputShapeError: two inputs give different sizes to one symbolic dimension.
         """
-        missing = [p.name for p in self._input_ports if self._inputs[p.index] is None]
+        # An optional input that was not set is the empty optional (None).
+        missing = [
+            p.name
+            for p in self._input_ports
+            if self._inputs[p.index] is None and not p.kind.startswith("optional")
+        ]
         if missing:
             raise MissingInputError(f"no value for input(s) {', '.join(map(repr, missing))}")
         seen: dict[str, tuple[int, str]] = {}
@@ -215,8 +256,11 @@ def check_input(port: Port, value: Any, check_batch: bool = True) -> np.ndarray:
     """``value`` as an array for ``port``, or a clear error naming the port.
 
     A numpy array must have the port's element type exactly; other array-likes (lists,
-    scalars) are converted when the conversion cannot change their kind.
+    scalars) are converted when the conversion cannot change their kind. A sequence port
+    takes a list of such tensors, an optional port also takes None.
     """
+    if port.kind != "tensor":
+        return _check_container(port, value)
     expected = port.dtype
     if isinstance(value, np.ndarray):
         array = value
@@ -251,6 +295,23 @@ def check_input(port: Port, value: Any, check_batch: bool = True) -> np.ndarray:
                     f"{list(array.shape)} (dimension {axis} is {size}, expected {dim})"
                 )
     return array
+
+
+def _check_container(port: Port, value: Any) -> Any:
+    """``value`` for a sequence or optional ``port``: a list of arrays, an array, or None."""
+    if value is None:
+        if port.kind.startswith("optional"):
+            return None
+        raise InputTypeError(f"input {port.name!r}: expected a sequence of tensors, got None")
+    element = dataclasses.replace(port, shape=None, kind="tensor")
+    if port.kind == "optional":
+        return check_input(element, value)
+    if isinstance(value, (np.ndarray, str, bytes)) or not isinstance(value, Sequence):
+        raise InputTypeError(
+            f"input {port.name!r}: expected a sequence (a list of tensors), "
+            f"got {type(value).__name__}"
+        )
+    return [check_input(element, item) for item in value]
 
 
 def _shape_text(shape: Sequence[Any]) -> str:

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from aioinfer.opsets import node_opset
+
 Evaluator = Callable[[ir.Node, int, Sequence[np.ndarray | None]], Sequence[np.ndarray]]
 """Runs one node on constant inputs: ``evaluate(node, opset, inputs) -> outputs``."""
 
@@ -39,7 +41,7 @@ class ConstantFoldingPass(ir.passes.InPlacePass):
             if not self._foldable(node):
                 continue
             inputs = [None if v is None else v.const_value.numpy() for v in node.inputs]  # type: ignore[union-attr]
-            opset = opsets.get(node.domain, opsets.get("", 1))
+            opset = node_opset(node, opsets)
             try:
                 outputs = self.evaluate(node, opset, inputs)
             except Exception:  # the node then runs at inference time instead

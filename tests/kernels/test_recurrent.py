@@ -1,0 +1,306 @@
+"""RNN, GRU and LSTM against onnx.reference and onnxruntime.
+
+onnx.reference implements the default activations without clip, sequence_lens or
+input_forget (but with layout 1); onnxruntime implements everything but layout 1. Each
+case is checked against whichever implements it. float32: rtol 1e-5, atol 1e-6 (1e-5
+relative for the unbounded activations); float64: rtol 1e-12; float16: computed in
+float32 here, compared with the float32 reference within float16's rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnxruntime as ort
+import pytest
+
+import aioinfer
+from tests.helpers import make_model, tensor_info
+from tests.kernels._check import check_node, run_aioinfer
+
+INPUT_NAMES = ["X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"]
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+OUTPUTS = {"RNN": 2, "GRU": 2, "LSTM": 3}
+SEQ, BATCH, INPUT, HIDDEN = 5, 3, 4, 6
+
+
+def _inputs(
+    op: str,
+    directions: int = 1,
+    *,
+    seed: int = 0,
+    bias: bool = True,
+    lengths: Sequence[int] | None = None,
+    initial: bool = False,
+    peepholes: bool = False,
+    layout: int = 0,
+    dtype: type = np.float32,
+) -> list[np.ndarray | None]:
+    """X, W, R, B, sequence_lens, initial_h (, initial_c, P) for ``op``."""
+    rng = np.random.default_rng(seed)
+    gates = GATES[op]
+
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
+    x = normal(SEQ, BATCH, INPUT)
+    state_shape = (directions, BATCH, HIDDEN)
+    values: list[np.ndarray | None] = [
+        x.swapaxes(0, 1).copy() if layout else x,
+        normal(directions, gates * HIDDEN, INPUT, scale=0.5),
+        normal(directions, gates * HIDDEN, HIDDEN, scale=0.5),
+        normal(directions, 2 * gates * HIDDEN, scale=0.5) if bias else None,
+        None if lengths is None else np.array(lengths, np.int32),
+    ]
+    states = 2 if op == "LSTM" else 1
+    for _ in range(states):
+        h = normal(*state_shape) if initial else None
+        values.append(h.swapaxes(0, 1).copy() if (h is not None and layout) else h)
+    if op == "LSTM":
+        values.append(normal(directions, 3 * HIDDEN, scale=0.5) if peepholes else None)
+    return values
+
+
+def _node(
+    op: str, inputs: Sequence[np.ndarray | None], outputs: int, **attrs: Any
+) -> onnx.NodeProto:
+    names = [n if x is not None else "" for n, x in zip(INPUT_NAMES, inputs)]
+    while names and not names[-1]:
+        names.pop()
+    return oh.make_node(op, names, ["Y", "Y_h", "Y_c"][:outputs], hidden_size=HIDDEN, **attrs)
+
+
+def _onnxruntime(node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    feeds = {n: x for n, x in zip(node.input, inputs) if n and x is not None}
+    x = inputs[0]
+    assert x is not None
+    model = make_model(
+        [node],
+        [tensor_info(n, a.dtype, a.shape) for n, a in feeds.items()],
+        [tensor_info(n, x.dtype, [None] * (4 if n == "Y" else 3)) for n in node.output if n],
+        opsets={"": 14},
+    )
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return list(session.run(None, feeds))
+
+
+def _check_onnxruntime(
+    node: onnx.NodeProto,
+    inputs: Sequence[np.ndarray | None],
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+) -> list[np.ndarray]:
+    got = run_aioinfer(node, inputs, 14)
+    want = _onnxruntime(node, inputs)
+    outputs = [i for i, name in enumerate(node.output) if name]
+    assert len(want) == len(outputs)
+    for i, w in zip(outputs, want):
+        assert got[i].dtype == w.dtype and got[i].shape == w.shape, (i, got[i].shape, w.shape)
+        np.testing.assert_allclose(got[i], w, rtol=rtol, atol=atol, err_msg=node.output[i])
+    return got
+
+
+# -- against onnx.reference ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_directions_and_layouts_match_reference(op: str, direction: str, layout: int) -> None:
+    directions = 2 if direction == "bidirectional" else 1
+    inputs = _inputs(op, directions, initial=True, layout=layout, peepholes=True)
+    node = _node(op, inputs, OUTPUTS[op], direction=direction, layout=layout)
+    got = check_node(node, inputs, opset=14)
+    y = got[0]
+    expected_y = (BATCH, SEQ, directions, HIDDEN) if layout else (SEQ, directions, BATCH, HIDDEN)
+    assert y.shape == expected_y
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_defaults_without_bias_or_initial_state_match_reference(op: str) -> None:
+    inputs = _inputs(op, bias=False)
+    check_node(_node(op, inputs, OUTPUTS[op]), inputs, opset=14)
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_float64_matches_reference(op: str) -> None:
+    inputs = _inputs(op, 2, initial=True, dtype=np.float64)
+    check_node(
+        _node(op, inputs, OUTPUTS[op], direction="bidirectional"),
+        inputs,
+        opset=14,
+        rtol=1e-12,
+        atol=1e-12,
+    )
+
+
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+def test_float16_is_computed_in_float32(op: str) -> None:
+    inputs = _inputs(op, initial=True, dtype=np.float16)
+    node = _node(op, inputs, OUTPUTS[op])
+    got = run_aioinfer(node, inputs, 14)
+    wide = [None if x is None or x.dtype == np.int32 else x.astype(np.float32) for x in inputs]
+    want = run_aioinfer(node, wide, 14)
+    for g, w in zip(got, want):
+        assert g.dtype == np.float16
+        np.testing.assert_allclose(g.astype(np.float32), w, rtol=2e-3, atol=2e-3)
+
+
+def test_gru_linear_before_reset_matches_reference() -> None:
+    inputs = _inputs("GRU", 2, initial=True)
+    node = _node("GRU", inputs, 2, direction="bidirectional", linear_before_reset=1)
+    check_node(node, inputs, opset=14)
+
+
+def test_older_opset_versions_run() -> None:
+    inputs = _inputs("LSTM", initial=True)
+    check_node(_node("LSTM", inputs, 3), inputs, opset=7)
+
+
+# -- against onnxruntime (attributes onnx.reference does not implement) --------------------
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_sequence_lens_match_onnxruntime(op: str, direction: str) -> None:
+    directions = 2 if direction == "bidirectional" else 1
+    inputs = _inputs(op, directions, lengths=[5, 2, 3], initial=True, peepholes=True)
+    got = _check_onnxruntime(_node(op, inputs, OUTPUTS[op], direction=direction), inputs)
+    # Past its length a sequence's Y rows are zero.
+    assert not got[0][2:, :, 1].any() and got[0][:2, :, 1].any()
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_clip_matches_onnxruntime(op: str) -> None:
+    inputs = _inputs(op, 2, initial=True)
+    _check_onnxruntime(_node(op, inputs, OUTPUTS[op], direction="bidirectional", clip=0.4), inputs)
+
+
+def test_lstm_input_forget_and_peepholes_match_onnxruntime() -> None:
+    inputs = _inputs("LSTM", initial=True, peepholes=True)
+    _check_onnxruntime(_node("LSTM", inputs, 3, input_forget=1), inputs)
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs"),
+    [
+        (
+            "LSTM",
+            {
+                "activations": ["HardSigmoid", "LeakyRelu", "ScaledTanh"],
+                "activation_alpha": [0.3, 0.2, 1.5],
+                "activation_beta": [0.4, 0.7],
+            },
+        ),
+        (
+            "LSTM",
+            {
+                "activations": ["Affine", "Elu", "Softsign"],
+                "activation_alpha": [0.3, 0.2],
+                "activation_beta": [0.4],
+            },
+        ),
+        (
+            "LSTM",
+            {"activations": ["HardSigmoid", "Tanh", "Tanh"] * 2, "direction": "bidirectional"},
+        ),
+        (
+            "GRU",
+            {
+                "activations": ["Sigmoid", "Softsign", "HardSigmoid", "Tanh"],
+                "activation_alpha": [0.25],
+                "direction": "bidirectional",
+                "linear_before_reset": 1,
+            },
+        ),
+        (
+            "RNN",
+            {
+                "activations": ["ThresholdedRelu", "Sigmoid"],
+                "activation_alpha": [0.2],
+                "direction": "bidirectional",
+            },
+        ),
+        ("RNN", {"activations": ["Relu"]}),
+        ("RNN", {"activations": ["Softplus"]}),
+    ],
+)
+def test_activations_match_onnxruntime(op: str, attrs: dict[str, Any]) -> None:
+    directions = 2 if attrs.get("direction") == "bidirectional" else 1
+    inputs = _inputs(op, directions, initial=True)
+    _check_onnxruntime(_node(op, inputs, OUTPUTS[op], **attrs), inputs, rtol=1e-5, atol=1e-5)
+
+
+def test_only_the_requested_outputs() -> None:
+    inputs = _inputs("LSTM", initial=True)
+    node = oh.make_node("LSTM", INPUT_NAMES[:3], ["", "Y_h"], hidden_size=HIDDEN)
+    _check_onnxruntime(node, inputs[:3])
+    assert len(run_aioinfer(node, inputs[:3], 14)) == 2
+
+
+# -- chunks with state ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_chunks_fed_with_their_state_equal_the_whole_sequence(op: str) -> None:
+    inputs = _inputs(op, initial=True, peepholes=True)
+    node = _node(op, inputs, OUTPUTS[op])
+    whole = run_aioinfer(node, inputs, 14)
+    states = list(inputs[5:7] if op == "LSTM" else inputs[5:6])
+    x = inputs[0]
+    assert x is not None
+    ys = []
+    for chunk in (x[:2], x[2:3], x[3:]):
+        outputs = run_aioinfer(node, [chunk, *inputs[1:5], *states, *inputs[7:]], 14)
+        ys.append(outputs[0])
+        states = outputs[1:]
+    np.testing.assert_allclose(np.concatenate(ys), whole[0], rtol=1e-6, atol=1e-6)
+    for got, want in zip(states, whole[1:]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attrs", "message"),
+    [
+        ({"direction": "sideways"}, "direction must be forward, reverse or bidirectional"),
+        ({"activations": ["Sigmoid", "Tanh"]}, "expected 3 activations"),
+        ({"activations": ["Sigmoid", "Tanh", "Swish"]}, "unknown activation 'Swish'"),
+        ({"layout": 2}, "layout must be 0 or 1"),
+    ],
+)
+def test_bad_attributes_fail_to_compile_naming_the_node(
+    attrs: dict[str, Any], message: str
+) -> None:
+    inputs = _inputs("LSTM")
+    node = oh.make_node("LSTM", ["X", "W", "R"], ["Y"], name="my_lstm", hidden_size=HIDDEN, **attrs)
+    model = make_model(
+        [node],
+        [tensor_info(n, np.float32, a.shape) for n, a in zip("XWR", inputs[:3]) if a is not None],
+        [tensor_info("Y", np.float32, [None] * 4)],
+        opsets={"": 14},
+    )
+    with pytest.raises(aioinfer.CompileError, match=message) as info:
+        aioinfer.Core().compile_model(model, "CPU")
+    assert "my_lstm" in str(info.value)
+
+
+def test_weights_for_the_wrong_number_of_directions_fail_clearly() -> None:
+    inputs = _inputs("GRU", 1)
+    node = _node("GRU", inputs, 2, direction="bidirectional")
+    with pytest.raises(
+        ValueError, match=r"W must have shape \[2, 18, input_size\], got \[1, 18, 4\]"
+    ):
+        run_aioinfer(node, inputs, 14)
+
+
+def test_sequence_lens_out_of_range_fail_clearly() -> None:
+    inputs = _inputs("RNN", lengths=[5, 6, 1])
+    with pytest.raises(ValueError, match=r"sequence_lens must hold 3 lengths in \[0, 5\]"):
+        run_aioinfer(_node("RNN", inputs, 2), inputs, 14)
