@@ -8,19 +8,26 @@ event loop.
 from aioinfer.core import Core
 from aioinfer.errors import (
     AioinferError,
+    BlobDeviceError,
+    BlobVersionError,
     CompileError,
+    ExportError,
+    ImportModelError,
     InferCancelledError,
     InferenceError,
     InputError,
     InputShapeError,
     InputTypeError,
+    InvalidBlobError,
     InvalidModelError,
     InvalidPropertyValueError,
     MissingInputError,
     ModelNotFoundError,
     ModelReadError,
+    NotBatchableError,
     PropertyError,
     ReadOnlyPropertyError,
+    RepositoryError,
     RequestBusyError,
     RequestClosedError,
     UnknownDeviceError,
@@ -31,6 +38,7 @@ from aioinfer.errors import (
 from aioinfer.model import Model, Port
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.plugin.state import VariableState
 from aioinfer.queue import AsyncInferQueue
 from aioinfer.results import InferResults
 
@@ -43,9 +51,13 @@ __all__ = [
     "AioinferError",
     "AsyncInferQueue",
     "AsyncInferRequest",
+    "BlobDeviceError",
+    "BlobVersionError",
     "CompileError",
     "CompiledModel",
     "Core",
+    "ExportError",
+    "ImportModelError",
     "InferCancelledError",
     "InferRequest",
     "InferResults",
@@ -53,15 +65,18 @@ __all__ = [
     "InputError",
     "InputShapeError",
     "InputTypeError",
+    "InvalidBlobError",
     "InvalidModelError",
     "InvalidPropertyValueError",
     "MissingInputError",
     "Model",
     "ModelNotFoundError",
     "ModelReadError",
+    "NotBatchableError",
     "Port",
     "PropertyError",
     "ReadOnlyPropertyError",
+    "RepositoryError",
     "RequestBusyError",
     "RequestClosedError",
     "RequestState",
@@ -69,5 +84,6 @@ __all__ = [
     "UnknownInputError",
     "UnknownPropertyError",
     "UnsupportedOperatorError",
+    "VariableState",
     "__version__",
 ]

@@ -2,6 +2,8 @@
 
 aioinfer run [MODEL] [--device CPU] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
              [--hint LATENCY|THROUGHPUT] [--iterations N] [--seed S]
+aioinfer bench [MODEL] [--hint H] [--requests N] [--duration S | --iterations N] ...
+aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000]
 aioinfer info
 aioinfer --version
 """
@@ -52,6 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "info":
             _info()
+        elif args.command == "serve":
+            _serve(args)
+        elif args.command == "bench":
+            from aioinfer import bench  # imports this module's helpers
+
+            anyio.run(bench.run, args)
         else:
             anyio.run(_run, args)
     except (AioinferError, UsageError) as exc:
@@ -87,6 +95,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--iterations", type=int, default=1, help="inferences to time (>= 1)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     commands.add_parser("info", help="list devices and their properties")
+    serve = commands.add_parser(
+        "serve", help="serve models over HTTP (Open Inference Protocol, KServe v2)"
+    )
+    serve.add_argument(
+        "source",
+        type=Path,
+        metavar="REPOSITORY_OR_MODEL",
+        help="a repository <repo>/<model>/<version>/model.onnx, or one .onnx file",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (0: any)")
+    from aioinfer import bench
+
+    bench.add_parser(commands)
     return parser
 
 
@@ -164,6 +186,17 @@ def _print_timing(latencies: list[float], profiling: list[dict[str, Any]]) -> No
         )
     stages = [e for e in profiling if e.get("type") == "stage"]
     print("stages:       " + ", ".join(f"{e['name']} {_ms(e['seconds'])}" for e in stages))
+
+
+def _serve(args: argparse.Namespace) -> None:
+    try:
+        from aioinfer.serving import serve
+    except ImportError as exc:
+        raise UsageError(
+            f"aioinfer serve needs the 'serve' extra ({exc.name} is missing): "
+            "pip install 'aioinfer[serve]'"
+        ) from None
+    serve(args.source, host=args.host, port=args.port)
 
 
 def _info() -> None:

@@ -6,10 +6,11 @@ import functools
 import threading
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio.to_thread
 
+from aioinfer.devices.batch.plugin import auto_batching
 from aioinfer.errors import UnknownDeviceError
 from aioinfer.frontend import ModelSource, read_ir_model
 from aioinfer.model import Model
@@ -19,7 +20,18 @@ from aioinfer.plugin.plugin import Plugin
 PLUGIN_GROUP = "aioinfer.plugins"
 """Entry-point group under which a package registers a device (name = device name)."""
 
-_BUILTIN_DEVICES: dict[str, str] = {"CPU": "aioinfer.devices.cpu:CPUPlugin"}
+_BUILTIN_DEVICES: dict[str, str] = {
+    "CPU": "aioinfer.devices.cpu:CPUPlugin",
+    "BATCH": "aioinfer.devices.batch:BatchPlugin",
+}
+
+
+def _give_core(plugin: Plugin, core: Core) -> None:
+    """Hand ``core`` to a plugin that compiles through other devices (``BATCH``): such a
+    plugin has a ``set_core(core)`` method, as in the plugin API of the big runtimes."""
+    set_core = getattr(plugin, "set_core", None)
+    if callable(set_core):
+        set_core(core)
 
 
 def _load(target: str) -> Callable[[], Plugin]:
@@ -49,20 +61,24 @@ class Core:
 
     @property
     def available_devices(self) -> list[str]:
-        """Names of the devices this Core can compile for."""
-        return sorted(set(self._targets) | set(self._plugins))
+        """Names of the devices this Core can compile for: the built-in ones first (``CPU``,
+        then the virtual ``BATCH``), then the others by name."""
+        others = sorted((set(self._targets) | set(self._plugins)) - set(_BUILTIN_DEVICES))
+        return [*_BUILTIN_DEVICES, *others]
 
     def register_plugin(self, plugin: Plugin) -> None:
         """Make ``plugin`` available under its ``device_name`` (in-process registration)."""
+        _give_core(plugin, self)
         with self._lock:
             self._plugins[plugin.device_name] = plugin
 
     def get_plugin(self, device: str) -> Plugin:
-        """The plugin of ``device``, loading it on first use.
+        """The plugin of ``device``, loading it on first use (``"BATCH:CPU"``: ``BATCH``).
 
         Raises:
             UnknownDeviceError: no such device (the message lists the available ones).
         """
+        device = device.partition(":")[0]
         with self._lock:
             plugin = self._plugins.get(device)
             if plugin is not None:
@@ -74,6 +90,7 @@ class Core:
                 )
             loaded = target()
             plugin = loaded() if isinstance(loaded, type) else loaded
+            _give_core(plugin, self)
             self._plugins[device] = plugin
             return plugin
 
@@ -110,17 +127,65 @@ class Core:
     ) -> CompiledModel:
         """Compile ``model`` for ``device``: transformation passes, lowering, weights.
 
-        ``model`` may be a :class:`Model` or anything :meth:`read_model` takes.
+        ``model`` may be a :class:`Model` or anything :meth:`read_model` takes. A virtual
+        device names its target after a colon: ``"BATCH:CPU"`` batches on the CPU (the
+        target goes to the virtual device as its ``TARGET_DEVICE`` property). With the
+        ``THROUGHPUT`` hint, a device that supports ``ALLOW_AUTO_BATCHING`` gets a
+        batchable, stateless model wrapped in ``BATCH`` (see docs/batching.md).
+
+        Raises:
+            UnknownDeviceError: no such device, or a target given to a device that takes
+                none.
+            UnknownPropertyError, InvalidPropertyValueError: a bad ``config``.
+            UnsupportedOperatorError: an operator the device cannot run (named).
+            NotBatchableError: ``BATCH`` was asked for a model it cannot batch.
+            ModelReadError: ``model`` could not be read.
+        """
+        name, _, target = device.partition(":")
+        plugin = self.get_plugin(name)
+        model = model if isinstance(model, Model) else self.read_model(model)
+        config = dict(config or {})
+        if target:
+            if "TARGET_DEVICE" not in plugin.supported_properties:
+                raise UnknownDeviceError(
+                    f"device {name!r} takes no target device, but {device!r} names one"
+                )
+            config["TARGET_DEVICE"] = target
+        elif auto_batching(plugin, model, config):
+            config["TARGET_DEVICE"] = name
+            plugin = self.get_plugin("BATCH")
+        return plugin.compile_model(model, config)
+
+    def import_model(
+        self,
+        blob: bytes | bytearray | memoryview | BinaryIO,
+        device: str = "CPU",
+        config: Mapping[str, Any] | None = None,
+    ) -> CompiledModel:
+        """A compiled model from the blob of ``compiled.export_model()`` (bytes, or a
+        binary stream to read it from), without running the passes again. ``config`` may
+        change run-time properties (``PERFORMANCE_HINT``, ``NUM_STREAMS``, ...).
 
         Raises:
             UnknownDeviceError: no such device.
-            UnknownPropertyError, InvalidPropertyValueError: a bad ``config``.
-            UnsupportedOperatorError: an operator the device cannot run (named).
-            ModelReadError: ``model`` could not be read.
+            InvalidBlobError: not a blob, or a truncated or corrupted one.
+            BlobVersionError: written by another aioinfer or format version.
+            BlobDeviceError: exported for another device.
+            ImportModelError: the device does not import models.
         """
-        plugin = self.get_plugin(device)
-        model = model if isinstance(model, Model) else self.read_model(model)
-        return plugin.compile_model(model, dict(config or {}))
+        data = blob.read() if hasattr(blob, "read") else blob
+        return self.get_plugin(device).import_model(bytes(data), dict(config or {}))
+
+    async def import_model_async(
+        self,
+        blob: bytes | bytearray | memoryview | BinaryIO,
+        device: str = "CPU",
+        config: Mapping[str, Any] | None = None,
+    ) -> CompiledModel:
+        """:meth:`import_model` on a worker thread; the event loop stays free."""
+        return await anyio.to_thread.run_sync(
+            functools.partial(self.import_model, blob, device, config), abandon_on_cancel=True
+        )
 
     async def compile_model_async(
         self,

@@ -38,6 +38,33 @@ class UnsupportedOperatorError(CompileError):
     """The device has no kernel for an operator (or for its version)."""
 
 
+class NotBatchableError(CompileError):
+    """The BATCH device cannot batch the model: an input or output lacks a shared symbolic
+    first (batch) dimension, or the model keeps state per request."""
+
+
+class ExportError(AioinferError):
+    """A compiled model cannot be exported (its device does not support export)."""
+
+
+class ImportModelError(AioinferError):
+    """A blob given to ``import_model`` cannot be imported."""
+
+
+class InvalidBlobError(ImportModelError):
+    """The data is not an aioinfer export blob, or the blob is truncated or corrupted
+    (its checksum does not match)."""
+
+
+class BlobVersionError(ImportModelError):
+    """The blob was written in another export format version or by another aioinfer
+    version."""
+
+
+class BlobDeviceError(ImportModelError):
+    """The blob was exported for another device."""
+
+
 class UnknownDeviceError(AioinferError):
     """No device of that name is registered."""
 
@@ -98,3 +125,10 @@ class RequestBusyError(AioinferError):
 
 class RequestClosedError(AioinferError):
     """The request, compiled model or queue was closed."""
+
+
+# -- serving ----------------------------------------------------------------------------
+
+
+class RepositoryError(AioinferError):
+    """A model repository (or one model's config file in it) cannot be served."""

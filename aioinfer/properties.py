@@ -66,6 +66,76 @@ def _int(value: Any) -> int:
         raise ValueError("expected an integer") from None
 
 
+def _stateful(value: Any) -> str | dict[str, str]:
+    """``"AUTO"`` (any case) or a new dict {input name: output name}; None is {}."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        if value.upper() == "AUTO":
+            return "AUTO"
+        raise ValueError("expected 'auto' or a mapping {input name: output name}")
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"expected 'auto' or a mapping {{input name: output name}}, not {type(value).__name__}"
+        )
+    pairs: dict[str, str] = {}
+    for input_name, output_name in value.items():
+        if not isinstance(input_name, str) or not isinstance(output_name, str):
+            raise ValueError(f"names must be strings, got {input_name!r}: {output_name!r}")
+        if output_name in pairs.values():
+            raise ValueError(f"output {output_name!r} is paired with two inputs")
+        pairs[input_name] = output_name
+    return pairs
+
+
+def _positive_int(value: Any) -> int:
+    number = _int(value)
+    if number < 1:
+        raise ValueError("expected an integer >= 1")
+    return number
+
+
+def _non_negative_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a bool")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number") from None
+    if not number >= 0:  # also rejects NaN
+        raise ValueError("expected a number >= 0")
+    return number
+
+
+def _yes_no(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).upper()
+    if text in ("YES", "TRUE"):
+        return True
+    if text in ("NO", "FALSE"):
+        return False
+    raise ValueError("expected True/False or 'YES'/'NO'")
+
+
+def _directory(value: Any) -> str:
+    """A directory path as a string ('' or None: no directory)."""
+    if value is None:
+        return ""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"expected a directory path, not {type(value).__name__}")
+    path = os.fspath(value)
+    if path and os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{path!r} exists and is not a directory")
+    return str(path)
+
+
+def _device_name(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a device name such as 'CPU'")
+    return value
+
+
 PROPERTIES: dict[str, Property] = {
     p.name: p
     for p in (
@@ -87,6 +157,37 @@ PROPERTIES: dict[str, Property] = {
             default=0,
             parse=_non_negative_int,
         ),
+        Property(
+            "STATEFUL",
+            "Input/output pairs kept as variable state in each request: a mapping "
+            "{input name: output name}, or 'auto' (exporter conventions, see "
+            "docs/stateful.md). Read back: the pairs made.",
+            parse=_stateful,
+        ),
+        Property(
+            "PERF_COUNT",
+            "Record per-node timings in get_profiling_info (off by default: no cost).",
+            default=False,
+            parse=_yes_no,
+        ),
+        Property(
+            "CACHE_DIR",
+            "A directory where compiled models are kept: compiling the same model with the "
+            "same device, config and aioinfer version again loads it from there ('' = off).",
+            default="",
+            parse=_directory,
+        ),
+        Property(
+            "ACTIVATION_MEMORY_BYTES",
+            "Bytes of planned activation buffers one request holds for the input shapes it "
+            "ran last (the largest over the requests; 0 before the first inference).",
+            configurable=False,
+        ),
+        Property(
+            "LOADED_FROM_CACHE",
+            "Whether compile_model loaded the compiled model from CACHE_DIR.",
+            configurable=False,
+        ),
         Property("NETWORK_NAME", "The compiled model's name.", configurable=False),
         Property(
             "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
@@ -100,6 +201,32 @@ PROPERTIES: dict[str, Property] = {
         ),
         Property("DEVICE_NAME", "The device the model is compiled for.", configurable=False),
         Property("NUM_CORES", "CPU cores available to this process.", configurable=False),
+        Property(
+            "MAX_BATCH_SIZE",
+            "BATCH device: the most rows (first-dimension entries) one batch holds.",
+            default=32,
+            parse=_positive_int,
+        ),
+        Property(
+            "BATCH_TIMEOUT_MS",
+            "BATCH device: how long the oldest waiting request may wait (ms) for its batch "
+            "to fill once the device is free (0: run what is queued at once).",
+            default=1.0,
+            parse=_non_negative_float,
+        ),
+        Property(
+            "TARGET_DEVICE",
+            "BATCH device: the device that runs the batches ('BATCH:CPU' sets it).",
+            default="CPU",
+            parse=_device_name,
+        ),
+        Property(
+            "ALLOW_AUTO_BATCHING",
+            "With the THROUGHPUT hint, let the Core batch concurrent requests of a batchable "
+            "model on the BATCH device.",
+            default=True,
+            parse=_yes_no,
+        ),
     )
 }
 

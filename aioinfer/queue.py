@@ -69,7 +69,8 @@ class AsyncInferQueue:
 
         Raises:
             RequestClosedError: the queue is closed.
-            The exception of an earlier job or callback; input errors of this job.
+            Exception: the exception of an earlier job or callback; the input errors of
+                this job.
         """
         self._raise_pending()
         while not self._idle:
@@ -88,7 +89,7 @@ class AsyncInferQueue:
         """Wait until every started job (and its callback) has completed.
 
         Raises:
-            The exception of a job or callback that failed since the last call.
+            Exception: the exception of a job or callback that failed since the last call.
         """
         for request in self._requests:
             # A job's exception was collected by _job_done already.

@@ -544,8 +544,8 @@ def test_unknown_property_lists_supported(
     assert "'BATCH_SIZE'" in message
     for name in ("NETWORK_NAME", "OPTIMAL_NUMBER_OF_INFER_REQUESTS", "PERFORMANCE_HINT"):
         assert name in message
-    with pytest.raises(aioinfer.UnknownPropertyError, match=r"'CACHE_DIR'.*PERFORMANCE_HINT"):
-        core.compile_model(mlp, "CPU", {"CACHE_DIR": "/tmp"})
+    with pytest.raises(aioinfer.UnknownPropertyError, match=r"'MODEL_PRIORITY'.*PERFORMANCE_HINT"):
+        core.compile_model(mlp, "CPU", {"MODEL_PRIORITY": "HIGH"})
     with pytest.raises(aioinfer.UnknownPropertyError, match=r"'FOO'.*SUPPORTED_PROPERTIES"):
         core.get_property("CPU", "FOO")
     assert isinstance(info.value, aioinfer.PropertyError)

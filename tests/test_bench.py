@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from aioinfer.bench import Measurement, measure
+from aioinfer.bench import WARMUP_ROUNDS, Measurement, measure
 from aioinfer.cli import main
 from aioinfer.properties import num_cores
 from tests.helpers import mlp_model
@@ -93,8 +93,8 @@ async def test_measure_counts_every_inference_once() -> None:
         calls.append(1)
 
     result = await measure("fake", [infer, infer, infer], duration=None, iterations=10)
-    # One untimed warm-up per caller, then exactly the iterations asked for.
-    assert len(calls) == 3 + 10
+    # Untimed warm-up rounds of every caller, then exactly the iterations asked for.
+    assert len(calls) == 3 * WARMUP_ROUNDS + 10
     assert len(result.latencies) == 10
     assert result.runtime == "fake" and result.seconds > 0
 

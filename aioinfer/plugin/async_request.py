@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from aioinfer.model import Port
+    from aioinfer.plugin.state import VariableState
     from aioinfer.plugin.sync_request import SyncInferRequest
     from aioinfer.results import InferResults
 
@@ -124,6 +125,32 @@ class AsyncInferRequest:
         """Per-stage durations of the last inference."""
         return self._request.get_profiling_info()
 
+    # -- variable state -------------------------------------------------------------------
+
+    def query_state(self) -> list[VariableState]:
+        """The variables of a stateful model (see the ``STATEFUL`` config), each with
+        ``name``, ``state`` (read, or assign to replace) and ``reset()``.
+
+        Each request has its own variables; they change only when an inference completes.
+
+        Raises:
+            RequestBusyError: an inference is running (also raised by a state's setter
+                and ``reset()`` while one runs).
+            RequestClosedError: the request is closed.
+        """
+        self._check_idle()
+        return self._request.query_state(self._check_idle)
+
+    def reset_state(self) -> None:
+        """Give every variable its initial value again (zeros, sized at the next inference).
+
+        Raises:
+            RequestBusyError: an inference is running.
+            RequestClosedError: the request is closed.
+        """
+        self._check_idle()
+        self._request.reset_state()
+
     # -- inference ------------------------------------------------------------------------
 
     async def infer(self, inputs: Inputs | None = None) -> InferResults:
@@ -162,7 +189,7 @@ class AsyncInferRequest:
         cancels the inference.
 
         Raises:
-            The inference's or the callback's exception.
+            Exception: the inference's or the callback's exception.
         """
         if self._done is None:
             return self._request.results
@@ -181,7 +208,8 @@ class AsyncInferRequest:
         A timeout does not cancel the inference.
 
         Raises:
-            The inference's or the callback's exception, when it completed with one.
+            Exception: the inference's or the callback's exception, when it completed
+                with one.
         """
         if self._done is None:
             return True

@@ -6,11 +6,11 @@ import itertools
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import onnx_ir as ir
 
-from aioinfer.errors import RequestClosedError
+from aioinfer.errors import ExportError, RequestClosedError
 from aioinfer.model import Port, find_port
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
@@ -127,6 +127,18 @@ class CompiledModel(ABC):
     def next_request_id(self) -> int:
         """A number for the next request (used in profiling names)."""
         return next(self._request_ids)
+
+    # -- export ---------------------------------------------------------------------------
+
+    def export_model(self, stream: BinaryIO | None = None) -> bytes:
+        """The compiled model as a versioned, checksummed blob that
+        ``Core.import_model(blob, device)`` turns back into an equivalent compiled model
+        without running the passes again; also written to ``stream`` when one is given.
+
+        Raises:
+            ExportError: the device does not support export.
+        """
+        raise ExportError(f"device {self.plugin.device_name!r} does not export compiled models")
 
     # -- properties -----------------------------------------------------------------------
 

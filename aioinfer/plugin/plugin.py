@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from aioinfer.errors import ImportModelError
 from aioinfer.properties import check_readable, num_cores
 
 if TYPE_CHECKING:
@@ -34,6 +35,16 @@ class Plugin(ABC):
             UnsupportedOperatorError: an operator the device cannot run.
             CompileError: any other reason the model cannot run here.
         """
+
+    def import_model(self, blob: bytes, config: Mapping[str, Any] | None = None) -> CompiledModel:
+        """A compiled model from a blob of ``CompiledModel.export_model``; ``config`` may
+        change run-time properties.
+
+        Raises:
+            ImportModelError: the device cannot import models, or (subclasses) the blob is
+                invalid, truncated or corrupted, of another version, or for another device.
+        """
+        raise ImportModelError(f"device {self.device_name!r} does not import compiled models")
 
     @abstractmethod
     def query_model(self, model: Model) -> dict[str, str]:

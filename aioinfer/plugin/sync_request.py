@@ -17,6 +17,7 @@ from aioinfer.errors import (
     UnknownInputError,
 )
 from aioinfer.model import Port, find_port
+from aioinfer.plugin.profiling import NodeProfile, profiling_info
 from aioinfer.results import InferResults
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class SyncInferRequest(ABC):
         self._results: InferResults | None = None
         self.cancel_token = CancelToken()
         self.stage_durations: dict[str, float] = {}
+        self.node_profile = NodeProfile()
+        """Node timings of the last inference; a device fills it when profiling is on."""
 
     # -- tensors --------------------------------------------------------------------------
 
@@ -244,12 +247,11 @@ class SyncInferRequest(ABC):
             self.stage_durations[name] = time.perf_counter() - start
 
     def get_profiling_info(self) -> list[dict[str, Any]]:
-        """Durations of the last inference's stages (seconds), one entry per stage."""
-        return [
-            {"name": name, "type": "stage", "seconds": self.stage_durations[name]}
-            for name in STAGES
-            if name in self.stage_durations
-        ]
+        """Durations of the last inference: one entry per stage (``{"name", "type":
+        "stage", "seconds"}``), then, when the compiled model has ``PERF_COUNT`` on, one
+        per executed node (``{"name", "type": "node", "op_type", "execution_type",
+        "seconds"}``, execution type ``native``, ``fused`` or ``fallback``)."""
+        return profiling_info(STAGES, self.stage_durations, self.node_profile.timings)
 
 
 def check_input(port: Port, value: Any, check_batch: bool = True) -> np.ndarray:
@@ -264,6 +266,8 @@ def check_input(port: Port, value: Any, check_batch: bool = True) -> np.ndarray:
     expected = port.dtype
     if isinstance(value, np.ndarray):
         array = value
+        if expected == object and array.dtype.kind == "U":
+            array = array.astype(object)  # string tensors: numpy str accepted too
         if array.dtype != expected:
             raise InputTypeError(
                 f"input {port.name!r}: expected element type {expected}, got {array.dtype}"

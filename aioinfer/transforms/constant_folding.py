@@ -46,7 +46,10 @@ class ConstantFoldingPass(ir.passes.InPlacePass):
                 outputs = self.evaluate(node, opset, inputs)
             except Exception:  # the node then runs at inference time instead
                 continue
-            if any(np.asarray(out).size > MAX_FOLDED_ELEMENTS for out in outputs):
+            used = [out for value, out in zip(node.outputs, outputs) if value.name]
+            if not all(isinstance(out, np.ndarray) for out in used):
+                continue  # a sequence (list) or an optional (None) is no initializer
+            if any(out.size > MAX_FOLDED_ELEMENTS for out in used):
                 continue
             for value, out in zip(node.outputs, outputs):
                 if value.name == "" or out is None:

@@ -2,21 +2,52 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import onnx_ir as ir
 from onnx_ir.passes import common
 
 from aioinfer.transforms.constant_folding import ConstantFoldingPass, Evaluator
+from aioinfer.transforms.fold_batchnorm import FoldBatchNormPass
+from aioinfer.transforms.fold_qdq import FoldQuantizedWeightsPass
+from aioinfer.transforms.fold_shapes import FoldShapesPass
+from aioinfer.transforms.fold_transpose import FoldTransposePass
+from aioinfer.transforms.fuse_activation import FuseActivationPass
+from aioinfer.transforms.fuse_attention import FuseAttentionPass
+from aioinfer.transforms.fuse_gelu import FuseGeluPass
+from aioinfer.transforms.fuse_layernorm import FuseLayerNormPass
+from aioinfer.transforms.make_stateful import MakeStatefulPass
+from aioinfer.transforms.matmul_add import FuseMatMulAddPass
 
 
-def compile_passes(evaluate: Evaluator) -> ir.passes.PassManager:
-    """The pass pipeline of a float device whose kernels ``evaluate`` constant nodes."""
+def compile_passes(
+    evaluate: Evaluator, stateful: Mapping[str, str] | None = None
+) -> ir.passes.PassManager:
+    """The pass pipeline of a float device whose kernels ``evaluate`` constant nodes.
+
+    ``stateful``: validated ``{input name: output name}`` pairs that become variables
+    (see :func:`aioinfer.transforms.make_stateful.stateful_pairs`).
+    """
     return ir.passes.PassManager(
         [
             common.InlinePass(),
             common.RemoveUnusedFunctionsPass(),
             common.TopologicalSortPass(),
             ConstantFoldingPass(evaluate),
+            FoldQuantizedWeightsPass(evaluate),
+            FoldShapesPass(),
+            ConstantFoldingPass(evaluate),  # the Gathers/Concats of the folded shapes
             common.RemoveUnusedNodesPass(),
+            # Fusions: the larger patterns first, then what remains of matmuls and convs.
+            FoldBatchNormPass(),
+            FuseLayerNormPass(),
+            FuseGeluPass(),
+            FuseAttentionPass(),
+            FoldTransposePass(),
+            FuseMatMulAddPass(),
+            FuseActivationPass(),
+            common.RemoveUnusedNodesPass(),
+            MakeStatefulPass(stateful or {}),  # after unused-node removal: Assign is a sink
             common.TopologicalSortPass(),
         ]
     )

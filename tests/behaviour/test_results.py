@@ -90,7 +90,7 @@ def test_hints_set_streams(core, device, mlp):
     assert latency.get_property("NUM_STREAMS") == 1
     assert throughput.get_property("NUM_STREAMS") == num_cores()
     assert explicit.get_property("NUM_STREAMS") == 3
-    assert explicit.task_executor.workers == 3  # type: ignore[attr-defined]
+    assert explicit.task_executor.workers == 3
     for compiled in (latency, throughput, explicit):
         streams = compiled.get_property("NUM_STREAMS")
         assert compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") > streams - 1

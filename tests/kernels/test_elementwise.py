@@ -471,10 +471,24 @@ def test_cast_strings(x: np.ndarray, to: int) -> None:
         check_node(node, [x], opset=19)
 
 
-@pytest.mark.parametrize("to", [TP.BFLOAT16, TP.FLOAT8E4M3FN, TP.INT4, TP.FLOAT4E2M1])
-def test_cast_unsupported_type_is_named(to: int) -> None:
-    node = oh.make_node("Cast", ["x"], ["y"], to=to)
-    with pytest.raises(ValueError, match=TP.DataType.Name(to)):
+@pytest.mark.parametrize(
+    "to",
+    [TP.BFLOAT16, TP.FLOAT8E4M3FN, TP.FLOAT8E5M2FNUZ, TP.FLOAT8E8M0, TP.INT4, TP.FLOAT4E2M1],
+)
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_cast_to_narrow_types_matches_reference(to: int, saturate: int) -> None:
+    """ml_dtypes targets, out-of-range values included (saturated or not): bit-exact."""
+    node = oh.make_node("Cast", ["x"], ["y"], to=to, saturate=saturate)
+    x = np.float32([1.5, -2.25, 0.1, 1e6, -1e6, np.inf, 3.0])
+    (got,) = run_aioinfer(node, [x], 25)
+    (want,) = run_reference(node, [x], 25)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
+def test_cast_to_an_unknown_type_is_named() -> None:
+    node = oh.make_node("Cast", ["x"], ["y"], to=99)
+    with pytest.raises(ValueError, match="unknown data type 99"):
         run_aioinfer(node, [np.float32([1])], 21)
 
 

@@ -180,8 +180,9 @@ def test_clip_matches_onnxruntime(op: str) -> None:
     _check_onnxruntime(_node(op, inputs, OUTPUTS[op], direction="bidirectional", clip=0.4), inputs)
 
 
-def test_lstm_input_forget_and_peepholes_match_onnxruntime() -> None:
-    inputs = _inputs("LSTM", initial=True, peepholes=True)
+@pytest.mark.parametrize("peepholes", [False, True])
+def test_lstm_input_forget_matches_onnxruntime(peepholes: bool) -> None:
+    inputs = _inputs("LSTM", initial=True, peepholes=peepholes)
     _check_onnxruntime(_node("LSTM", inputs, 3, input_forget=1), inputs)
 
 

@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter, sleep
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.registry import Kernel
 from aioinfer.errors import InferCancelledError, InferenceError
 from aioinfer.plugin.sync_request import CancelToken
+
+if TYPE_CHECKING:  # kernel modules import this one (control flow runs sub-plans)
+    from aioinfer.devices.cpu.kernels.registry import Kernel, OutKernel
 
 GIL_YIELD_SECONDS = 0.0005
 """The compute thread offers the GIL at least this often, so the event loop's thread
 never waits the interpreter's whole switch interval (5 ms) for it."""
+
+_running = threading.local()
+"""``token``: the CancelToken of the plan running on this thread (None outside a plan)."""
+
+
+def current_cancel_token() -> CancelToken:
+    """The cancel token of the plan running on this thread, so that a control-flow
+    kernel's sub-plans stop with their parent; a fresh token outside any plan."""
+    token = getattr(_running, "token", None)
+    return token if token is not None else CancelToken()
+
 
 NONE_SLOT = 0
 """Always holds None: omitted optional inputs read it."""
@@ -34,6 +49,14 @@ class Step:
     name: str
     op_type: str
     execution_type: str = "native"
+    out_kernel: OutKernel | None = None
+    """The kernel's out form (see :func:`~aioinfer.devices.cpu.kernels.registry.out_kernel`),
+    which the memory planner binds to a buffer of the request; None without one."""
+
+
+Observer = Callable[[Step, Sequence[Any], float], None]
+"""Called after each step with the step, its outputs and its duration in seconds
+(profiling, and the recording run of the memory planner)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,9 @@ class Plan:
     input_slots: tuple[int, ...]
     output_slots: tuple[int, ...]
     steps: tuple[Step, ...]
+    variables: tuple[str, ...] = ()
+    """The state variables (make-stateful): the last ``len(variables)`` inputs are their
+    current values, the last ``len(variables)`` outputs their values after the step."""
 
     def initial_slots(self) -> list[Any]:
         """A fresh slot list with the shared constants in place."""
@@ -53,22 +79,54 @@ class Plan:
             slots[slot] = array
         return slots
 
-    def run(self, inputs: Sequence[np.ndarray], cancel: CancelToken) -> list[Any]:
+    @functools.cached_property
+    def kernels(self) -> tuple[Kernel, ...]:
+        """The kernel of every step, in order (what :meth:`run` calls by default)."""
+        return tuple(step.kernel for step in self.steps)
+
+    def run(
+        self,
+        inputs: Sequence[np.ndarray],
+        cancel: CancelToken,
+        kernels: Sequence[Kernel] | None = None,
+        observe: Observer | None = None,
+    ) -> list[Any]:
         """Run every step; return the output values.
+
+        ``kernels`` replaces the steps' kernels one for one (a request's memory plan binds
+        out forms to its buffers); ``observe`` is called after every step. While it runs,
+        ``cancel`` is this thread's :func:`current_cancel_token`.
 
         Raises:
             InferCancelledError: ``cancel.requested`` was set; checked before each kernel.
             InferenceError: a kernel raised; the message names the node.
         """
+        previous = getattr(_running, "token", None)
+        _running.token = cancel
+        try:
+            return self._run_steps(inputs, cancel, kernels or self.kernels, observe)
+        finally:
+            _running.token = previous
+
+    def _run_steps(
+        self,
+        inputs: Sequence[np.ndarray],
+        cancel: CancelToken,
+        kernels: Sequence[Kernel],
+        observe: Observer | None,
+    ) -> list[Any]:
         slots = self.initial_slots()
         for slot, array in zip(self.input_slots, inputs):
             slots[slot] = array
-        next_yield = perf_counter() + GIL_YIELD_SECONDS
-        for step in self.steps:
+        started = next_yield = perf_counter()
+        next_yield += GIL_YIELD_SECONDS
+        for step, kernel in zip(self.steps, kernels):
             if cancel.requested:
                 raise InferCancelledError("the inference was cancelled")
             try:
-                produced = step.kernel(*[slots[i] for i in step.inputs])
+                produced = kernel(*[slots[i] for i in step.inputs])
+            except InferCancelledError:
+                raise  # a sub-plan of a control-flow kernel saw the cancellation
             except Exception as exc:
                 raise InferenceError(
                     f"node {step.name!r} ({step.op_type}) failed: {type(exc).__name__}: {exc}"
@@ -78,7 +136,11 @@ class Plan:
             for slot in step.release:
                 slots[slot] = None
             now = perf_counter()
+            if observe is not None:
+                observe(step, produced, now - started)
             if now > next_yield:
                 sleep(0)
+                now = perf_counter()
                 next_yield = now + GIL_YIELD_SECONDS
+            started = now
         return [slots[i] for i in self.output_slots]

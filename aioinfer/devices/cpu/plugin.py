@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import os
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
 
+import onnx_ir as ir
 from threadpoolctl import threadpool_limits
 
+from aioinfer import __version__
 from aioinfer.devices.cpu import kernels  # noqa: F401  (registers every kernel)
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
+from aioinfer.devices.cpu.export import Exported, cache_key, dump, load
 from aioinfer.devices.cpu.kernels.registry import find_kernel
 from aioinfer.devices.cpu.request import CPUInferRequest
-from aioinfer.errors import UnsupportedOperatorError
-from aioinfer.model import Model
+from aioinfer.errors import ImportModelError, InvalidPropertyValueError, UnsupportedOperatorError
+from aioinfer.model import Model, Port
+from aioinfer.opsets import node_opset
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.state import split_ports
 from aioinfer.properties import num_cores, parse_config
+from aioinfer.transforms.make_stateful import stateful_pairs
 from aioinfer.transforms.pipelines import compile_passes
 
 
@@ -27,6 +37,12 @@ class CPUPlugin(Plugin):
         "PERFORMANCE_HINT",
         "NUM_STREAMS",
         "INFERENCE_NUM_THREADS",
+        "ALLOW_AUTO_BATCHING",
+        "STATEFUL",
+        "PERF_COUNT",
+        "CACHE_DIR",
+        "ACTIVATION_MEMORY_BYTES",
+        "LOADED_FROM_CACHE",
         "NETWORK_NAME",
         "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
         "SUPPORTED_PROPERTIES",
@@ -35,14 +51,65 @@ class CPUPlugin(Plugin):
     )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> CPUCompiledModel:
-        return CPUCompiledModel(self, model, parse_config(config, self.supported_properties))
+        """Compile ``model``; with ``CACHE_DIR``, load it from the cache when it was
+        compiled before with the same device, config and aioinfer version (else compile
+        and store it there)."""
+        parsed = parse_config(config, self.supported_properties)
+        cache_dir = parsed["CACHE_DIR"]
+        if not cache_dir:
+            return CPUCompiledModel.compile(self, model, parsed)
+        path = Path(cache_dir) / f"{cache_key(model, self.device_name, parsed)}.blob"
+        if path.is_file():
+            try:
+                cached = self._from_blob(path.read_bytes(), parsed, set(config))
+            except ImportModelError:
+                pass  # a damaged or stale entry is compiled again and replaced below
+            else:
+                cached.loaded_from_cache = True
+                return cached
+        compiled = CPUCompiledModel.compile(self, model, parsed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        partial.write_bytes(compiled.export_model())
+        os.replace(partial, path)  # atomic: a concurrent reader sees all or nothing
+        return compiled
+
+    def import_model(
+        self, blob: bytes, config: Mapping[str, Any] | None = None
+    ) -> CPUCompiledModel:
+        """A compiled model from ``blob`` (see :meth:`CPUCompiledModel.export_model`);
+        ``config`` may change run-time properties (hint, streams, threads, PERF_COUNT).
+
+        Raises:
+            InvalidBlobError, BlobVersionError, BlobDeviceError: see
+                :func:`aioinfer.devices.cpu.export.load`.
+            InvalidPropertyValueError: ``STATEFUL`` given (the graph is already transformed).
+            UnknownPropertyError: a bad ``config``.
+        """
+        config = dict(config or {})
+        if "STATEFUL" in config:
+            raise InvalidPropertyValueError(
+                "STATEFUL cannot be set when importing: the exported model keeps the "
+                "variables it was compiled with"
+            )
+        return self._from_blob(blob, parse_config(config, self.supported_properties), set(config))
+
+    def _from_blob(
+        self, blob: bytes, parsed: dict[str, Any], given: set[str]
+    ) -> CPUCompiledModel:
+        exported = load(blob, self.device_name)
+        config = {**parse_config({}, self.supported_properties), **exported.config}
+        config.update({name: parsed[name] for name in given if name in parsed})
+        return CPUCompiledModel(
+            self, exported.model, exported.inputs, exported.outputs, config
+        )
 
     def query_model(self, model: Model) -> dict[str, str]:
         opsets = model.ir.opset_imports
         supported = {}
         for index, node in enumerate(model.ir.graph):
             try:
-                find_kernel(node.domain, node.op_type, opsets.get(node.domain, 1))
+                find_kernel(node.domain, node.op_type, node_opset(node, opsets))
             except UnsupportedOperatorError:
                 continue
             supported[node.name or f"{node.op_type}_{index}"] = self.device_name
@@ -50,22 +117,72 @@ class CPUPlugin(Plugin):
 
 
 class CPUCompiledModel(CompiledModel):
-    """A model lowered to a plan of numpy kernels; weights are shared by all requests."""
+    """A model lowered to a plan of numpy kernels; weights are shared by all requests.
 
-    def __init__(self, plugin: CPUPlugin, model: Model, config: dict[str, Any]) -> None:
-        ir_model = model.ir.clone()
-        compile_passes(evaluate_node)(ir_model)
+    With ``STATEFUL`` pairs, ``variables`` lists the variables each request keeps (their
+    inputs and outputs are no longer ports), and the config holds the pairs made.
+    """
+
+    def __init__(
+        self,
+        plugin: CPUPlugin,
+        ir_model: ir.Model,
+        source_inputs: Sequence[Port],
+        source_outputs: Sequence[Port],
+        config: dict[str, Any],
+    ) -> None:
+        """Lower the *transformed* ``ir_model`` (see :meth:`compile`); ``source_inputs``
+        and ``source_outputs`` are the ports of the model before make-stateful, and
+        ``config["STATEFUL"]`` the pairs it made."""
+        self.ir_model = ir_model
+        self.source_ports = (list(source_inputs), list(source_outputs))
         self.plan = lower(ir_model.graph, ir_model.opset_imports)
+        pairs = config.get("STATEFUL") or {}
+        made = [(name, pairs[name]) for name in self.plan.variables]
+        inputs, outputs, self.variables = split_ports(source_inputs, source_outputs, made)
+        config = {**config, "STATEFUL": dict(made)}
         streams = _streams(config)
         self.threads_per_stream = _configure_blas(config, streams)
-        super().__init__(plugin, ir_model.graph, model.inputs, model.outputs, config, streams)
+        self.loaded_from_cache = False
+        self._sync_requests: weakref.WeakSet[CPUInferRequest] = weakref.WeakSet()
+        super().__init__(plugin, ir_model.graph, inputs, outputs, config, streams)
+
+    @classmethod
+    def compile(cls, plugin: CPUPlugin, model: Model, config: dict[str, Any]) -> CPUCompiledModel:
+        """Run the pass pipeline on a copy of ``model``, then lower it."""
+        ir_model = model.ir.clone()
+        pairs = stateful_pairs(ir_model.graph, config.get("STATEFUL"))
+        compile_passes(evaluate_node, pairs)(ir_model)
+        return cls(plugin, ir_model, model.inputs, model.outputs, {**config, "STATEFUL": pairs})
+
+    def export_model(self, stream: BinaryIO | None = None) -> bytes:
+        exported = Exported(
+            device=self.plugin.device_name,
+            aioinfer_version=__version__,
+            config={k: v for k, v in self.config.items() if k != "CACHE_DIR"},
+            inputs=self.source_ports[0],
+            outputs=self.source_ports[1],
+            model=self.ir_model,
+        )
+        blob = dump(exported)
+        if stream is not None:
+            stream.write(blob)
+        return blob
 
     def create_sync_infer_request(self) -> CPUInferRequest:
-        return CPUInferRequest(self)
+        request = CPUInferRequest(self)
+        self._sync_requests.add(request)
+        return request
 
     def read_only_property(self, name: str) -> Any:
         if name == "INFERENCE_NUM_THREADS":
             return self.threads_per_stream * self.streams
+        if name == "ACTIVATION_MEMORY_BYTES":
+            return max((r.memory.nbytes for r in list(self._sync_requests)), default=0)
+        if name == "LOADED_FROM_CACHE":
+            return self.loaded_from_cache
+        if name in ("ALLOW_AUTO_BATCHING", "PERF_COUNT"):  # False == 0 reads as "unset"
+            return self.config[name]
         return super().read_only_property(name)
 
 

@@ -6,32 +6,86 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from aioinfer.devices.cpu.memory import RequestMemory, shapes_key
+from aioinfer.devices.cpu.plan import Step
+from aioinfer.plugin.state import VariableState, VariableStore
 from aioinfer.plugin.sync_request import SyncInferRequest
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from aioinfer.devices.cpu.plugin import CPUCompiledModel
 
 
 class CPUInferRequest(SyncInferRequest):
-    """Runs the compiled plan over this request's inputs."""
+    """Runs the compiled plan over this request's inputs and variables.
+
+    The variables' values go into the plan after the inputs; the new values come out
+    after the outputs and are committed in ``infer_postprocess``, which runs only when
+    the step completed: a cancelled or failed step leaves every variable as it was.
+    """
 
     def __init__(self, compiled_model: CPUCompiledModel) -> None:
         super().__init__(compiled_model)
         self._plan = compiled_model.plan
+        self._variables = VariableStore(compiled_model.variables, self.symbolic_sizes)
+        self._feed: list[Any] = []
         self._produced: list[Any] = []
+        self._profiling = bool(compiled_model.config.get("PERF_COUNT", False))
+        self.memory = RequestMemory(self._plan)
+        """The request's planned activation buffers (see :mod:`.memory`)."""
+
+    def query_state(self, guard: Callable[[], None] | None = None) -> list[VariableState]:
+        return self._variables.states(guard)
+
+    def infer_preprocess(self) -> None:
+        super().infer_preprocess()
+        self._produced = []
+        self._feed = [*self._inputs, *self._variables.feed(self.symbolic_sizes())]
 
     def start_pipeline(self) -> None:
-        self._produced = self._plan.run(self._inputs, self.cancel_token)  # type: ignore[arg-type]
+        feed, self._feed = self._feed, []
+        key = shapes_key(feed)
+        kernels = self.memory.kernels(key)
+        if kernels is not None and not self._profiling:
+            self._produced = self._plan.run(feed, self.cancel_token, kernels)
+            return
+        # New input shapes (record them for the memory plan) or profiling: observe steps.
+        recorded: list[Any] = []
+        record = self.memory.recorder(recorded) if kernels is None else None
+        profile = self.node_profile
+        profile.timings.clear()
+
+        def observe(step: Step, produced: Sequence[Any], seconds: float) -> None:
+            if record is not None:
+                record(step, produced, seconds)
+            if self._profiling:
+                profile.add(step.name, step.op_type, step.execution_type, seconds)
+
+        self._produced = self._plan.run(feed, self.cancel_token, kernels, observe)
+        if kernels is None:
+            self.memory.commit(key, recorded)
 
     def infer_postprocess(self) -> None:
         produced, self._produced = self._produced, []
-        self.set_results([_owned(value, self._inputs) for value in produced])
+        count = len(self._output_ports)
+        self._variables.commit([_owned(value, self._inputs) for value in produced[count:]])
+        self.set_results([_owned(value, self._inputs) for value in produced[:count]])
 
 
-def _owned(value: Any, inputs: list[np.ndarray | None]) -> np.ndarray:
+def _owned(value: Any, inputs: list[Any]) -> Any:
     """``value`` as an array the user may keep: copied when it may alias shared memory
-    (a weight, a user input, or a view into a buffer)."""
+    (a weight, a user input, or a view into a buffer). A sequence (list) is owned item by
+    item; an empty optional stays None."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        items = [x for x in inputs if not isinstance(x, list)]
+        items += [item for x in inputs if isinstance(x, list) for item in x]
+        return [_owned(item, items) for item in value]
     array = np.asarray(value)
+    if array.dtype.kind == "U":  # kernels make numpy str; string ports are object arrays
+        return array.astype(object)
     if not array.flags.owndata or not array.flags.writeable or any(array is x for x in inputs):
         return array.copy()
     return array

@@ -217,6 +217,33 @@ def _hard_swish(spec: NodeSpec) -> Kernel:
     return _unary_kernel(hard_swish)
 
 
+def _swish(x: np.ndarray, alpha: float) -> np.ndarray:
+    y = _sigmoid(x * x.dtype.type(alpha))
+    y *= x
+    return y
+
+
+@kernel("Swish", since=24)
+def _swish_kernel(spec: NodeSpec) -> Kernel:
+    alpha = float(spec.attr("alpha", 1.0))
+    return _unary_kernel(lambda x: _swish(x, alpha))
+
+
+@kernel("SwiGLU", since=28)
+def _swiglu(spec: NodeSpec) -> Kernel:
+    """SwiGLU 28: ``Swish_alpha(A) * B`` for a gate A and a value B of the same shape."""
+    alpha = float(spec.attr("alpha", 1.0))
+
+    def run(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray]:
+        if a.shape != b.shape:
+            raise ValueError(f"SwiGLU: A {a.shape} and B {b.shape} must have the same shape")
+        wide = a.astype(np.float32) if a.dtype == np.float16 else a
+        y = _swish(np.atleast_1d(wide), alpha).reshape(a.shape)
+        return ((y * b).astype(a.dtype, copy=False),)
+
+    return run
+
+
 _SQRT_HALF = math.sqrt(0.5)
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 

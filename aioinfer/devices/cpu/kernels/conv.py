@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
+from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -140,9 +140,15 @@ class _ConvPlan:
     """1x1 kernel, stride 1, no padding: the input already is the column matrix."""
 
 
-@kernel("Conv", since=1)
-def conv(spec: NodeSpec) -> Kernel:
-    """Conv-1/11/22: N-D convolution with groups, dilations, strides and (auto) padding."""
+ConvCompute = Callable[
+    [np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"], np.ndarray
+]
+"""``compute(x, w, b, out) -> y``: a convolution written into ``out`` when it is given (a
+contiguous array of y's shape and dtype), else into a new array."""
+
+
+def conv_compute(spec: NodeSpec) -> ConvCompute:
+    """The convolution of a Conv (or FusedConv) node, bound at compile time."""
     group = int(spec.attr("group", 1))
     auto_pad = auto_pad_attr(spec)
     strides_attr = spec.attr("strides")
@@ -182,12 +188,7 @@ def conv(spec: NodeSpec) -> Kernel:
                 out.append((size + begins[i] + ends[i] - extent) // s + 1)
         if min(out) < 1:
             raise ValueError(f"Conv: input {x_shape} is smaller than the kernel {kshape}")
-        pointwise = (
-            all(k == 1 for k in kshape)
-            and all(s == 1 for s in strides)
-            and not any(begins)
-            and not any(ends)
-        )
+        pointwise = all(k == 1 for k in kshape) and not any(begins) and not any(ends)
         return _ConvPlan(
             kshape, strides, dilations, tuple(begins), tuple(ends), tuple(out), pointwise
         )
@@ -201,13 +202,25 @@ def conv(spec: NodeSpec) -> Kernel:
     w_const = spec.const(1)
     w_fixed = weight_matrix(w_const) if w_const is not None else None
 
-    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> tuple[np.ndarray]:
+    def compute(
+        x: np.ndarray, w: np.ndarray, b: np.ndarray | None, out: np.ndarray | None
+    ) -> np.ndarray:
         plan = cached_plan(plans, (x.shape, w.shape), lambda: plan_for(x.shape, w.shape))
-        wmat = w_fixed if w_fixed is not None else weight_matrix(w)
         n, c = x.shape[:2]
         work = x.astype(compute_dtype(x.dtype), copy=False)
+        if out is not None and (
+            out.dtype != work.dtype or out.shape != (n, w.shape[0], *plan.out_shape)
+        ):
+            out = None  # another shape than when the memory plan was made
+        if group == c and w.shape[:2] == (c, 1) and not plan.pointwise:
+            return _depthwise(work, w, b, plan, out).astype(x.dtype, copy=False)
+        wmat = w_fixed if w_fixed is not None else weight_matrix(w)
         pixels = int(np.prod(plan.out_shape))
         if plan.pointwise:
+            # 1x1 kernel without padding: the (strided) input is the column matrix.
+            if any(s != 1 for s in plan.strides):
+                every: tuple[Any, ...] = (..., *(slice(None, None, s) for s in plan.strides))
+                work = work[every]
             cols = work.reshape(n, group, c // group, pixels)
         else:
             padded = pad_spatial(work, plan.begins, plan.ends)
@@ -217,13 +230,61 @@ def conv(spec: NodeSpec) -> Kernel:
             cols = np.empty(view.shape, dtype=work.dtype)
             np.copyto(cols, view)
             cols = cols.reshape(n, group, wmat.shape[-1], pixels)
-        y = np.matmul(wmat[0] if group == 1 else wmat, cols)
-        y = y.reshape(n, w.shape[0], pixels)
+        m = w.shape[0]
+        target = None if out is None else out.reshape(n, group, m // group, pixels)
+        if group == 1:
+            y = np.matmul(wmat[0], cols[:, 0], out=None if target is None else target[:, 0])
+        else:
+            y = np.matmul(wmat, cols, out=target)
+        y = y.reshape(n, m, pixels)
         if b is not None:
             y += b.reshape(-1, 1)
-        return (y.reshape((n, w.shape[0], *plan.out_shape)).astype(x.dtype, copy=False),)
+        return y.reshape((n, m, *plan.out_shape)).astype(x.dtype, copy=False)
 
-    return run
+    return compute
+
+
+def _depthwise(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, plan: _ConvPlan, out: np.ndarray | None
+) -> np.ndarray:
+    """One filter per channel: a multiply-add per kernel tap over strided views of the
+    padded input, vectorised over batch, channels and pixels."""
+    n, c = x.shape[:2]
+    padded = pad_spatial(x, plan.begins, plan.ends)
+    view = window_view(padded, plan.kernel_shape, plan.out_shape, plan.strides, plan.dilations)
+    weights = w.reshape(c, -1).astype(x.dtype, copy=False)
+    lead = (1, c) + (1,) * len(plan.out_shape)
+    y = out if out is not None else np.empty((n, c, *plan.out_shape), dtype=x.dtype)
+    scratch = np.empty_like(y)
+    for number, tap in enumerate(np.ndindex(*plan.kernel_shape)):
+        taps = view[(slice(None), slice(None), *tap)]
+        tap_weights = weights[:, number].reshape(lead)
+        if number == 0:
+            np.multiply(taps, tap_weights, out=y)
+        else:
+            np.multiply(taps, tap_weights, out=scratch)
+            y += scratch
+    if b is not None:
+        y += b.reshape(lead)
+    return y
+
+
+@kernel("Conv", since=1)
+def conv(spec: NodeSpec) -> Kernel:
+    """Conv-1/11/22: N-D convolution with groups, dilations, strides and (auto) padding.
+
+    im2col on a window view and one BLAS matmul; 1x1 unpadded kernels skip im2col
+    (strided ones take a strided slice); depthwise kernels multiply-add per tap."""
+    compute = conv_compute(spec)
+    return lambda x, w, b=None: (compute(x, w, b, None),)
+
+
+@out_kernel(conv)
+def conv_into(spec: NodeSpec) -> OutKernel:
+    """Conv writing into a planned buffer."""
+    compute = conv_compute(spec)
+
+    return lambda out, x, w, b=None: (compute(x, w, b, out),)
 
 
 # -- ConvTranspose ----------------------------------------------------------------------

@@ -11,9 +11,11 @@ in ``np.asarray`` so that every output is an ndarray.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 import onnx
 from numpy.polynomial import chebyshev
@@ -306,27 +308,19 @@ def _where(spec: NodeSpec) -> Kernel:
 
 # -- types: Cast, CastLike ----------------------------------------------------------------
 
-_TENSOR_DTYPES: dict[int, np.dtype] = {
-    onnx.TensorProto.FLOAT: np.dtype(np.float32),
-    onnx.TensorProto.DOUBLE: np.dtype(np.float64),
-    onnx.TensorProto.FLOAT16: np.dtype(np.float16),
-    onnx.TensorProto.INT8: np.dtype(np.int8),
-    onnx.TensorProto.INT16: np.dtype(np.int16),
-    onnx.TensorProto.INT32: np.dtype(np.int32),
-    onnx.TensorProto.INT64: np.dtype(np.int64),
-    onnx.TensorProto.UINT8: np.dtype(np.uint8),
-    onnx.TensorProto.UINT16: np.dtype(np.uint16),
-    onnx.TensorProto.UINT32: np.dtype(np.uint32),
-    onnx.TensorProto.UINT64: np.dtype(np.uint64),
-    onnx.TensorProto.BOOL: np.dtype(np.bool_),
-    onnx.TensorProto.COMPLEX64: np.dtype(np.complex64),
-    onnx.TensorProto.COMPLEX128: np.dtype(np.complex128),
-    onnx.TensorProto.STRING: np.dtype(np.str_),
-}
+_SATURATING = frozenset(
+    {
+        onnx.TensorProto.FLOAT8E4M3FN,
+        onnx.TensorProto.FLOAT8E4M3FNUZ,
+        onnx.TensorProto.FLOAT8E5M2,
+        onnx.TensorProto.FLOAT8E5M2FNUZ,
+    }
+)
+"""Targets whose out-of-range values clamp to the largest finite value when ``saturate``."""
 
 
-def _cast_target(spec: NodeSpec) -> np.dtype:
-    """The numpy dtype of Cast's ``to`` (an enum value; a type name before opset 6)."""
+def _cast_target(spec: NodeSpec) -> int:
+    """Cast's ``to`` as a TensorProto data type (a type name before opset 6)."""
     to = spec.attr("to")
     if to is None:
         raise ValueError(f"Cast node {spec.name!r}: missing attribute 'to'")
@@ -335,37 +329,87 @@ def _cast_target(spec: NodeSpec) -> np.dtype:
             to = onnx.TensorProto.DataType.Value(to.upper())
         except ValueError:
             raise ValueError(f"Cast node {spec.name!r}: unknown type name {to!r}") from None
-    if to not in _TENSOR_DTYPES:
-        name = (
-            onnx.TensorProto.DataType.Name(to)
-            if to in onnx.TensorProto.DataType.values()
-            else str(to)
-        )
-        supported = ", ".join(sorted(onnx.TensorProto.DataType.Name(t) for t in _TENSOR_DTYPES))
-        raise ValueError(
-            f"Cast node {spec.name!r}: casting to {name} is not supported by the CPU "
-            f"device; supported types: {supported}"
-        )
-    return _TENSOR_DTYPES[to]
+    if to == onnx.TensorProto.UNDEFINED or to not in onnx.TensorProto.DataType.values():
+        raise ValueError(f"Cast node {spec.name!r}: unknown data type {to}")
+    return int(to)
 
 
-def _cast(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    # Strings are numpy unicode arrays; their item size follows the data.
-    if dtype.kind == "U" or dtype.kind == "O":
-        return x if x.dtype.kind == "U" else x.astype(np.str_)
-    return x.astype(dtype, copy=False)
+@functools.lru_cache(maxsize=256)
+def _caster(to: int, saturate: bool, round_mode: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The conversion to TensorProto type ``to`` (numpy dtypes; ml_dtypes for the float8,
+    4-bit and 2-bit types). ``saturate`` and ``round_mode`` only affect float8 targets."""
+    if to == onnx.TensorProto.STRING:
+        # Strings are numpy unicode arrays; their item size follows the data.
+        return lambda x: x if x.dtype.kind == "U" else x.astype(np.str_)
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(to))
+    if to == onnx.TensorProto.FLOAT8E8M0:
+        return lambda x: onnx.numpy_helper.to_float8e8m0(x, saturate, round_mode).astype(dtype)
+    if to in _SATURATING and saturate:
+        info = ml_dtypes.finfo(dtype)
+
+        def saturating(x: np.ndarray) -> np.ndarray:
+            wide = x if x.dtype.kind == "f" else x.astype(np.float32)
+            return np.clip(wide, info.min, info.max).astype(dtype)
+
+        return saturating
+    return lambda x: x.astype(dtype, copy=False)
 
 
 @kernel("Cast", since=1)
 def _cast_kernel(spec: NodeSpec) -> Kernel:
-    # `saturate` and `round_mode` only affect float8 targets, which are not supported.
-    dtype = _cast_target(spec)
-    return lambda x: (_cast(x, dtype),)
+    cast = _caster(_cast_target(spec), bool(spec.attr("saturate", 1)), spec.attr("round_mode", "up"))
+    return lambda x: (cast(x),)
 
 
 @kernel("CastLike", since=15)
 def _cast_like(spec: NodeSpec) -> Kernel:
-    return lambda x, like: (_cast(x, like.dtype),)
+    saturate = bool(spec.attr("saturate", 1))
+    round_mode = spec.attr("round_mode", "up")
+
+    def cast_like(x: np.ndarray, like: np.ndarray) -> tuple[np.ndarray]:
+        if like.dtype.kind in "UO":
+            to = onnx.TensorProto.STRING
+        else:
+            to = onnx.helper.np_dtype_to_tensor_dtype(like.dtype)
+        return (_caster(to, saturate, round_mode)(x),)
+
+    return cast_like
+
+
+_NARROW_BITS: dict[int, int] = {
+    onnx.TensorProto.INT4: 4,
+    onnx.TensorProto.UINT4: 4,
+    onnx.TensorProto.FLOAT4E2M1: 4,
+    onnx.TensorProto.INT2: 2,
+    onnx.TensorProto.UINT2: 2,
+    onnx.TensorProto.FLOAT6E2M3: 6,
+    onnx.TensorProto.FLOAT6E3M2: 6,
+}
+"""Types narrower than their one-byte numpy storage (ml_dtypes)."""
+
+
+def _bit_width(to: int) -> int:
+    return _NARROW_BITS.get(to, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(to)).itemsize * 8)
+
+
+@kernel("BitCast", since=26)
+def _bitcast(spec: NodeSpec) -> Kernel:
+    """BitCast 26: the same bits read as another type of the same width (little endian)."""
+    to = _cast_target(spec)
+    if to == onnx.TensorProto.STRING:
+        raise ValueError(f"BitCast node {spec.name!r}: cannot bit-cast to STRING")
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(to))
+
+    def run(x: np.ndarray) -> tuple[np.ndarray]:
+        source = onnx.helper.np_dtype_to_tensor_dtype(x.dtype)
+        if _bit_width(source) != _bit_width(to):
+            raise ValueError(
+                f"BitCast: {x.dtype} ({_bit_width(source)} bits) and {dtype} "
+                f"({_bit_width(to)} bits) differ in width"
+            )
+        return (x.view(dtype),)
+
+    return run
 
 
 # -- pass-through and constants -----------------------------------------------------------
@@ -447,12 +491,15 @@ def _einsum(spec: NodeSpec) -> Kernel:
     paths: dict[tuple[tuple[int, ...], ...], list] = {}
 
     def run(*operands: np.ndarray) -> tuple[np.ndarray]:
+        dtype = operands[0].dtype
+        if dtype.kind == "V":  # the ml_dtypes floats (bfloat16, ...) run in float32
+            operands = tuple(x.astype(np.float32) for x in operands)
         shapes = tuple(x.shape for x in operands)
         path = paths.get(shapes)
         if path is None:
             if len(paths) >= 64:
                 paths.clear()
             path = paths[shapes] = np.einsum_path(equation, *operands, optimize="greedy")[0]
-        return (np.asarray(np.einsum(equation, *operands, optimize=path)),)
+        return (np.asarray(np.einsum(equation, *operands, optimize=path)).astype(dtype, copy=False),)
 
     return run

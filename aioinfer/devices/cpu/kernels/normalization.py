@@ -192,6 +192,25 @@ def layer_normalization(spec: NodeSpec) -> Kernel:
     return run
 
 
+@kernel("RMSNormalization", since=23)
+def rms_normalization(spec: NodeSpec) -> Kernel:
+    """RMSNormalization 23: ``x / sqrt(mean(x², [axis, rank)) + epsilon) * scale``, the
+    statistics in the ``stash_type`` precision."""
+    axis = int(spec.attr("axis", -1))
+    epsilon = float(spec.attr("epsilon", 1e-5))
+    stash = _stash_dtype(spec)
+
+    def run(x: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray]:
+        start = _positive_axis(axis, x.ndim, "RMSNormalization")
+        wide = x.astype(stash, copy=False)
+        axes = tuple(range(start, x.ndim))
+        mean_square = np.mean(np.square(wide), axis=axes, keepdims=True)
+        normalized = (wide / np.sqrt(mean_square + stash.type(epsilon))).astype(x.dtype)
+        return ((normalized * scale).astype(x.dtype, copy=False),)
+
+    return run
+
+
 def _per_channel(param: np.ndarray, channels: int) -> np.ndarray:
     return param.reshape(1, channels, 1)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
+from aioinfer.devices.cpu.kernels.registry import Kernel, KernelFactory, NodeSpec, kernel
 
 Axes = tuple[int, ...] | None
 """Axes to reduce, as numpy takes them: None for all, ``()`` for none."""
@@ -245,34 +245,44 @@ def _along(ndim: int, axis: int, index: slice) -> tuple[slice, ...]:
     return (slice(None),) * axis + (index,) + (slice(None),) * (ndim - axis - 1)
 
 
-@kernel("CumSum", since=11)
-def cum_sum(spec: NodeSpec) -> Kernel:
-    """CumSum 11-14 with ``exclusive`` and ``reverse``; the axis is an input."""
-    exclusive = bool(spec.attr("exclusive", 0))
-    reverse = bool(spec.attr("reverse", 0))
-    const_axis = spec.const(1)
-    fixed_axis = _scalar_int(const_axis, "CumSum axis") if const_axis is not None else None
+def _cumulative(
+    op_type: str, accumulate: Callable[..., np.ndarray], identity: int
+) -> KernelFactory:
+    """The factory of CumSum / CumProd: ``exclusive`` and ``reverse``; the axis is an input."""
 
-    def run(x: np.ndarray, axis_input: np.ndarray) -> tuple[np.ndarray]:
-        axis = fixed_axis if fixed_axis is not None else _scalar_int(axis_input, "CumSum axis")
-        if not -x.ndim <= axis < x.ndim:
-            raise ValueError(f"CumSum: axis {axis} is out of range for shape {x.shape}")
-        axis %= x.ndim
-        data = np.flip(x, axis) if reverse else x
-        if exclusive:
-            y = np.empty(x.shape, dtype=x.dtype)
-            y[_along(x.ndim, axis, slice(0, 1))] = 0
-            np.cumsum(
-                data[_along(x.ndim, axis, slice(0, -1))],
-                axis=axis,
-                dtype=x.dtype,
-                out=y[_along(x.ndim, axis, slice(1, None))],
-            )
-        else:
-            y = np.cumsum(data, axis=axis, dtype=x.dtype)
-        return (np.flip(y, axis) if reverse else y,)
+    def factory(spec: NodeSpec) -> Kernel:
+        exclusive = bool(spec.attr("exclusive", 0))
+        reverse = bool(spec.attr("reverse", 0))
+        const_axis = spec.const(1)
+        what = f"{op_type} axis"
+        fixed_axis = _scalar_int(const_axis, what) if const_axis is not None else None
 
-    return run
+        def run(x: np.ndarray, axis_input: np.ndarray) -> tuple[np.ndarray]:
+            axis = fixed_axis if fixed_axis is not None else _scalar_int(axis_input, what)
+            if not -x.ndim <= axis < x.ndim:
+                raise ValueError(f"{op_type}: axis {axis} is out of range for shape {x.shape}")
+            axis %= x.ndim
+            data = np.flip(x, axis) if reverse else x
+            if exclusive:
+                y = np.empty(x.shape, dtype=x.dtype)
+                y[_along(x.ndim, axis, slice(0, 1))] = identity
+                accumulate(
+                    data[_along(x.ndim, axis, slice(0, -1))],
+                    axis=axis,
+                    dtype=x.dtype,
+                    out=y[_along(x.ndim, axis, slice(1, None))],
+                )
+            else:
+                y = accumulate(data, axis=axis, dtype=x.dtype)
+            return (np.flip(y, axis) if reverse else y,)
+
+        return run
+
+    return factory
+
+
+cum_sum = kernel("CumSum", since=11)(_cumulative("CumSum", np.cumsum, 0))
+cum_prod = kernel("CumProd", since=26)(_cumulative("CumProd", np.cumprod, 1))
 
 
 # --- TopK ---------------------------------------------------------------------------------

@@ -46,6 +46,10 @@ class NodeSpec:
     """Element types of the inputs when known from the graph, else None."""
     output_dtypes: tuple[np.dtype | None, ...] = ()
     input_shapes: tuple[tuple[int | str | None, ...] | None, ...] = field(default=())
+    subplans: dict[str, Any] = field(default_factory=dict)
+    """Plans of the node's graph attributes, by attribute name (lowered by the compiler):
+    each takes its graph's inputs followed by the node's captured values, which the
+    kernel receives as extra inputs after the node's ``num_inputs``."""
 
     def attr(self, name: str, default: Any = None) -> Any:
         """The attribute's value, or ``default`` when the node does not set it."""
@@ -78,13 +82,15 @@ def kernel(
     """Register ``factory`` for ``op_type`` from opset version ``since`` on.
 
     Registering the same operator again with a higher ``since`` covers the newer
-    versions; a model's opset picks the newest entry not above it.
+    versions; a model's opset picks the newest entry not above it, and a native entry
+    over a ``"fallback"`` one of the same ``since``.
     """
 
     def register(factory: KernelFactory) -> KernelFactory:
         entries = _REGISTRY.setdefault((domain, op_type), [])
         entries.append(KernelEntry(domain, op_type, since, factory, execution_type))
-        entries.sort(key=lambda e: e.since)
+        # For the same version a native kernel wins over a fallback (it sorts last).
+        entries.sort(key=lambda e: (e.since, e.execution_type == "native"))
         return factory
 
     return register
@@ -108,6 +114,39 @@ def find_kernel(domain: str, op_type: str, opset: int, node_name: str = "") -> K
             f"by the CPU device{where}{known}"
         )
     return chosen[-1]
+
+
+OutKernel = Callable[..., Sequence[Any]]
+"""The planned-memory form of a kernel: ``out_kernel(out, *inputs) -> outputs`` writes
+output 0 into ``out``, a buffer with the shape and dtype that output had when the
+request's memory plan was made, and returns it as output 0. When the inputs give output
+0 another shape (data-dependent shapes), it returns a freshly allocated array instead."""
+
+OutKernelFactory = Callable[["NodeSpec"], "OutKernel | None"]
+"""Makes the out form of a node's kernel at compile time, or None when this node (its
+attributes, dtypes) has none."""
+
+_OUT_FACTORIES: dict[KernelFactory, OutKernelFactory] = {}
+
+
+def out_kernel(of: KernelFactory) -> Callable[[OutKernelFactory], OutKernelFactory]:
+    """Register ``factory`` as the out form of the kernel factory ``of``.
+
+    A second, optional protocol next to :func:`kernel`: the memory planner binds the out
+    form of a step to a buffer of the request's arena (see
+    :mod:`aioinfer.devices.cpu.memory`); kernels without one allocate their outputs.
+    """
+
+    def register(factory: OutKernelFactory) -> OutKernelFactory:
+        _OUT_FACTORIES[of] = factory
+        return factory
+
+    return register
+
+
+def find_out_kernel(entry: KernelEntry) -> OutKernelFactory | None:
+    """The out-form factory registered for ``entry``'s kernel factory, if any."""
+    return _OUT_FACTORIES.get(entry.factory)
 
 
 def registered_operators() -> dict[tuple[str, str], list[KernelEntry]]:
@@ -147,9 +186,12 @@ def _shape_of(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
 
 
 def make_spec(
-    node: ir.Node, opset: int, const_inputs: Sequence[np.ndarray | None] = ()
+    node: ir.Node,
+    opset: int,
+    const_inputs: Sequence[np.ndarray | None] = (),
+    subplans: dict[str, Any] | None = None,
 ) -> NodeSpec:
-    """Describe ``node`` for a kernel factory."""
+    """Describe ``node`` for a kernel factory (``subplans``: see :attr:`NodeSpec.subplans`)."""
     consts = tuple(const_inputs) + (None,) * (len(node.inputs) - len(const_inputs))
     return NodeSpec(
         op_type=node.op_type,
@@ -163,4 +205,5 @@ def make_spec(
         input_dtypes=tuple(_dtype_of(v) for v in node.inputs),
         output_dtypes=tuple(_dtype_of(v) for v in node.outputs),
         input_shapes=tuple(_shape_of(v) for v in node.inputs),
+        subplans=dict(subplans or {}),
     )

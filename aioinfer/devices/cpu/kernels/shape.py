@@ -399,13 +399,18 @@ def _depth_to_space(spec: NodeSpec) -> Kernel:
 @kernel("SpaceToDepth")
 def _space_to_depth(spec: NodeSpec) -> Kernel:
     bs = int(spec.attr("blocksize"))
+    mode = spec.attr("mode", "DCR")  # an attribute from opset 28 on
+    if mode not in ("DCR", "CRD"):
+        raise ValueError(f"SpaceToDepth: mode {mode!r} is not 'DCR' or 'CRD'")
+    # DCR: output channel (block row, block column, channel); CRD: (channel, row, column).
+    order = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
 
     def run(data: np.ndarray) -> tuple:
         _check_blocks(data, "SpaceToDepth")
         n, c, h, w = data.shape
         if h % bs or w % bs:
             raise ValueError(f"SpaceToDepth: spatial size {h}x{w} not divisible by {bs}")
-        x = data.reshape(n, c, h // bs, bs, w // bs, bs).transpose(0, 3, 5, 1, 2, 4)
+        x = data.reshape(n, c, h // bs, bs, w // bs, bs).transpose(order)
         return (x.reshape(n, c * bs * bs, h // bs, w // bs),)
 
     return run

@@ -1,0 +1,314 @@
+"""The batcher: coalesces queued inferences along the first axis and runs them as one.
+
+Policy (the dynamic batcher of the established servers): while every target request is
+busy, items queue up; when a target request is free, the batcher waits until the rows
+queued for one input signature fill ``max_batch_size`` or the oldest item has waited
+``timeout`` seconds, then runs them as one batch and splits the outputs back.
+
+Everything here runs on the event loop's thread, except :meth:`Batcher.cancel`, which may
+be called from any thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from enum import Enum
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+from anyio import RunFinishedError
+
+from aioinfer.errors import InferCancelledError, InferenceError, RequestClosedError
+from aioinfer.plugin.executors import spawn_detached
+
+if TYPE_CHECKING:
+    from aioinfer.plugin.async_request import AsyncInferRequest
+    from aioinfer.plugin.compiled_model import CompiledModel
+
+
+class ItemState(Enum):
+    """Where one request's rows are."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    WITHDRAWN = "withdrawn"
+
+
+class _Batch:
+    """A batch being computed: the target request running it and how many items still
+    wait for its outputs (when none does, the compute is cancelled)."""
+
+    __slots__ = ("live", "request")
+
+    def __init__(self, request: AsyncInferRequest, live: int) -> None:
+        self.request = request
+        self.live = live
+
+
+class BatchItem:
+    """The rows of one inference, waiting for (or taking part in) a batch."""
+
+    __slots__ = (
+        "batch",
+        "batch_rows",
+        "batch_size",
+        "dispatched",
+        "done",
+        "enqueued",
+        "error",
+        "inputs",
+        "outputs",
+        "rows",
+        "signature",
+        "state",
+        "token",
+    )
+
+    def __init__(self, inputs: Sequence[np.ndarray]) -> None:
+        self.inputs = list(inputs)
+        self.rows = int(self.inputs[0].shape[0])
+        # Only inputs that agree past the first axis can be joined.
+        self.signature = tuple(array.shape[1:] for array in self.inputs)
+        self.enqueued = time.perf_counter()
+        self.dispatched = self.enqueued
+        self.done = anyio.Event()
+        self.token = anyio.lowlevel.current_token()
+        self.state = ItemState.QUEUED
+        self.batch: _Batch | None = None
+        self.outputs: list[np.ndarray] | None = None
+        self.error: BaseException | None = None
+        self.batch_rows = 0
+        """Rows of the batch this item ran in."""
+        self.batch_size = 0
+        """Number of inferences in that batch."""
+
+    def resolve(self, outputs: list[np.ndarray] | None, error: BaseException | None) -> None:
+        """Hand the outputs (or the error) to the waiting inference, unless it left."""
+        if self.state is not ItemState.WITHDRAWN:
+            self.state = ItemState.DONE
+            self.outputs, self.error = outputs, error
+            self.done.set()
+
+
+class Batcher:
+    """The queue and dispatcher of one BATCH compiled model.
+
+    ``target`` is the compiled model that runs the batches; up to ``target.streams``
+    batches run at once, each on one of the target's infer requests.
+    """
+
+    def __init__(self, target: CompiledModel, max_batch_size: int, timeout: float) -> None:
+        self.target = target
+        self.max_batch_size = max_batch_size
+        self.timeout = timeout
+        self.statistics: Counter[int] = Counter()
+        """Batches run so far, by number of rows."""
+        self._queue: deque[BatchItem] = deque()
+        self._queued_rows = 0
+        self._idle: list[AsyncInferRequest] = []
+        self._created = 0
+        self._changed: anyio.Event | None = None
+        self._dispatcher: object | None = None
+        """Identifies the dispatcher task that forms batches (None: none does)."""
+
+    # -- the side of the waiting inferences -----------------------------------------------
+
+    def submit(self, inputs: Sequence[np.ndarray]) -> BatchItem:
+        """Queue the (validated) inputs of one inference; await ``item.done`` for it."""
+        item = BatchItem(inputs)
+        self._queue.append(item)
+        self._queued_rows += item.rows
+        if self._dispatcher is None:
+            self._dispatcher = dispatcher = object()
+            spawn_detached(lambda: self._dispatch(dispatcher))
+        elif self._queued_rows >= self.max_batch_size:
+            self._notify()
+        return item
+
+    def withdraw(self, item: BatchItem) -> None:
+        """Take ``item`` out: out of the queue, or out of its running batch (whose compute
+        stops when no item waits for it any more). Other items are not touched."""
+        if item.state is ItemState.QUEUED:
+            self._queue.remove(item)
+            self._queued_rows -= item.rows
+            self._notify()
+        elif item.state is ItemState.RUNNING and item.batch is not None:
+            item.batch.live -= 1
+            if item.batch.live == 0:
+                item.batch.request.cancel()
+        item.state = ItemState.WITHDRAWN
+
+    def cancel(self, item: BatchItem) -> None:
+        """Withdraw ``item`` and fail it with :class:`InferCancelledError` (any thread)."""
+        # If its event loop is gone, so is whoever waited for it.
+        with contextlib.suppress(RunFinishedError):
+            item.token.backend_class.run_sync_soon(self._cancel, (item,), item.token.native_token)
+
+    def _cancel(self, item: BatchItem) -> None:
+        if item.state in (ItemState.QUEUED, ItemState.RUNNING):
+            self.withdraw(item)
+            item.error = InferCancelledError("the inference was cancelled")
+            item.done.set()
+
+    # -- the dispatcher -------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def _changes(self) -> None:
+        self._changed = self._changed or anyio.Event()
+        await self._changed.wait()
+
+    async def _dispatch(self, dispatcher: object) -> None:
+        """Form and start batches while items are queued (one dispatcher at a time)."""
+        try:
+            async with anyio.create_task_group() as group:
+                while self._queue:
+                    try:
+                        request = await self._idle_request()
+                    except RequestClosedError as exc:  # the target was closed under us
+                        for item in self._queue:
+                            item.resolve(None, RequestClosedError(str(exc)))
+                        self._queue.clear()
+                        self._queued_rows = 0
+                        break
+                    await self._until_ready()
+                    if not self._queue:
+                        self._idle.append(request)
+                        break
+                    group.start_soon(self._run, self._take(request), request)
+                # A new item from now on starts a new dispatcher; batches still running
+                # finish in this task group.
+                self._dispatcher = None
+        finally:
+            if self._dispatcher is dispatcher:  # cancelled (its event loop is ending)
+                self._dispatcher = None
+
+    async def _idle_request(self) -> AsyncInferRequest:
+        while not self._idle:
+            if self._created < self.target.streams:
+                self._created += 1
+                return self.target.create_infer_request()
+            await self._changes()
+        return self._idle.pop()
+
+    async def _until_ready(self) -> None:
+        """Return when the head's batch is full, the head waited long enough, or the queue
+        is empty."""
+        while self._queue:
+            head = self._queue[0]
+            remaining = head.enqueued + self.timeout - time.perf_counter()
+            if remaining <= 0 or self._rows_like(head) >= self.max_batch_size:
+                return
+            with anyio.move_on_after(remaining):
+                await self._changes()
+
+    def _rows_like(self, head: BatchItem) -> int:
+        if self._queued_rows < self.max_batch_size:
+            return self._queued_rows
+        return sum(item.rows for item in self._queue if item.signature == head.signature)
+
+    def _take(self, request: AsyncInferRequest) -> list[BatchItem]:
+        """Take the head and the items behind it that fit into its batch."""
+        head = self._queue[0]
+        taken, kept, rows = [], deque[BatchItem](), 0
+        for item in self._queue:
+            fits = item.signature == head.signature and rows + item.rows <= self.max_batch_size
+            if item is head or fits:
+                taken.append(item)
+                rows += item.rows
+            else:
+                kept.append(item)
+        self._queue = kept
+        self._queued_rows -= rows
+        batch = _Batch(request, len(taken))
+        now = time.perf_counter()
+        for item in taken:
+            item.state, item.batch, item.dispatched = ItemState.RUNNING, batch, now
+            item.batch_rows, item.batch_size = rows, len(taken)
+        return taken
+
+    async def _run(self, items: list[BatchItem], request: AsyncInferRequest) -> None:
+        """Run one batch on ``request`` and hand each item its rows of the outputs."""
+        try:
+            live = [item for item in items if item.state is ItemState.RUNNING]
+            if not live:
+                return
+            rows = sum(item.rows for item in live)
+            self.statistics[rows] += 1
+            inputs = live[0].inputs if len(live) == 1 else _join([i.inputs for i in live])
+            try:
+                results = await request.infer(inputs)
+            except InferCancelledError:
+                return  # every item was withdrawn; each has its answer already
+            except Exception as exc:
+                if len(live) == 1:
+                    live[0].resolve(None, exc)
+                else:
+                    # One bad item must not fail the others: run each on its own.
+                    await self._run_alone(live, request)
+                return
+            outputs = results.to_tuple()
+            if len(live) == 1:
+                live[0].resolve(list(outputs), None)
+                return
+            for item, parts in zip(live, _split(outputs, [i.rows for i in live])):
+                item.resolve(*parts)
+        finally:
+            self._idle.append(request)
+            self._notify()
+
+    async def _run_alone(self, items: list[BatchItem], request: AsyncInferRequest) -> None:
+        for item in items:
+            if item.state is not ItemState.RUNNING:
+                continue
+            item.batch = _Batch(request, 1)
+            item.batch_rows, item.batch_size = item.rows, 1
+            try:
+                results = await request.infer(item.inputs)
+            except InferCancelledError:
+                continue
+            except Exception as exc:
+                item.resolve(None, exc)
+            else:
+                item.resolve(list(results.to_tuple()), None)
+
+
+def _join(inputs: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Concatenate the items' inputs along the first axis, input by input."""
+    return [np.concatenate(parts, axis=0) for parts in zip(*inputs)]
+
+
+def _split(
+    outputs: Sequence[np.ndarray], rows: list[int]
+) -> list[tuple[list[np.ndarray] | None, BaseException | None]]:
+    """Each item's rows of every output (copies, so that no result keeps the batch
+    alive), or an error for every item when an output does not have one row per row."""
+    total = sum(rows)
+    for index, output in enumerate(outputs):
+        if output.ndim == 0 or output.shape[0] != total:
+            shape = list(output.shape)
+            return [
+                (
+                    None,
+                    InferenceError(
+                        f"output {index} of a batch of {total} rows has shape {shape}; "
+                        "the BATCH device needs one output row per input row"
+                    ),
+                )
+                for _ in rows
+            ]
+    parts: list[tuple[list[np.ndarray] | None, BaseException | None]] = []
+    start = 0
+    for count in rows:
+        parts.append(([output[start : start + count].copy() for output in outputs], None))
+        start += count
+    return parts

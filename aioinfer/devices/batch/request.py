@@ -1,0 +1,111 @@
+"""The BATCH device's infer request: its stages hand its rows to the batcher."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import anyio
+import numpy as np
+
+from aioinfer.plugin.executors import Executor
+from aioinfer.plugin.sync_request import SyncInferRequest
+
+if TYPE_CHECKING:
+    from aioinfer.devices.batch.batcher import BatchItem
+    from aioinfer.devices.batch.plugin import BatchCompiledModel
+
+T = TypeVar("T")
+
+
+class AwaitExecutor(Executor):
+    """Runs a stage that is a coroutine function, on the event loop.
+
+    For a stage that waits for something else (its batch) rather than computing:
+    cancelling the awaiting task reaches the stage itself, so ``on_cancel`` is not needed.
+    """
+
+    name = "await"
+
+    async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
+        return cast("T", await cast("Any", stage()))
+
+
+class BatchInferRequest(SyncInferRequest):
+    """One inference of a BATCH compiled model.
+
+    Stages: ``infer_preprocess`` validates this request's inputs on their own (a bad input
+    fails here, before any batch sees it); ``enqueue`` hands them to the batcher;
+    ``wait_batch`` awaits the batch; ``infer_postprocess`` publishes this request's rows.
+    The synchronous path (``infer_sync``) runs the inputs alone on the target device.
+    """
+
+    def __init__(self, compiled_model: BatchCompiledModel) -> None:
+        super().__init__(compiled_model)
+        self._batcher = compiled_model.batcher
+        self._target = compiled_model.target
+        self._item: BatchItem | None = None
+        self._outputs: list[np.ndarray] = []
+        self._alone: SyncInferRequest | None = None
+        self._batch_info: dict[str, Any] | None = None
+
+    def enqueue(self) -> None:
+        """Join the batch queue with this inference's inputs (runs on the loop)."""
+        self._item = self._batcher.submit(self._inputs)  # type: ignore[arg-type]
+
+    async def wait_batch(self) -> None:
+        """Wait until the batch holding this inference's rows has run.
+
+        Cancelling the awaiting task takes the rows out of the queue, or out of their
+        running batch, without touching the other inferences.
+
+        Raises:
+            InferCancelledError: :meth:`cancel` was called meanwhile.
+            InferenceError: the target device failed on these inputs.
+        """
+        item = self._item
+        assert item is not None
+        try:
+            await item.done.wait()
+        except anyio.get_cancelled_exc_class():
+            self._batcher.withdraw(item)
+            raise
+        self._batch_info = {
+            "name": "batch",
+            "type": "batch",
+            "seconds": item.dispatched - item.enqueued,
+            "rows": item.batch_rows,
+            "requests": item.batch_size,
+        }
+        if item.error is not None:
+            raise item.error
+        assert item.outputs is not None
+        self._outputs = item.outputs
+
+    def start_pipeline(self) -> None:
+        """The synchronous path: run this inference alone on the target device."""
+        if self._alone is None:
+            self._alone = self._target.create_sync_infer_request()
+        self._outputs = list(self._alone.infer(self._inputs).to_tuple())
+        self._batch_info = None
+
+    def infer_postprocess(self) -> None:
+        outputs, self._outputs = self._outputs, []
+        self._item = None
+        self.set_results(outputs)
+
+    def cancel(self) -> None:
+        """Stop this inference: withdraw its rows from the batcher (from any thread)."""
+        super().cancel()
+        if self._item is not None:
+            self._batcher.cancel(self._item)
+        if self._alone is not None:
+            self._alone.cancel()
+
+    def get_profiling_info(self) -> list[dict[str, Any]]:
+        """Stage durations, plus a ``"batch"`` entry: seconds queued before the batch
+        started, its rows and its number of inferences."""
+        info = super().get_profiling_info()
+        if self._batch_info is not None:
+            info.append(dict(self._batch_info))
+        return info

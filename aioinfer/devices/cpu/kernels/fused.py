@@ -1,0 +1,392 @@
+"""Fused kernels: aioinfer's own operators (domain ``ai.aioinfer``) that the fusion passes
+put in place of several ONNX nodes (see :mod:`aioinfer.transforms`).
+
+- ``FusedConv(X, W, B?, Z?)``: Conv attributes, then ``+ Z`` (a residual) and an
+  activation, in place on the convolution's output.
+- ``FusedGemm(A, B, C?)``: Gemm attributes plus an activation.
+- ``FusedMatMul(A, B, bias?)``: ``alpha * A' @ B' + bias`` with ``transA``/``transB``
+  (the last two axes swapped; a folded Transpose) on N-D operands, plus an activation.
+- ``Attention(Q, Kt, V, mask?)``: ``softmax(scale * Q @ Kt + mask) @ V`` over the last
+  axis, the scores computed and normalised in one buffer.
+- ``LayerNormalization(X, scale, bias?)``: over the axes from ``axis`` on, one output.
+- ``Gelu(X)``: ``x/2 * (1 + erf(x / sqrt 2))``.
+
+Activations are named by the ``activation`` attribute (``Relu``, ``LeakyRelu``, ``Clip``,
+``Sigmoid``, ``Tanh``, ``Gelu``; empty for none) with their parameters in
+``activation_params`` (LeakyRelu: alpha; Clip: min, max). Every kernel here is
+registered with the execution type ``"fused"`` (profiling shows it) and has an out form
+for the memory planner.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from aioinfer.devices.cpu.kernels.conv import conv_compute
+from aioinfer.devices.cpu.kernels.elementwise import erf
+from aioinfer.devices.cpu.kernels.matmul import matmul_into
+from aioinfer.devices.cpu.kernels.registry import (
+    Kernel,
+    KernelFactory,
+    NodeSpec,
+    OutKernel,
+    kernel,
+    out_kernel,
+)
+from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
+
+InPlace = Callable[[np.ndarray], None]
+"""An activation applied in place to a float array."""
+
+
+def _relu(y: np.ndarray) -> None:
+    np.maximum(y, 0, out=y)
+
+
+def _sigmoid(y: np.ndarray) -> None:
+    np.negative(y, out=y)
+    with np.errstate(over="ignore"):  # exp overflows to inf: 1 / (1 + inf) is the exact 0
+        np.exp(y, out=y)
+    y += 1
+    np.reciprocal(y, out=y)
+
+
+def _tanh(y: np.ndarray) -> None:
+    np.tanh(y, out=y)
+
+
+_ERF_P = 0.3275911
+_ERF_A = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
+_CHUNK = 1 << 16
+"""Elements per chunk of the float32 erf: its temporaries stay in the L2 cache."""
+
+
+def _erf32_chunk(x: np.ndarray, out: np.ndarray, t: np.ndarray, e: np.ndarray) -> None:
+    """erf of float32 ``x`` into ``out``: Abramowitz & Stegun 7.1.26,
+    ``1 - t * poly(t) * exp(-x**2)`` with ``t = 1 / (1 + p |x|)``, absolute error below
+    1e-6 in float32 (the exact float64 :func:`erf` is ~5x slower)."""
+    f32 = np.float32
+    np.abs(x, out=e)
+    np.multiply(e, f32(_ERF_P), out=t)
+    t += f32(1)
+    np.reciprocal(t, out=t)
+    np.multiply(t, f32(_ERF_A[0]), out=out)
+    for coefficient in _ERF_A[1:]:
+        out += f32(coefficient)
+        out *= t
+    np.square(e, out=e)
+    np.negative(e, out=e)
+    np.exp(e, out=e)
+    out *= e
+    np.subtract(f32(1), out, out=out)
+    np.copysign(out, x, out=out)
+
+
+def _gelu_into(x: np.ndarray, y: np.ndarray) -> None:
+    """``y = x/2 * (1 + erf(x / sqrt 2))``; ``y`` may be ``x`` (contiguous)."""
+    if x.dtype != np.float32:
+        y[...] = x * (erf(x * math.sqrt(0.5)) + 1) * 0.5
+        return
+    flat_x, flat_y = x.reshape(-1), y.reshape(-1)
+    size = min(_CHUNK, flat_x.size)
+    scaled, result, t, e = (np.empty(size, np.float32) for _ in range(4))
+    half_root = np.float32(math.sqrt(0.5))
+    for start in range(0, flat_x.size, _CHUNK):
+        n = min(_CHUNK, flat_x.size - start)
+        part, target = flat_x[start : start + n], flat_y[start : start + n]
+        np.multiply(part, half_root, out=scaled[:n])
+        _erf32_chunk(scaled[:n], result[:n], t[:n], e[:n])
+        result[:n] += np.float32(1)
+        result[:n] *= part
+        np.multiply(result[:n], np.float32(0.5), out=target)
+
+
+def _gelu(y: np.ndarray) -> None:
+    _gelu_into(np.ascontiguousarray(y), y)
+
+
+def activation(spec: NodeSpec) -> InPlace | None:
+    """The in-place activation the node's ``activation`` attribute names, or None.
+
+    Raises:
+        ValueError: an unknown activation, or wrong parameters for it.
+    """
+    name = spec.attr("activation", "")
+    params = [float(p) for p in spec.attr("activation_params", [])]
+    if not name:
+        return None
+    if name == "Relu":
+        return _relu
+    if name == "Sigmoid":
+        return _sigmoid
+    if name == "Tanh":
+        return _tanh
+    if name == "Gelu":
+        return _gelu
+    if name == "LeakyRelu" and len(params) == 1:
+        alpha = params[0]
+
+        def leaky_relu(y: np.ndarray) -> None:
+            np.copyto(y, y * y.dtype.type(alpha), where=y < 0)
+
+        return leaky_relu
+    if name == "Clip" and len(params) == 2:
+        low, high = params
+
+        def clip(y: np.ndarray) -> None:
+            np.clip(y, low, high, out=y)
+
+        return clip
+    raise ValueError(f"{spec.op_type}: unsupported activation {name!r} with parameters {params}")
+
+
+def _finish(y: np.ndarray, act: InPlace | None) -> tuple[np.ndarray]:
+    if act is not None:
+        act(y)
+    return (y,)
+
+
+def _fused(op_type: str) -> Callable[[KernelFactory], KernelFactory]:
+    return kernel(op_type, since=1, domain=AIOINFER_DOMAIN, execution_type="fused")
+
+
+# -- FusedConv --------------------------------------------------------------------------
+
+
+def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
+    compute = conv_compute(spec)
+    act = activation(spec)
+
+    def run(
+        out: np.ndarray | None,
+        x: np.ndarray,
+        w: np.ndarray,
+        b: np.ndarray | None = None,
+        z: np.ndarray | None = None,
+    ) -> tuple[np.ndarray]:
+        y = compute(x, w, b, out)
+        if z is not None:
+            if np.broadcast_shapes(y.shape, z.shape) == y.shape:
+                y += z
+            else:
+                y = y + z
+        return _finish(y, act)
+
+    if planned:
+        return run
+    return lambda *inputs: run(None, *inputs)
+
+
+@_fused("FusedConv")
+def fused_conv(spec: NodeSpec) -> Kernel:
+    """Conv, plus a residual ``Z`` and an activation."""
+    return _fused_conv(spec, planned=False)
+
+
+@out_kernel(fused_conv)
+def fused_conv_into(spec: NodeSpec) -> OutKernel:
+    """FusedConv writing into a planned buffer."""
+    return _fused_conv(spec, planned=True)
+
+
+# -- FusedGemm and FusedMatMul ----------------------------------------------------------
+
+
+def _fused_gemm(spec: NodeSpec, planned: bool) -> Kernel:
+    alpha = float(spec.attr("alpha", 1.0))
+    beta = float(spec.attr("beta", 1.0))
+    trans_a = bool(spec.attr("transA", 0))
+    trans_b = bool(spec.attr("transB", 0))
+    act = activation(spec)
+
+    def run(
+        out: np.ndarray | None, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None
+    ) -> tuple[np.ndarray]:
+        y = matmul_into(a.T if trans_a else a, b.T if trans_b else b, out)
+        if alpha != 1.0:
+            y *= y.dtype.type(alpha)
+        if c is not None and beta != 0.0:
+            y += c if beta == 1.0 else c * y.dtype.type(beta)
+        return _finish(y, act)
+
+    if planned:
+        return run
+    return lambda *inputs: run(None, *inputs)
+
+
+@_fused("FusedGemm")
+def fused_gemm(spec: NodeSpec) -> Kernel:
+    """Gemm (2-D, float), plus an activation."""
+    return _fused_gemm(spec, planned=False)
+
+
+@out_kernel(fused_gemm)
+def fused_gemm_into(spec: NodeSpec) -> OutKernel:
+    """FusedGemm writing into a planned buffer."""
+    return _fused_gemm(spec, planned=True)
+
+
+def _last_two_swapped(x: np.ndarray) -> np.ndarray:
+    return x.swapaxes(-1, -2) if x.ndim >= 2 else x
+
+
+def _fused_matmul(spec: NodeSpec, planned: bool) -> Kernel:
+    alpha = float(spec.attr("alpha", 1.0))
+    trans_a = bool(spec.attr("transA", 0))
+    trans_b = bool(spec.attr("transB", 0))
+    act = activation(spec)
+
+    def run(
+        out: np.ndarray | None, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None
+    ) -> tuple[np.ndarray]:
+        if trans_a:
+            a = _last_two_swapped(a)
+        if trans_b:
+            b = _last_two_swapped(b)
+        y = matmul_into(a, b, out)
+        if alpha != 1.0:
+            y *= y.dtype.type(alpha)
+        if bias is not None:
+            if np.broadcast_shapes(y.shape, bias.shape) == y.shape:
+                y += bias
+            else:
+                y = y + bias
+        return _finish(y, act)
+
+    if planned:
+        return run
+    return lambda *inputs: run(None, *inputs)
+
+
+@_fused("FusedMatMul")
+def fused_matmul(spec: NodeSpec) -> Kernel:
+    """MatMul with folded transposes, a scale, a bias and an activation."""
+    return _fused_matmul(spec, planned=False)
+
+
+@out_kernel(fused_matmul)
+def fused_matmul_into(spec: NodeSpec) -> OutKernel:
+    """FusedMatMul writing into a planned buffer."""
+    return _fused_matmul(spec, planned=True)
+
+
+# -- Attention --------------------------------------------------------------------------
+
+
+def _softmax_last(scores: np.ndarray) -> None:
+    """Softmax over the last axis, in place."""
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True)
+    np.reciprocal(total, out=total)
+    scores *= total
+
+
+def _attention(spec: NodeSpec, planned: bool) -> Kernel:
+    scale = float(spec.attr("scale", 1.0))
+
+    def run(
+        out: np.ndarray | None,
+        q: np.ndarray,
+        kt: np.ndarray,
+        v: np.ndarray,
+        mask: np.ndarray | None = None,
+    ) -> tuple[np.ndarray]:
+        scores = matmul_into(q, kt, None)
+        if scale != 1.0:
+            scores *= scores.dtype.type(scale)
+        if mask is not None:
+            if np.broadcast_shapes(scores.shape, mask.shape) == scores.shape:
+                scores += mask
+            else:
+                scores = scores + mask
+        _softmax_last(scores)
+        return (matmul_into(scores, v, out),)
+
+    if planned:
+        return run
+    return lambda *inputs: run(None, *inputs)
+
+
+@_fused("Attention")
+def attention(spec: NodeSpec) -> Kernel:
+    """Scaled dot-product attention with an optional additive mask."""
+    return _attention(spec, planned=False)
+
+
+@out_kernel(attention)
+def attention_into(spec: NodeSpec) -> OutKernel:
+    """Attention writing into a planned buffer."""
+    return _attention(spec, planned=True)
+
+
+# -- LayerNormalization and Gelu --------------------------------------------------------
+
+
+def _layer_norm(spec: NodeSpec, planned: bool) -> Kernel:
+    axis = int(spec.attr("axis", -1))
+    epsilon = float(spec.attr("epsilon", 1e-5))
+
+    def run(
+        out: np.ndarray | None, x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None
+    ) -> tuple[np.ndarray]:
+        start = axis + x.ndim if axis < 0 else axis
+        width = math.prod(x.shape[start:])
+        rows = x.reshape(-1, width)
+        if out is None or out.shape != x.shape or out.dtype != x.dtype:
+            out = np.empty(x.shape, dtype=x.dtype)
+        y = out.reshape(rows.shape)
+        np.subtract(rows, rows.mean(axis=1, keepdims=True), out=y)
+        variance = np.einsum("ij,ij->i", y, y)
+        variance *= 1 / max(width, 1)
+        variance += epsilon
+        np.sqrt(variance, out=variance)
+        np.reciprocal(variance, out=variance)
+        y *= variance[:, None].astype(y.dtype, copy=False)
+        y *= scale.reshape(-1)
+        if bias is not None:
+            y += bias.reshape(-1)
+        return (out,)
+
+    if planned:
+        return run
+    return lambda *inputs: run(None, *inputs)
+
+
+@_fused("LayerNormalization")
+def layer_normalization(spec: NodeSpec) -> Kernel:
+    """LayerNormalization (a fused decomposed pattern): only the normalised output."""
+    return _layer_norm(spec, planned=False)
+
+
+@out_kernel(layer_normalization)
+def layer_normalization_into(spec: NodeSpec) -> OutKernel:
+    """LayerNormalization writing into a planned buffer."""
+    return _layer_norm(spec, planned=True)
+
+
+def _gelu_kernel(planned: bool) -> Kernel:
+    def run(out: np.ndarray | None, x: np.ndarray) -> tuple[np.ndarray]:
+        if out is None or out.shape != x.shape or out.dtype != x.dtype:
+            out = np.empty(x.shape, dtype=x.dtype)
+        _gelu_into(np.ascontiguousarray(x), out)
+        return (out,)
+
+    if planned:
+        return run
+    return lambda x: run(None, x)
+
+
+@_fused("Gelu")
+def gelu(spec: NodeSpec) -> Kernel:
+    """GELU with the exact (erf) definition."""
+    return _gelu_kernel(planned=False)
+
+
+@out_kernel(gelu)
+def gelu_into(spec: NodeSpec) -> OutKernel:
+    """Gelu writing into a planned buffer."""
+    return _gelu_kernel(planned=True)

@@ -1,0 +1,387 @@
+"""Recurrent kernels: RNN, GRU and LSTM (opset 7 on; ``layout`` from opset 14).
+
+Every attribute of the operators is supported: ``direction`` (forward, reverse,
+bidirectional), ``activations`` with ``activation_alpha`` / ``activation_beta``, ``clip``,
+``hidden_size``, ``layout``, LSTM's ``input_forget`` and GRU's ``linear_before_reset``;
+inputs ``sequence_lens``, ``initial_h``, ``initial_c`` and the LSTM peepholes ``P``.
+
+The input projection of all time steps (and both directions) is one matrix product;
+only the recurrence loops over time, each step a product over the whole batch. With
+``sequence_lens``, a sequence shorter than the others keeps its state past its end and
+its ``Y`` rows there are zero; the reverse direction reads each sequence backwards from
+its own last element. float16 data is computed in float32 and rounded once at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
+
+Activation = Callable[[np.ndarray], np.ndarray]
+State = tuple[np.ndarray, ...]
+Step = Callable[[np.ndarray, State], State]
+"""One time step of one direction: (input projection at t, state) -> new state; the new
+state's first element is the hidden state ``H_t``."""
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # 0.5 * (1 + tanh(x / 2)) is the logistic function without exp's overflow.
+    y = np.tanh(x * 0.5)
+    y += 1
+    y *= 0.5
+    return y
+
+
+def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    return np.clip(x * alpha + beta, 0, 1)
+
+
+def _elu(x: np.ndarray, alpha: float) -> np.ndarray:
+    return np.where(x >= 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+_ACTIVATIONS: dict[str, tuple[float | None, float | None, Callable[..., np.ndarray]]] = {
+    # lower-case name: (default alpha or None when unused, default beta or None, fn)
+    "relu": (None, None, lambda x: np.maximum(x, 0)),
+    "tanh": (None, None, np.tanh),
+    "sigmoid": (None, None, _sigmoid),
+    "affine": (1.0, 0.0, lambda x, a, b: x * a + b),
+    "leakyrelu": (0.01, None, lambda x, a: np.where(x >= 0, x, x * a)),
+    "thresholdedrelu": (1.0, None, lambda x, a: np.where(x > a, x, 0)),
+    "scaledtanh": (1.0, 1.0, lambda x, a, b: a * np.tanh(x * b)),
+    "hardsigmoid": (0.2, 0.5, _hard_sigmoid),
+    "elu": (1.0, None, _elu),
+    "softsign": (None, None, lambda x: x / (1 + np.abs(x))),
+    "softplus": (None, None, _softplus),
+}
+
+
+def _activations(spec: NodeSpec, defaults: Sequence[str], directions: int) -> list[Activation]:
+    """The activation functions of the node, ``len(defaults)`` per direction, in order.
+
+    ``activation_alpha`` / ``activation_beta`` are consumed in the order of the functions,
+    each function taking values only for the parameters it has (the default otherwise).
+    """
+    names = [str(n) for n in spec.attr("activations", list(defaults) * directions)]
+    if len(names) != len(defaults) * directions:
+        raise ValueError(
+            f"{spec.op_type}: expected {len(defaults) * directions} activations "
+            f"({len(defaults)} per direction), got {names}"
+        )
+    alphas = [float(a) for a in spec.attr("activation_alpha", [])]
+    betas = [float(b) for b in spec.attr("activation_beta", [])]
+    functions = []
+    for name in names:
+        entry = _ACTIVATIONS.get(name.lower())
+        if entry is None:
+            raise ValueError(f"{spec.op_type}: unknown activation {name!r}")
+        alpha, beta, fn = entry
+        params = []
+        if alpha is not None:
+            params.append(alphas.pop(0) if alphas else alpha)
+        if beta is not None:
+            params.append(betas.pop(0) if betas else beta)
+        functions.append(_bind(fn, params))
+    return functions
+
+
+def _bind(fn: Callable[..., np.ndarray], params: list[float]) -> Activation:
+    if not params:
+        return fn
+    return lambda x: fn(x, *params)
+
+
+@dataclass(frozen=True)
+class _Attrs:
+    """The attributes common to the three operators, parsed once at compile time."""
+
+    directions: int
+    reverse_first: bool
+    """The only direction is ``reverse``."""
+    hidden_size: int | None
+    clip: float | None
+    layout: int
+    activations: list[Activation]
+
+
+def _common_attrs(spec: NodeSpec, defaults: Sequence[str]) -> _Attrs:
+    direction = str(spec.attr("direction", "forward"))
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise ValueError(
+            f"{spec.op_type}: direction must be forward, reverse or bidirectional, "
+            f"got {direction!r}"
+        )
+    directions = 2 if direction == "bidirectional" else 1
+    layout = int(spec.attr("layout", 0))
+    if layout not in (0, 1):
+        raise ValueError(f"{spec.op_type}: layout must be 0 or 1, got {layout}")
+    clip = spec.attr("clip")
+    hidden = spec.attr("hidden_size")
+    return _Attrs(
+        directions=directions,
+        reverse_first=direction == "reverse",
+        hidden_size=None if hidden is None else int(hidden),
+        clip=None if clip is None else float(clip),
+        layout=layout,
+        activations=_activations(spec, defaults, directions),
+    )
+
+
+def _clipped(x: np.ndarray, clip: float | None) -> np.ndarray:
+    return x if clip is None else np.clip(x, -clip, clip, out=x)
+
+
+def _reverse_index(lengths: np.ndarray | None, seq: int, batch: int) -> tuple[np.ndarray, ...]:
+    """Indices that reverse each sequence within its own length (rows past it stay)."""
+    t = np.arange(seq)[:, None]
+    if lengths is None:
+        rows = np.broadcast_to(seq - 1 - t, (seq, batch))
+    else:
+        rows = np.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)
+    return rows, np.broadcast_to(np.arange(batch)[None, :], (seq, batch))
+
+
+def _scan(step: Step, xw: np.ndarray, state: State, lengths: np.ndarray | None) -> State:
+    """Run ``step`` over the time axis of ``xw``; return (Y, final state...).
+
+    Where ``lengths`` is given, batch entries past their length keep their state and get
+    zero output rows.
+    """
+    seq = xw.shape[0]
+    h = state[0]
+    y = np.empty((seq, *h.shape), h.dtype)
+    for t in range(seq):
+        new = step(xw[t], state)
+        if lengths is not None:
+            alive = (t < lengths)[:, None]
+            new = tuple(np.where(alive, n, s) for n, s in zip(new, state))
+            y[t] = np.where(alive, new[0], 0)
+        else:
+            y[t] = new[0]
+        state = new
+    return (y, *state)
+
+
+def _run_recurrent(
+    attrs: _Attrs,
+    op_type: str,
+    gates: int,
+    x: np.ndarray,
+    w: np.ndarray,
+    r: np.ndarray,
+    b: np.ndarray | None,
+    lengths: np.ndarray | None,
+    initial: Sequence[np.ndarray | None],
+    make_step: Callable[[int, np.ndarray, np.ndarray | None], Step],
+) -> list[np.ndarray]:
+    """The driver shared by the three operators: layouts, directions, lengths, outputs.
+
+    ``make_step(direction, R[direction], recurrence bias or None)`` returns the cell; the
+    input projection passed to it already holds the input bias (and the recurrence bias
+    of the gates that add it directly, see ``direct_bias``). Returns Y then the final
+    states, in the node's layout.
+    """
+    out_dtype = x.dtype
+    compute = np.float32 if out_dtype == np.float16 else out_dtype
+    x, w, r = (a.astype(compute, copy=False) for a in (x, w, r))
+    if attrs.layout == 1:
+        x = x.swapaxes(0, 1)
+        initial = [None if s is None else s.swapaxes(0, 1) for s in initial]
+    seq, batch, _ = x.shape
+    hidden = r.shape[-1]
+    if attrs.hidden_size is not None and attrs.hidden_size != hidden:
+        raise ValueError(f"{op_type}: hidden_size is {attrs.hidden_size} but R gives {hidden}")
+    if w.shape[0] != attrs.directions or w.shape[1] != gates * hidden:
+        raise ValueError(
+            f"{op_type}: W must have shape [{attrs.directions}, {gates * hidden}, input_size], "
+            f"got {list(w.shape)}"
+        )
+    if lengths is not None:
+        lengths = lengths.astype(np.int64)
+        if lengths.shape != (batch,) or (lengths < 0).any() or (lengths > seq).any():
+            raise ValueError(
+                f"{op_type}: sequence_lens must hold {batch} lengths in [0, {seq}], "
+                f"got {lengths.tolist()}"
+            )
+        if (lengths == seq).all():
+            lengths = None
+    # One product projects every time step of every direction.
+    xw = np.matmul(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]).T)
+    xw = xw.reshape(seq, batch, attrs.directions, gates * hidden)
+    bias = None if b is None else b.astype(compute, copy=False)
+    ys, finals = [], []
+    for d in range(attrs.directions):
+        xd = xw[:, :, d]
+        rb = None
+        if bias is not None:
+            xd = xd + bias[d, : gates * hidden]
+            rb = bias[d, gates * hidden :]
+        reverse = attrs.reverse_first or d == 1
+        index = _reverse_index(lengths, seq, batch) if reverse else None
+        if index is not None:
+            xd = xd[index]
+        state = tuple(
+            np.zeros((batch, hidden), compute) if s is None else s[d].astype(compute)
+            for s in initial
+        )
+        y, *final = _scan(make_step(d, r[d], rb), xd, state, lengths)
+        ys.append(y[index] if index is not None else y)
+        finals.append(final)
+    y_all = np.stack(ys, axis=1)
+    states = [np.stack([f[i] for f in finals]) for i in range(len(initial))]
+    if attrs.layout == 1:
+        y_all = y_all.transpose(2, 0, 1, 3)
+        states = [s.swapaxes(0, 1) for s in states]
+    return [a.astype(out_dtype, copy=False) for a in (y_all, *states)]
+
+
+# -- the operators ------------------------------------------------------------------------
+
+
+@kernel("RNN", since=7)
+def rnn(spec: NodeSpec) -> Kernel:
+    """RNN-7/14/22: ``H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)``."""
+    attrs = _common_attrs(spec, ["Tanh"])
+    outputs = spec.num_outputs
+
+    def run(
+        x: np.ndarray,
+        w: np.ndarray,
+        r: np.ndarray,
+        b: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+        initial_h: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, ...]:
+        def make_step(d: int, rd: np.ndarray, rb: np.ndarray | None) -> Step:
+            f = attrs.activations[d]
+            r_t = rd.T
+
+            def step(xt: np.ndarray, state: State) -> State:
+                pre = xt + state[0] @ r_t
+                if rb is not None:
+                    pre += rb
+                return (f(_clipped(pre, attrs.clip)),)
+
+            return step
+
+        result = _run_recurrent(attrs, "RNN", 1, x, w, r, b, lengths, [initial_h], make_step)
+        return tuple(result[:outputs])
+
+    return run
+
+
+@kernel("GRU", since=7)
+def gru(spec: NodeSpec) -> Kernel:
+    """GRU-7/14/22: update gate z, reset gate r, candidate h (gate order z, r, h in W, R,
+    B); ``linear_before_reset`` applies the reset gate after the recurrence product."""
+    attrs = _common_attrs(spec, ["Sigmoid", "Tanh"])
+    linear_before_reset = bool(spec.attr("linear_before_reset", 0))
+    outputs = spec.num_outputs
+
+    def run(
+        x: np.ndarray,
+        w: np.ndarray,
+        r: np.ndarray,
+        b: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+        initial_h: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, ...]:
+        hidden = r.shape[-1]
+
+        def make_step(d: int, rd: np.ndarray, rb: np.ndarray | None) -> Step:
+            f, g = attrs.activations[2 * d : 2 * d + 2]
+            r_zr, r_h = rd[: 2 * hidden].T, rd[2 * hidden :].T
+            rb_zr = None if rb is None else rb[: 2 * hidden]
+            rb_h = None if rb is None else rb[2 * hidden :]
+
+            def step(xt: np.ndarray, state: State) -> State:
+                h = state[0]
+                zr = xt[:, : 2 * hidden] + h @ r_zr
+                if rb_zr is not None:
+                    zr += rb_zr
+                zr = f(_clipped(zr, attrs.clip))
+                z, reset = zr[:, :hidden], zr[:, hidden:]
+                recurrent = (h if linear_before_reset else reset * h) @ r_h
+                if rb_h is not None:
+                    recurrent += rb_h
+                if linear_before_reset:
+                    recurrent *= reset
+                candidate = g(_clipped(xt[:, 2 * hidden :] + recurrent, attrs.clip))
+                return ((1 - z) * candidate + z * h,)
+
+            return step
+
+        result = _run_recurrent(attrs, "GRU", 3, x, w, r, b, lengths, [initial_h], make_step)
+        return tuple(result[:outputs])
+
+    return run
+
+
+@kernel("LSTM", since=7)
+def lstm(spec: NodeSpec) -> Kernel:
+    """LSTM-7/14/22: gates i, o, f, c in W, R, B; peepholes ``P`` (i, o, f);
+    ``input_forget`` couples the forget gate to the input gate (f = 1 - i)."""
+    attrs = _common_attrs(spec, ["Sigmoid", "Tanh", "Tanh"])
+    input_forget = bool(spec.attr("input_forget", 0))
+    outputs = spec.num_outputs
+
+    def run(
+        x: np.ndarray,
+        w: np.ndarray,
+        r: np.ndarray,
+        b: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+        initial_h: np.ndarray | None = None,
+        initial_c: np.ndarray | None = None,
+        p: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, ...]:
+        hidden = r.shape[-1]
+        peepholes = (
+            None if p is None else p.astype(np.float32 if x.dtype == np.float16 else x.dtype)
+        )
+
+        def make_step(d: int, rd: np.ndarray, rb: np.ndarray | None) -> Step:
+            f, g, h_act = attrs.activations[3 * d : 3 * d + 3]
+            r_t = rd.T
+            p_i, p_o, p_f = (None, None, None)
+            if peepholes is not None:
+                p_i, p_o, p_f = np.split(peepholes[d], 3)
+
+            def step(xt: np.ndarray, state: State) -> State:
+                h, c = state
+                gates = xt + h @ r_t
+                if rb is not None:
+                    gates += rb
+                cand = g(_clipped(gates[:, 3 * hidden :], attrs.clip))
+                if p_i is None:
+                    # Without peepholes the three gates take one activation call.
+                    iof = f(_clipped(gates[:, : 3 * hidden], attrs.clip))
+                    i, o, fg = iof[:, :hidden], iof[:, hidden : 2 * hidden], iof[:, 2 * hidden :]
+                    fg = 1 - i if input_forget else fg
+                    c_new = fg * c + i * cand
+                else:
+                    i = f(_clipped(gates[:, :hidden] + p_i * c, attrs.clip))
+                    if input_forget:
+                        fg = 1 - i
+                    else:
+                        fg = f(_clipped(gates[:, 2 * hidden : 3 * hidden] + p_f * c, attrs.clip))
+                    c_new = fg * c + i * cand
+                    o = f(_clipped(gates[:, hidden : 2 * hidden] + p_o * c_new, attrs.clip))
+                return (o * h_act(c_new), c_new)
+
+            return step
+
+        result = _run_recurrent(
+            attrs, "LSTM", 4, x, w, r, b, lengths, [initial_h, initial_c], make_step
+        )
+        return tuple(result[:outputs])
+
+    return run

@@ -1,0 +1,175 @@
+"""Memory planning: each request writes the hot kernels' outputs into buffers it owns.
+
+Shapes are known only when inputs arrive (most models have symbolic dimensions), so a
+request plans memory per set of input shapes, the way onnxruntime's memory patterns do:
+
+1. The first inference with new input shapes runs the plan normally and records the
+   shape and dtype of every step's first output.
+2. :func:`make_pattern` then gives every step that has an *out form* (see
+   :func:`~aioinfer.devices.cpu.kernels.registry.out_kernel`) a buffer. A buffer is busy
+   from the step that writes it to the last step that reads the value *or anything that
+   may alias it* (a Reshape, Transpose or Identity of it, ...: every step without a buffer
+   is assumed to return views of its inputs); buffers whose busy intervals do not
+   overlap are shared (greedy best fit, in step order).
+3. :class:`RequestMemory` allocates the buffers once and binds each planned step's out
+   form to its buffer; later inferences with the same input shapes run those bound
+   kernels and allocate nothing for the planned values.
+
+Weights are not planned: they are the compiled model's constants, allocated once and
+shared by every request. Graph outputs are never planned, and anything handed to the
+user that is a view of a buffer is copied first (see ``request.py``), so results never
+alias a request's buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aioinfer.devices.cpu.kernels.registry import Kernel
+from aioinfer.devices.cpu.plan import NONE_SLOT, SCRATCH_SLOT, Plan, Step
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Step ``step`` writes its first output, of ``shape`` and ``dtype``, into buffer
+    ``buffer``."""
+
+    step: int
+    buffer: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class MemoryPattern:
+    """Buffer sizes (bytes) and which step writes into which, for one set of input shapes."""
+
+    sizes: tuple[int, ...]
+    assignments: tuple[Assignment, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all buffers together: a request's planned activation memory."""
+        return sum(self.sizes)
+
+    def bind(self, plan: Plan) -> list[Kernel]:
+        """Allocate the buffers; return the plan's kernels with the planned steps' out
+        forms bound to them."""
+        buffers = [np.empty(size, dtype=np.uint8) for size in self.sizes]
+        kernels: list[Kernel] = list(plan.kernels)
+        for a in self.assignments:
+            nbytes = int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
+            view = buffers[a.buffer][:nbytes].view(a.dtype).reshape(a.shape)
+            out_kernel = plan.steps[a.step].out_kernel
+            assert out_kernel is not None
+            kernels[a.step] = functools.partial(out_kernel, view)
+        return kernels
+
+
+def _plannable(step: Step, value: Any, pinned: set[int]) -> bool:
+    return (
+        step.out_kernel is not None
+        and len(step.outputs) >= 1
+        and step.outputs[0] not in pinned
+        and type(value) is np.ndarray
+        and value.size > 0
+        and value.dtype.kind in "biuf"
+    )
+
+
+def make_pattern(plan: Plan, first_outputs: Sequence[Any]) -> MemoryPattern:
+    """Plan buffers from the first output of every step of one recorded run.
+
+    ``first_outputs[i]`` is what step ``i`` produced as output 0.
+    """
+    steps = plan.steps
+    pinned = (
+        set(plan.output_slots)
+        | set(plan.input_slots)
+        | {slot for slot, _ in plan.constants}
+        | {NONE_SLOT, SCRATCH_SLOT}
+    )
+    planned = {
+        i
+        for i, (step, value) in enumerate(zip(steps, first_outputs))
+        if _plannable(step, value, pinned)
+    }
+    # end[slot]: the last step that reads the slot's value or a value that may alias it.
+    end: dict[int, int] = dict.fromkeys(plan.output_slots, len(steps))
+    for index in range(len(steps) - 1, -1, -1):
+        step = steps[index]
+        reach = index
+        if index not in planned:
+            reach = max([index, *(end.get(slot, index) for slot in step.outputs)])
+        for slot in step.inputs:
+            end[slot] = max(end.get(slot, index), reach)
+    sizes: list[int] = []
+    busy_until: list[int] = []
+    assignments = []
+    for index in sorted(planned):
+        value = first_outputs[index]
+        slot = steps[index].outputs[0]
+        need = value.nbytes
+        last = end.get(slot, index)
+        free = [b for b, until in enumerate(busy_until) if until < index]
+        fitting = [b for b in free if sizes[b] >= need]
+        if fitting:
+            buffer = min(fitting, key=lambda b: sizes[b])
+        elif free:
+            buffer = max(free, key=lambda b: sizes[b])
+            sizes[buffer] = need
+        else:
+            buffer = len(sizes)
+            sizes.append(need)
+            busy_until.append(last)
+        busy_until[buffer] = last
+        assignments.append(Assignment(index, buffer, value.shape, value.dtype))
+    return MemoryPattern(tuple(sizes), tuple(assignments))
+
+
+def shapes_key(feed: Sequence[Any]) -> tuple[Any, ...]:
+    """What a memory pattern depends on: the shapes and dtypes of the plan's inputs."""
+    return tuple(
+        (x.shape, x.dtype.str) if isinstance(x, np.ndarray) else type(x).__name__ for x in feed
+    )
+
+
+class RequestMemory:
+    """One request's planned buffers, for the input shapes it ran last.
+
+    :meth:`kernels` gives the kernels to run for a feed, or None when the shapes are new:
+    then the caller runs the plan with :meth:`recorder` as its observer, and
+    :meth:`commit` makes the pattern once the run completed.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        self._key: tuple[Any, ...] | None = None
+        self._kernels: list[Kernel] | None = None
+        self.nbytes = 0
+        """Bytes of the current pattern's buffers (0 before the first inference)."""
+
+    def kernels(self, key: tuple[Any, ...]) -> list[Kernel] | None:
+        """The bound kernels of the pattern for ``key``, or None when there is none yet."""
+        return self._kernels if key == self._key else None
+
+    @staticmethod
+    def recorder(first_outputs: list[Any]) -> Any:
+        """An observer that appends every step's first output to ``first_outputs``."""
+
+        def observe(step: Step, produced: Sequence[Any], seconds: float) -> None:
+            first_outputs.append(produced[0] if len(produced) else None)
+
+        return observe
+
+    def commit(self, key: tuple[Any, ...], first_outputs: Sequence[Any]) -> None:
+        """Make and allocate the pattern for ``key`` from a complete recorded run."""
+        pattern = make_pattern(self._plan, first_outputs)
+        self._key = key
+        self._kernels = pattern.bind(self._plan)
+        self.nbytes = pattern.nbytes

@@ -1,0 +1,372 @@
+"""The ASGI app: the Open Inference Protocol (KServe v2 REST) over a model repository."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive
+
+import aioinfer
+from aioinfer.core import Core
+from aioinfer.errors import (
+    AioinferError,
+    InferCancelledError,
+    InferenceError,
+    InputError,
+    RequestClosedError,
+)
+from aioinfer.serving.metrics import CONTENT_TYPE, ServerMetrics
+from aioinfer.serving.models import SequenceFlags, ServedModel
+from aioinfer.serving.protocol import (
+    HEADER_LENGTH,
+    InferRequestBody,
+    ProtocolError,
+    encode_infer_response,
+    parse_infer_request,
+    port_metadata,
+)
+from aioinfer.serving.repository import ModelConfig, ModelRepository
+
+T = TypeVar("T")
+
+EXTENSIONS = ("binary_tensor_data", "sequence")
+"""The protocol extensions this server implements (listed by ``GET /v2``)."""
+
+
+class ClientDisconnectedError(Exception):
+    """The client went away before its response was ready (its work was cancelled)."""
+
+
+class ModelServer:
+    """The state behind one app: the served models, the limits, the metrics, shutdown.
+
+    Args:
+        repository: the models to serve.
+        core: the Core that compiles them (a new one by default).
+        max_request_bytes: larger request bodies are refused with HTTP 413.
+        drain_timeout: at shutdown, how long in-flight inferences may still finish
+            (seconds) before the models are closed and what still runs is cancelled.
+    """
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        core: Core | None = None,
+        max_request_bytes: int = 64 * 2**20,
+        drain_timeout: float = 30.0,
+    ) -> None:
+        self.repository = repository
+        self.core = core or Core()
+        self.max_request_bytes = max_request_bytes
+        self.drain_timeout = drain_timeout
+        self.models: dict[str, dict[str, ServedModel]] = {}
+        self.metrics = ServerMetrics(self._all_models)
+        self.closing = False
+        self._in_flight = 0
+        self._drained: anyio.Event | None = None
+
+    def _all_models(self) -> Iterator[ServedModel]:
+        for versions in self.models.values():
+            yield from versions.values()
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Compile every version of every model (off the event loop); once.
+
+        Raises:
+            AioinferError: a model cannot be read or compiled (the message names it).
+        """
+        for entry in self.repository.models.values():
+            if entry.name in self.models:
+                continue
+            supported = self.core.get_property(entry.config.device, "SUPPORTED_PROPERTIES")
+            device, config = entry.config.device_and_config(supported)
+            versions = {}
+            for version, path in sorted(entry.versions.items(), key=lambda item: int(item[0])):
+                try:
+                    compiled = await self.core.compile_model_async(str(path), device, config)
+                except AioinferError as exc:
+                    raise type(exc)(f"model {entry.name!r} version {version}: {exc}") from exc
+                versions[version] = ServedModel(entry.name, version, compiled, entry.config)
+            self.models[entry.name] = versions
+
+    @asynccontextmanager
+    async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
+        """Load the models; at the end, refuse new inferences, let the in-flight ones
+        finish (up to ``drain_timeout``), then close the models."""
+        await self.load()
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._drop_idle_sequences)
+            try:
+                yield
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.drain()
+                    group.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            for model in self._all_models():
+                await model.close()
+
+    async def drain(self) -> None:
+        """Refuse new inferences and wait (up to ``drain_timeout``) for in-flight ones."""
+        self.closing = True
+        with anyio.move_on_after(self.drain_timeout):
+            while self._in_flight:
+                self._drained = self._drained or anyio.Event()
+                await self._drained.wait()
+
+    async def _drop_idle_sequences(self) -> None:
+        while True:
+            timeouts = [m.config.sequence_idle_timeout_s for m in self._all_models()]
+            await anyio.sleep(max(0.01, min([*timeouts, 2.0]) / 4))
+            for model in list(self._all_models()):
+                await model.drop_idle_sequences()
+
+    @contextmanager
+    def _tracking(self, model: ServedModel) -> Iterator[None]:
+        gauge = self.metrics.in_flight.labels(model.name, model.version)
+        self._in_flight += 1
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+            self._in_flight -= 1
+            if self._in_flight == 0 and self._drained is not None:
+                self._drained.set()
+                self._drained = None
+
+    # -- lookups --------------------------------------------------------------------------
+
+    def find(self, name: str, version: str | None) -> ServedModel:
+        """The served model ``name`` at ``version`` (None: the latest).
+
+        Raises:
+            ProtocolError: 404 naming the unknown model or version.
+        """
+        versions = self.models.get(name)
+        if versions is None:
+            known = ", ".join(map(repr, sorted(self.models))) or "none"
+            raise ProtocolError(f"unknown model {name!r}; served models: {known}", status=404)
+        if version is None:
+            return versions[max(versions, key=int)]
+        model = versions.get(version)
+        if model is None:
+            known = ", ".join(sorted(versions, key=int))
+            raise ProtocolError(
+                f"model {name!r} has no version {version!r}; its versions: {known}", status=404
+            )
+        return model
+
+    # -- endpoints ------------------------------------------------------------------------
+
+    async def live(self, request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def ready(self, request: Request) -> Response:
+        ready = bool(self.models) and not self.closing
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 400)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return JSONResponse(
+            {"name": "aioinfer", "version": aioinfer.__version__, "extensions": list(EXTENSIONS)}
+        )
+
+    async def model_metadata(self, request: Request) -> Response:
+        model = self._model_of(request)
+        versions = sorted(self.models[model.name], key=int)
+        return JSONResponse(
+            {
+                "name": model.name,
+                "versions": versions,
+                "platform": "onnx",
+                "inputs": [port_metadata(port) for port in model.inputs],
+                "outputs": [port_metadata(port) for port in model.outputs],
+            }
+        )
+
+    async def model_ready(self, request: Request) -> Response:
+        model = self._model_of(request)
+        ready = not self.closing
+        return JSONResponse({"name": model.name, "ready": ready}, status_code=200 if ready else 400)
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def infer(self, request: Request) -> Response:
+        model = self._model_of(request)
+        labels = (model.name, model.version)
+        self.metrics.requests.labels(*labels).inc()
+        started = time.perf_counter()
+        try:
+            if self.closing:
+                raise ProtocolError("the server is shutting down", status=503)
+            body = parse_infer_request(
+                await self._read_body(request), request.headers.get(HEADER_LENGTH), model.inputs
+            )
+            sequence = SequenceFlags.from_parameters(body.parameters)
+            wanted = _wanted_outputs(model, body)
+            with self._tracking(model):
+                results, waited = await _unless_disconnected(
+                    request.receive, lambda: model.infer(body.inputs, sequence)
+                )
+            outputs = [(name, results[name], binary) for name, binary in wanted]
+            content, header_length = encode_infer_response(
+                model.name, model.version, body.id, outputs
+            )
+        except (ProtocolError, AioinferError, ClientDisconnectedError) as exc:
+            status, reason = _status(exc)
+            self.metrics.failures.labels(*labels, reason).inc()
+            return JSONResponse({"error": str(exc)}, status_code=status)
+        self.metrics.latency.labels(*labels).observe(time.perf_counter() - started)
+        self.metrics.queue_time.labels(*labels).observe(waited)
+        if header_length is None:
+            return Response(content, media_type="application/json")
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(header_length)},
+        )
+
+    def _model_of(self, request: Request) -> ServedModel:
+        params = request.path_params
+        return self.find(params["model"], params.get("version"))
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.max_request_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ProtocolError(
+                f"the request body has {int(declared)} bytes; the limit is {limit}", status=413
+            )
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ProtocolError(f"the request body exceeds the limit of {limit} bytes", 413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _wanted_outputs(model: ServedModel, body: InferRequestBody) -> list[tuple[str, bool]]:
+    names = [port.name for port in model.outputs]
+    if body.outputs is None:
+        return [(name, body.binary_output) for name in names]
+    for output in body.outputs:
+        if output.name not in names:
+            known = ", ".join(map(repr, names))
+            raise ProtocolError(
+                f"the model has no output named {output.name!r}; its outputs are {known}"
+            )
+    return [(output.name, output.binary) for output in body.outputs]
+
+
+def _status(exc: Exception) -> tuple[int, str]:
+    """The HTTP status and the failure reason (a metrics label) of an error."""
+    if isinstance(exc, ProtocolError):
+        if exc.status == 503:
+            return 503, "busy"
+        return exc.status, "bad_request"
+    if isinstance(exc, ClientDisconnectedError):
+        return 499, "cancelled"
+    if isinstance(exc, (InputError, InferenceError)):
+        return 400, "bad_request"
+    if isinstance(exc, (RequestClosedError, InferCancelledError)):
+        return 503, "shutdown"
+    return 500, "error"
+
+
+async def _unless_disconnected(receive: Receive, work: Callable[[], Awaitable[T]]) -> T:
+    """Run ``work()``; cancel it when the client disconnects.
+
+    Raises:
+        ClientDisconnectedError: the client went away first.
+    """
+    outcome: list[Any] = []
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        group.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch)
+        try:
+            outcome.append(await work())
+        except Exception as exc:  # re-raised below, outside the task group
+            outcome.append(exc)
+        group.cancel_scope.cancel()
+    if not outcome:
+        raise ClientDisconnectedError("the client disconnected; its inference was cancelled")
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"error": f"{exc.detail}: {request.url.path}"}, status_code=exc.status_code)
+
+
+async def _protocol_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ProtocolError)
+    return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+
+def create_app(
+    source: str | Path | ModelRepository,
+    *,
+    configs: Mapping[str, ModelConfig] | None = None,
+    core: Core | None = None,
+    max_request_bytes: int = 64 * 2**20,
+    drain_timeout: float = 30.0,
+) -> Starlette:
+    """An ASGI app (Starlette) serving the models of ``source`` over the Open Inference
+    Protocol (KServe v2 REST), with Prometheus metrics at ``/metrics``.
+
+    ``source`` is a repository directory (``<repo>/<model>/<version>/model.onnx``), a
+    single ``.onnx`` file, or a :class:`ModelRepository`; ``configs`` gives models their
+    config in code (instead of ``config.json``). The models are compiled in the app's
+    lifespan; ``app.state.server`` is the :class:`ModelServer`. To mount the app in
+    another one, run its lifespan there: ``FastAPI(lifespan=app.router.lifespan_context)``.
+
+    Raises:
+        RepositoryError: the repository or a config file is invalid.
+    """
+    repository = source if isinstance(source, ModelRepository) else ModelRepository(source, configs)
+    server = ModelServer(
+        repository, core=core, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout
+    )
+    model = "/v2/models/{model}"
+    version = model + "/versions/{version}"
+    routes = [
+        Route("/v2/health/live", server.live),
+        Route("/v2/health/ready", server.ready),
+        Route("/v2", server.server_metadata),
+        Route(model, server.model_metadata),
+        Route(version, server.model_metadata),
+        Route(model + "/ready", server.model_ready),
+        Route(version + "/ready", server.model_ready),
+        Route(model + "/infer", server.infer, methods=["POST"]),
+        Route(version + "/infer", server.infer, methods=["POST"]),
+        Route("/metrics", server.metrics_text),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=server.lifespan,
+        exception_handlers={HTTPException: _http_error, ProtocolError: _protocol_error},
+    )
+    app.state.server = server
+    return app

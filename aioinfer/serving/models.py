@@ -1,0 +1,197 @@
+"""A served model version: its compiled model, a bounded pool of requests, its sequences."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+
+from aioinfer.devices.batch import BatchCompiledModel
+from aioinfer.plugin.async_request import AsyncInferRequest
+from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.results import InferResults
+from aioinfer.serving.protocol import ProtocolError
+from aioinfer.serving.repository import ModelConfig
+
+
+@dataclass(frozen=True)
+class SequenceFlags:
+    """The sequence parameters of one infer request (``sequence_id`` and its flags)."""
+
+    id: int | str
+    start: bool
+    end: bool
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Any]) -> SequenceFlags | None:
+        """The flags in a request's parameters; None when it names no sequence (id 0 or "").
+
+        Raises:
+            ProtocolError: a sequence id that is not an integer or a string.
+        """
+        sequence_id = parameters.get("sequence_id", 0)
+        if isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str)):
+            raise ProtocolError(f"sequence_id must be an integer or a string, got {sequence_id!r}")
+        if sequence_id in (0, ""):
+            return None
+        return cls(
+            sequence_id,
+            bool(parameters.get("sequence_start", False)),
+            bool(parameters.get("sequence_end", False)),
+        )
+
+
+class _Sequence:
+    """The request that keeps one sequence's state, used by one inference at a time."""
+
+    def __init__(self, request: AsyncInferRequest) -> None:
+        self.request = request
+        self.lock = anyio.Lock()
+        self.last_used = time.monotonic()
+
+
+class ServedModel:
+    """One version of a model as the server runs it.
+
+    At most ``max_concurrency`` inferences run at once (each on a pooled request); up to
+    ``max_queue`` more wait in arrival order; beyond that :meth:`infer` refuses with 503.
+    A request naming a sequence runs on that sequence's own request, which keeps its
+    state between the sequence's inferences and is dropped at ``sequence_end`` or after
+    ``sequence_idle_timeout_s`` without use.
+    """
+
+    def __init__(
+        self, name: str, version: str, compiled: CompiledModel, config: ModelConfig
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.compiled = compiled
+        self.config = config
+        self.max_concurrency = config.max_concurrency or _default_concurrency(compiled)
+        self._slots = anyio.Semaphore(self.max_concurrency)
+        self._idle: list[AsyncInferRequest] = []
+        self._sequences: dict[int | str, _Sequence] = {}
+        self._executed: Counter[int] = Counter()
+
+    @property
+    def inputs(self) -> list[Any]:
+        """The compiled model's input ports."""
+        return self.compiled.inputs
+
+    @property
+    def outputs(self) -> list[Any]:
+        """The compiled model's output ports."""
+        return self.compiled.outputs
+
+    @property
+    def sequences(self) -> dict[int | str, AsyncInferRequest]:
+        """The live sequences and the request each runs on."""
+        return {key: sequence.request for key, sequence in self._sequences.items()}
+
+    def batch_sizes(self) -> dict[int, int]:
+        """Executions so far by number of rows: the BATCH device's batches, or else each
+        inference's first-dimension size."""
+        if isinstance(self.compiled, BatchCompiledModel):
+            return self.compiled.batch_statistics()
+        return dict(self._executed)
+
+    async def infer(
+        self, inputs: dict[str, np.ndarray], sequence: SequenceFlags | None
+    ) -> tuple[InferResults, float]:
+        """Run one inference; return its results and the seconds it waited to start.
+
+        Raises:
+            ProtocolError: 503 when the queue is full; 400 for a sequence that is not
+                active and has no ``sequence_start``.
+            The errors of ``AsyncInferRequest.infer`` (bad input, failed kernel).
+        """
+        arrived = time.perf_counter()
+        if (
+            self._slots.value == 0
+            and self._slots.statistics().tasks_waiting >= self.config.max_queue
+        ):
+            raise ProtocolError(
+                f"model {self.name!r} is at capacity: {self.max_concurrency} inferences "
+                f"running and {self.config.max_queue} waiting (the queue limit)",
+                status=503,
+            )
+        async with self._slots:
+            if sequence is not None:
+                return await self._infer_in_sequence(inputs, sequence, arrived)
+            request = self._idle.pop() if self._idle else self.compiled.create_infer_request()
+            try:
+                waited = time.perf_counter() - arrived
+                results = await request.infer(inputs)
+            finally:
+                self._idle.append(request)
+            self._count(inputs)
+            return results, waited + _batch_wait(request)
+
+    async def _infer_in_sequence(
+        self, inputs: dict[str, np.ndarray], flags: SequenceFlags, arrived: float
+    ) -> tuple[InferResults, float]:
+        sequence = self._sequences.get(flags.id)
+        if flags.start:
+            if sequence is not None:
+                await self._drop(flags.id, sequence)
+            sequence = _Sequence(self.compiled.create_infer_request())
+            self._sequences[flags.id] = sequence
+        elif sequence is None:
+            raise ProtocolError(
+                f"sequence {flags.id!r} of model {self.name!r} is not active: its first "
+                f"request must set sequence_start (or it ended, or was idle for more than "
+                f"{self.config.sequence_idle_timeout_s:g} s)"
+            )
+        async with sequence.lock:
+            waited = time.perf_counter() - arrived
+            try:
+                results = await sequence.request.infer(inputs)
+            finally:
+                sequence.last_used = time.monotonic()
+                if flags.end and self._sequences.get(flags.id) is sequence:
+                    await self._drop(flags.id, sequence)
+        self._count(inputs)
+        return results, waited + _batch_wait(sequence.request)
+
+    async def _drop(self, key: int | str, sequence: _Sequence) -> None:
+        del self._sequences[key]
+        with anyio.CancelScope(shield=True):
+            await sequence.request.close()
+
+    async def drop_idle_sequences(self) -> None:
+        """Drop the sequences unused for longer than the idle timeout."""
+        limit = time.monotonic() - self.config.sequence_idle_timeout_s
+        for key, sequence in list(self._sequences.items()):
+            if sequence.last_used < limit and not sequence.lock.locked():
+                await self._drop(key, sequence)
+
+    def _count(self, inputs: dict[str, np.ndarray]) -> None:
+        if not isinstance(self.compiled, BatchCompiledModel):
+            first = next(iter(inputs.values()))
+            self._executed[int(first.shape[0]) if first.ndim else 1] += 1
+
+    async def close(self) -> None:
+        """Close every request and the compiled model (in-flight work is cancelled)."""
+        with anyio.CancelScope(shield=True):
+            await self.compiled.close()
+
+
+def _default_concurrency(compiled: CompiledModel) -> int:
+    optimal = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    if isinstance(compiled, BatchCompiledModel):
+        # Enough inferences in flight to fill a batch per stream, twice over.
+        return int(compiled.get_property("MAX_BATCH_SIZE")) * compiled.target.streams * 2
+    return optimal
+
+
+def _batch_wait(request: AsyncInferRequest) -> float:
+    """Seconds the last inference of ``request`` waited in a BATCH queue (0 if none)."""
+    for entry in request.get_profiling_info():
+        if entry.get("type") == "batch":
+            return float(entry["seconds"])
+    return 0.0

@@ -1,0 +1,329 @@
+"""The Open Inference Protocol (KServe v2) on the wire: tensors in JSON and binary form.
+
+An infer request body is a JSON header, optionally followed by raw tensor bytes (the
+binary tensor data extension): the ``Inference-Header-Content-Length`` HTTP header gives
+the JSON part's length, and each input with ``parameters.binary_data_size`` takes that
+many bytes from the rest, in input order. Responses use the same layout for outputs asked
+for in binary form (``parameters.binary_data`` per output, or ``binary_data_output`` for
+the whole request).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aioinfer.model import Port
+
+HEADER_LENGTH = "inference-header-content-length"
+"""The HTTP header that gives the JSON part's length of a body with binary tensors."""
+
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
+}
+"""Protocol datatype -> numpy dtype (``BYTES``: an object array of strings)."""
+
+_NAMES = {dtype: name for name, dtype in DATATYPES.items()}
+
+
+class ProtocolError(Exception):
+    """A request the server answers with an HTTP error ``status`` and ``{"error": ...}``."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def datatype(dtype: np.dtype) -> str:
+    """The protocol datatype of a numpy dtype (strings are ``BYTES``).
+
+    Raises:
+        ProtocolError: no protocol datatype for it.
+    """
+    if dtype.kind in "OSU":
+        return "BYTES"
+    try:
+        return _NAMES[dtype]
+    except KeyError:
+        raise ProtocolError(
+            f"element type {dtype} has no Open Inference Protocol datatype"
+        ) from None
+
+
+def port_metadata(port: Port) -> dict[str, Any]:
+    """``{"name", "datatype", "shape"}`` of a model port; -1 marks a dynamic dimension."""
+    shape = [-1] if port.shape is None else [d if isinstance(d, int) else -1 for d in port.shape]
+    return {"name": port.name, "datatype": datatype(port.dtype), "shape": shape}
+
+
+@dataclass
+class RequestedOutput:
+    """An output a request asks for, and whether it wants it as binary data."""
+
+    name: str
+    binary: bool
+
+
+@dataclass
+class InferRequestBody:
+    """A decoded infer request."""
+
+    id: str | None
+    parameters: dict[str, Any]
+    inputs: dict[str, np.ndarray]
+    outputs: list[RequestedOutput] | None
+    """The outputs asked for (None: every output)."""
+    binary_output: bool
+    """The default for outputs not asked for by name (``binary_data_output``)."""
+
+
+def parse_infer_request(
+    body: bytes, header_length: str | None, ports: Sequence[Port]
+) -> InferRequestBody:
+    """Decode an infer request body against the model's input ``ports``.
+
+    Raises:
+        ProtocolError: malformed JSON, an unknown or missing input, a datatype or shape
+            that disagrees with the data or the model, or binary sizes that do not add up.
+    """
+    if header_length is None:
+        header, binary = body, b""
+    else:
+        try:
+            length = int(header_length)
+        except ValueError:
+            raise ProtocolError(
+                f"Inference-Header-Content-Length must be an integer, got {header_length!r}"
+            ) from None
+        if not 0 <= length <= len(body):
+            raise ProtocolError(
+                f"Inference-Header-Content-Length is {length}, but the body has {len(body)} bytes"
+            )
+        header, binary = body[:length], body[length:]
+    try:
+        request = json.loads(header)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"the request is not valid JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise ProtocolError("the request must be a JSON object")
+    specs = _list(request, "inputs", required=True)
+    parameters = _parameters(request, "the request")
+    by_name = {port.name: port for port in ports}
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for spec in specs:
+        name, array, offset = _decode_input(spec, by_name, binary, offset)
+        if name in inputs:
+            raise ProtocolError(f"input {name!r} is given twice")
+        inputs[name] = array
+    if offset != len(binary):
+        raise ProtocolError(
+            f"the binary inputs take {offset} bytes, but {len(binary)} follow the JSON header"
+        )
+    missing = [port.name for port in ports if port.name not in inputs]
+    if missing:
+        raise ProtocolError(f"missing input(s) {', '.join(map(repr, missing))}")
+    binary_output = bool(parameters.get("binary_data_output", False))
+    outputs = None
+    if "outputs" in request:
+        outputs = []
+        for spec in _list(request, "outputs", required=False):
+            name = _name(spec, "output")
+            wants = _parameters(spec, f"output {name!r}")
+            if "classification" in wants:
+                raise ProtocolError(
+                    f"output {name!r}: the classification extension is not supported"
+                )
+            outputs.append(RequestedOutput(name, bool(wants.get("binary_data", binary_output))))
+    request_id = request.get("id")
+    return InferRequestBody(
+        None if request_id is None else str(request_id), parameters, inputs, outputs, binary_output
+    )
+
+
+def _list(request: Mapping[str, Any], key: str, required: bool) -> list[Any]:
+    value = request.get(key)
+    if value is None and not required:
+        return []
+    if not isinstance(value, list) or (required and not value):
+        raise ProtocolError(f"the request needs {key!r}: a non-empty list of tensors")
+    return value
+
+
+def _parameters(spec: Any, what: str) -> dict[str, Any]:
+    parameters = spec.get("parameters", {}) if isinstance(spec, dict) else {}
+    if not isinstance(parameters, dict):
+        raise ProtocolError(f"the parameters of {what} must be a JSON object")
+    return parameters
+
+
+def _name(spec: Any, kind: str) -> str:
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ProtocolError(f"each {kind} must be a JSON object with a string 'name'")
+    return str(spec["name"])
+
+
+def _decode_input(
+    spec: Any, ports: Mapping[str, Port], binary: bytes, offset: int
+) -> tuple[str, np.ndarray, int]:
+    name = _name(spec, "input")
+    port = ports.get(name)
+    if port is None:
+        known = ", ".join(map(repr, ports)) or "none"
+        raise ProtocolError(f"the model has no input named {name!r}; its inputs are {known}")
+    given = spec.get("datatype")
+    expected = datatype(port.dtype)
+    if given != expected:
+        raise ProtocolError(f"input {name!r}: datatype {given!r} given, the model takes {expected}")
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ProtocolError(
+            f"input {name!r}: 'shape' must be a list of integers >= 0, got {shape!r}"
+        )
+    count = int(np.prod(shape, dtype=np.int64))
+    size = _parameters(spec, f"input {name!r}").get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            raise ProtocolError(
+                f"input {name!r}: binary_data_size {size!r} does not fit the "
+                f"{len(binary) - offset} binary bytes left"
+            )
+        chunk = binary[offset : offset + size]
+        array = _from_bytes(name, chunk, expected, count)
+        offset += size
+    elif "data" in spec:
+        array = _from_json(name, spec["data"], expected, count)
+    else:
+        raise ProtocolError(f"input {name!r} has neither 'data' nor binary_data_size")
+    return name, array.reshape(shape), offset
+
+
+def _from_bytes(name: str, chunk: bytes, kind: str, count: int) -> np.ndarray:
+    if kind == "BYTES":
+        items = _unpack_bytes(name, chunk)
+        if len(items) != count:
+            raise ProtocolError(f"input {name!r}: {len(items)} strings for {count} elements")
+        return _objects(items)
+    dtype = DATATYPES[kind].newbyteorder("<")
+    if len(chunk) != count * dtype.itemsize:
+        raise ProtocolError(
+            f"input {name!r}: {len(chunk)} binary bytes, the shape needs "
+            f"{count} x {dtype.itemsize} = {count * dtype.itemsize}"
+        )
+    return np.frombuffer(chunk, dtype).astype(DATATYPES[kind], copy=False)
+
+
+def _unpack_bytes(name: str, chunk: bytes) -> list[bytes]:
+    items, offset = [], 0
+    while offset < len(chunk):
+        if offset + 4 > len(chunk):
+            raise ProtocolError(f"input {name!r}: truncated BYTES element length")
+        (length,) = struct.unpack_from("<I", chunk, offset)
+        offset += 4
+        if offset + length > len(chunk):
+            raise ProtocolError(f"input {name!r}: truncated BYTES element")
+        items.append(chunk[offset : offset + length])
+        offset += length
+    return items
+
+
+def _from_json(name: str, data: Any, kind: str, count: int) -> np.ndarray:
+    if kind == "BYTES":
+        flat = _objects(list(_flatten(data)))
+    else:
+        try:
+            flat = np.asarray(data, dtype=DATATYPES[kind]).reshape(-1)
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"input {name!r}: 'data' is not {kind} values ({exc})") from None
+    if flat.size != count:
+        raise ProtocolError(
+            f"input {name!r}: {flat.size} values in 'data', the shape needs {count}"
+        )
+    return flat
+
+
+def _objects(items: list[Any]) -> np.ndarray:
+    """A 1-D object array of ``items`` (numpy would split equal-length strings)."""
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+def _flatten(data: Any) -> Any:
+    if isinstance(data, list):
+        for item in data:
+            yield from _flatten(item)
+    else:
+        yield data
+
+
+def encode_infer_response(
+    model: str,
+    version: str,
+    request_id: str | None,
+    outputs: Sequence[tuple[str, np.ndarray, bool]],
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[bytes, int | None]:
+    """The response body for ``outputs`` (name, array, binary) and the JSON part's length
+    when some output is binary (for ``Inference-Header-Content-Length``), else None."""
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for name, array, binary in outputs:
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": datatype(array.dtype),
+            "shape": list(array.shape),
+        }
+        if binary:
+            chunk = _to_bytes(array)
+            entry["parameters"] = {"binary_data_size": len(chunk)}
+            chunks.append(chunk)
+        else:
+            entry["data"] = _to_json(array)
+        entries.append(entry)
+    response: dict[str, Any] = {"model_name": model, "model_version": version}
+    if request_id is not None:
+        response["id"] = request_id
+    if parameters:
+        response["parameters"] = dict(parameters)
+    response["outputs"] = entries
+    header = json.dumps(response, separators=(",", ":")).encode()
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def _to_bytes(array: np.ndarray) -> bytes:
+    if datatype(array.dtype) == "BYTES":
+        parts = []
+        for item in array.reshape(-1):
+            raw = item if isinstance(item, bytes) else str(item).encode()
+            parts.append(struct.pack("<I", len(raw)) + raw)
+        return b"".join(parts)
+    return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+
+
+def _to_json(array: np.ndarray) -> list[Any]:
+    flat = array.reshape(-1)
+    if datatype(array.dtype) == "BYTES":
+        return [item.decode() if isinstance(item, bytes) else str(item) for item in flat]
+    return flat.tolist()

@@ -1,0 +1,193 @@
+"""The model repository: ``<repo>/<model>/<version>/model.onnx`` plus per-model config.
+
+A repository is a directory with one directory per model; in it, one directory per
+version (a positive integer) holding ``model.onnx``, and optionally ``config.json``:
+
+    {
+      "device": "CPU",                      // the device to compile for
+      "hint": "THROUGHPUT",                 // PERFORMANCE_HINT
+      "batching": {"max_batch_size": 32, "timeout_ms": 1},   // or true / false
+      "stateful": {"past": "present"},      // STATEFUL pairs, or "auto"
+      "properties": {"NUM_STREAMS": 2},     // any other compile property
+      "max_concurrency": 64,                // inferences in flight (default: see below)
+      "max_queue": 256,                     // inferences waiting; beyond: HTTP 503
+      "sequence_idle_timeout_s": 60         // a sequence idle this long is dropped
+    }
+
+A single ``.onnx`` file is a repository of one model (named after the file, version 1).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aioinfer.errors import RepositoryError
+
+CONFIG_FILE = "config.json"
+MODEL_FILE = "model.onnx"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """How one model is compiled and served.
+
+    ``batching`` is None (the device decides: the THROUGHPUT hint batches a batchable
+    model), False (never batch) or ``{"max_batch_size": N, "timeout_ms": T}`` (the BATCH
+    device). ``max_concurrency`` None means: ``MAX_BATCH_SIZE`` x streams x 2 for a
+    batching model, else the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
+    """
+
+    device: str = "CPU"
+    hint: str | None = None
+    batching: Mapping[str, Any] | bool | None = None
+    stateful: Mapping[str, str] | str | None = None
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    max_concurrency: int | None = None
+    max_queue: int = 256
+    sequence_idle_timeout_s: float = 60.0
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str) -> ModelConfig:
+        """Check and convert a config file's contents.
+
+        Raises:
+            RepositoryError: an unknown key or a value of the wrong type (named, with
+                ``where`` the file).
+        """
+        kinds: dict[str, tuple[type, ...]] = {
+            "device": (str,),
+            "hint": (str,),
+            "batching": (dict, bool),
+            "stateful": (dict, str),
+            "properties": (dict,),
+            "max_concurrency": (int,),
+            "max_queue": (int,),
+            "sequence_idle_timeout_s": (int, float),
+        }
+        for key, value in values.items():
+            if key not in kinds:
+                raise RepositoryError(
+                    f"{where}: unknown key {key!r}; known keys: {', '.join(kinds)}"
+                )
+            # bool is an int to Python, not to a config file.
+            if not isinstance(value, kinds[key]) or (
+                isinstance(value, bool) and bool not in kinds[key]
+            ):
+                names = " or ".join(k.__name__ for k in kinds[key])
+                raise RepositoryError(f"{where}: {key!r} must be {names}, got {value!r}")
+        batching = values.get("batching")
+        if isinstance(batching, dict):
+            unknown = set(batching) - {"max_batch_size", "timeout_ms"}
+            if unknown:
+                raise RepositoryError(
+                    f"{where}: unknown batching key(s) {sorted(unknown)}; "
+                    "known: max_batch_size, timeout_ms"
+                )
+        for key in ("max_concurrency", "max_queue"):
+            if key in values and values[key] < (1 if key == "max_concurrency" else 0):
+                raise RepositoryError(f"{where}: {key!r} is {values[key]}, too small")
+        return cls(**values)
+
+    def device_and_config(self, supported: Collection[str]) -> tuple[str, dict[str, Any]]:
+        """The device string and compile config this model is compiled with, given the
+        properties the device supports."""
+        config = dict(self.properties)
+        device = self.device
+        if self.hint is not None:
+            config["PERFORMANCE_HINT"] = self.hint
+        if self.stateful is not None:
+            config["STATEFUL"] = self.stateful
+        if self.batching is False:
+            if "ALLOW_AUTO_BATCHING" in supported:  # else the device never batches
+                config["ALLOW_AUTO_BATCHING"] = False
+        elif self.batching is not None:
+            device = f"BATCH:{self.device}"
+            if isinstance(self.batching, Mapping):
+                if "max_batch_size" in self.batching:
+                    config["MAX_BATCH_SIZE"] = self.batching["max_batch_size"]
+                if "timeout_ms" in self.batching:
+                    config["BATCH_TIMEOUT_MS"] = self.batching["timeout_ms"]
+        return device, config
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model of a repository: its versions (name -> model file) and config."""
+
+    name: str
+    versions: dict[str, Path]
+    config: ModelConfig
+
+    @property
+    def latest(self) -> str:
+        """The highest version: the one served when a request names none."""
+        return max(self.versions, key=int)
+
+
+class ModelRepository:
+    """The models found under a repository directory (or one ``.onnx`` file).
+
+    ``configs`` overrides or supplies the config of models by name (for an app built in
+    code, or a single file).
+
+    Raises:
+        RepositoryError: the path does not exist, holds no model, a model directory has no
+            version with ``model.onnx``, or a config file is invalid.
+    """
+
+    def __init__(self, path: str | Path, configs: Mapping[str, ModelConfig] | None = None) -> None:
+        self.path = Path(path)
+        overrides = dict(configs or {})
+        if self.path.is_file():
+            if self.path.suffix != ".onnx":
+                raise RepositoryError(f"{str(self.path)!r} is not an .onnx file or a directory")
+            name = self.path.stem
+            entries = [ModelEntry(name, {"1": self.path}, overrides.get(name, ModelConfig()))]
+        elif self.path.is_dir():
+            entries = [
+                self._scan(directory, overrides.get(directory.name))
+                for directory in sorted(self.path.iterdir())
+                if directory.is_dir() and not directory.name.startswith((".", "_"))
+            ]
+        else:
+            raise RepositoryError(f"model repository {str(self.path)!r} does not exist")
+        if not entries:
+            raise RepositoryError(
+                f"no models in {str(self.path)!r}: expected <repo>/<model>/<version>/{MODEL_FILE}"
+            )
+        self.models: dict[str, ModelEntry] = {entry.name: entry for entry in entries}
+        unknown = set(overrides) - set(self.models)
+        if unknown:
+            raise RepositoryError(f"configs given for unknown model(s) {sorted(unknown)}")
+
+    def _scan(self, directory: Path, override: ModelConfig | None) -> ModelEntry:
+        versions = {
+            child.name: child / MODEL_FILE
+            for child in directory.iterdir()
+            if child.is_dir() and child.name.isdigit() and int(child.name) > 0
+            if (child / MODEL_FILE).is_file()
+        }
+        if not versions:
+            raise RepositoryError(
+                f"model {directory.name!r} has no version: expected "
+                f"{directory!s}/<version>/{MODEL_FILE} with <version> a positive integer"
+            )
+        config_path = directory / CONFIG_FILE
+        config = override or ModelConfig()
+        if override is None and config_path.is_file():
+            config = ModelConfig.from_mapping(_read_json(config_path), str(config_path))
+        return ModelEntry(directory.name, versions, config)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise RepositoryError(f"{path!s}: cannot read it as JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise RepositoryError(f"{path!s}: expected a JSON object")
+    return values

@@ -1,0 +1,157 @@
+"""Fuse biases, residual Adds and activations into the Conv/Gemm/MatMul that feeds them.
+
+- ``Add(Conv(x, W), b)`` with a constant per-channel ``b`` (shape ``[C, 1, ...]`` or
+  ``[1, C, 1, ...]``) moves ``b`` into the Conv's bias.
+- ``Add(Conv(...), z)`` (a residual connection, as in ResNets) becomes
+  ``ai.aioinfer::FusedConv(x, W, B, z)``: the sum is added in place.
+- ``Relu``/``LeakyRelu``/``Clip``/``Sigmoid``/``Tanh``/``Gelu`` after a Conv, Gemm or
+  MatMul (or their fused forms) becomes the ``activation`` attribute of
+  ``FusedConv``/``FusedGemm``/``FusedMatMul``, applied in place on the product.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from aioinfer.transforms.rewrite import (
+    AIOINFER_DOMAIN,
+    RewritePass,
+    constant,
+    initializer,
+    is_op,
+    producer,
+    replace,
+    scalar,
+    single_use,
+)
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)
+_FUSED_OF = {"Conv": "FusedConv", "Gemm": "FusedGemm", "MatMul": "FusedMatMul"}
+
+
+def _activation(node: ir.Node) -> tuple[str, list[float]] | None:
+    """The activation ``node`` computes (name, parameters), if the fused kernels have it."""
+    if is_op(node, "Relu", "Sigmoid", "Tanh"):
+        return node.op_type, []
+    if is_op(node, "Gelu", domain=AIOINFER_DOMAIN):
+        return "Gelu", []
+    if is_op(node, "Gelu"):
+        approximate = node.attributes.get("approximate")
+        return ("Gelu", []) if approximate is None or approximate.as_string() == "none" else None
+    if is_op(node, "LeakyRelu"):
+        alpha = node.attributes.get("alpha")
+        return "LeakyRelu", [0.01 if alpha is None else alpha.as_float()]
+    if is_op(node, "Clip"):
+        if "min" in node.attributes or "max" in node.attributes:  # opset < 11
+            low_attr = node.attributes.get("min")
+            high_attr = node.attributes.get("max")
+            return "Clip", [
+                float(np.finfo(np.float32).min) if low_attr is None else low_attr.as_float(),
+                float(np.finfo(np.float32).max) if high_attr is None else high_attr.as_float(),
+            ]
+        bounds = [*node.inputs[1:3], None, None][:2]
+        values = [scalar(v) if v is not None else None for v in bounds]
+        if any(v is None and b is not None for v, b in zip(values, bounds)):
+            return None
+        low, high = values
+        return "Clip", [
+            float(np.finfo(np.float32).min) if low is None else low,
+            float(np.finfo(np.float32).max) if high is None else high,
+        ]
+    return None
+
+
+def _fusable(node: ir.Node | None) -> bool:
+    """A Conv/Gemm/MatMul (or fused form without an activation) with a float output."""
+    if node is None or node.outputs[0].dtype not in (None, *_FLOATS):
+        return False
+    if is_op(node, *_FUSED_OF):
+        return True
+    return is_op(node, *_FUSED_OF.values(), domain=AIOINFER_DOMAIN) and (
+        "activation" not in node.attributes
+    )
+
+
+def _fused_node(source: ir.Node, inputs: list[ir.Value | None], extra: list[ir.Attr]) -> ir.Node:
+    op_type = _FUSED_OF.get(source.op_type, source.op_type)
+    attrs = {a.name: a for a in source.attributes.values()}
+    attrs.update({a.name: a for a in extra})
+    return ir.Node(
+        AIOINFER_DOMAIN, op_type, inputs, list(attrs.values()), num_outputs=1, name=source.name
+    )
+
+
+class FuseActivationPass(RewritePass):
+    """Biases, residual sums and activations go into the product that feeds them."""
+
+    def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
+        if is_op(node, "Add") and len(node.inputs) == 2:
+            return self._add(graph, node)
+        act = _activation(node)
+        if act is None:
+            return False
+        source = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if not _fusable(source) or not single_use(node.inputs[0]):
+            return False
+        assert source is not None
+        name, params = act
+        extra = [ir.AttrString("activation", name)]
+        if params:
+            extra.append(ir.AttrFloat32s("activation_params", params))
+        replace(
+            graph, [source, node], _fused_node(source, list(source.inputs), extra), node.outputs[0]
+        )
+        return True
+
+    def _add(self, graph: ir.Graph, node: ir.Node) -> bool:
+        for index in (0, 1):
+            value, other = node.inputs[index], node.inputs[1 - index]
+            conv = producer(value, "Conv") or producer(value, "FusedConv", domain=AIOINFER_DOMAIN)
+            if conv is None or not single_use(value) or other is value or not _fusable(conv):
+                continue
+            if len(conv.inputs) > 3:  # already has a residual
+                continue
+            inputs = [*conv.inputs, None, None][:3]
+            bias = self._channel_bias(graph, conv, inputs[2], other)
+            if bias is not None:
+                inputs[2] = bias
+                fused = (
+                    _fused_node(conv, inputs, [])
+                    if conv.domain == AIOINFER_DOMAIN
+                    else ir.Node(
+                        "",
+                        "Conv",
+                        inputs,
+                        list(conv.attributes.values()),
+                        num_outputs=1,
+                        name=conv.name,
+                    )
+                )
+            else:
+                fused = _fused_node(conv, [*inputs, other], [])
+            replace(graph, [conv, node], fused, node.outputs[0])
+            return True
+        return False
+
+    @staticmethod
+    def _channel_bias(
+        graph: ir.Graph, conv: ir.Node, old: ir.Value | None, added: ir.Value | None
+    ) -> ir.Value | None:
+        """A new bias input when ``added`` is a constant per-output-channel bias."""
+        values, weight = constant(added), constant(conv.inputs[1])
+        if values is None or weight is None:
+            return None
+        channels = weight.shape[0]
+        rank = weight.ndim  # the output's rank equals the weight's rank
+        shape = values.shape
+        per_channel = (
+            len(shape) == rank - 1 and shape[0] == channels and values.size == channels
+        ) or (len(shape) == rank and shape[:2] == (1, channels) and values.size == channels)
+        if not per_channel:
+            return None
+        base = np.zeros(channels) if old is None else constant(old)
+        if base is None:
+            return None
+        total = base.astype(np.float64).reshape(-1) + values.astype(np.float64).reshape(-1)
+        return initializer(graph, f"{conv.name or 'conv'}.bias", total.astype(weight.dtype))

@@ -1,0 +1,188 @@
+"""Make-stateful: chosen input/output pairs of a graph become internal variables.
+
+ONNX has no state operator, so a model with a KV cache or an RNN state takes the old
+state as an input and returns the new one as an output. Given pairs
+``{input name: output name}`` (the ``STATEFUL`` config), this pass turns each pair into
+a *variable*, named after the input, with two ops of the ``ai.aioinfer`` domain:
+
+- ``ai.aioinfer::ReadValue(variable_id=name) -> value`` produces what the input gave:
+  the variable's current value. The input leaves ``graph.inputs``.
+- ``ai.aioinfer::Assign(value, variable_id=name)`` consumes what the output gave: the
+  variable's value for the next step. The output leaves ``graph.outputs``.
+
+A device lowers the two ops as inputs and outputs of its executable form (the CPU plan
+fills ReadValue values from the request's variables before a run and reads Assign values
+after it completed), so that each request keeps its own variables.
+
+``"auto"`` pairs every input with the output that the first matching convention of
+:data:`AUTO_CONVENTIONS` names (``*`` matches any text, the same text on both sides).
+
+Assign nodes have no outputs: run this pass after unused-node removal.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import onnx_ir as ir
+
+from aioinfer.errors import InvalidPropertyValueError
+
+STATE_DOMAIN = "ai.aioinfer"
+"""The domain of aioinfer's own ops."""
+READ_VALUE = "ReadValue"
+ASSIGN = "Assign"
+
+AUTO_CONVENTIONS: tuple[tuple[str, str], ...] = (
+    ("past_key_values.*", "present.*"),  # Hugging Face Optimum, onnxruntime-genai
+    ("*past*", "*present*"),  # past_0 -> present_0, past_key_values.0 -> present_key_values.0
+    ("*h0", "*hn"),  # PyTorch RNN naming: h0 -> hn, lstm.h0 -> lstm.hn
+    ("*c0", "*cn"),
+    ("*state_in*", "*state_out*"),  # state_in -> state_out, rnn_state_in_1 -> ..._out_1
+)
+"""``(input pattern, output pattern)`` pairs that ``"auto"`` tries, in this order."""
+
+
+def _feeds(graph: ir.Graph) -> dict[str, ir.Value]:
+    return {v.name: v for v in graph.inputs if v.name and v.name not in graph.initializers}
+
+
+def _outputs(graph: ir.Graph) -> dict[str, ir.Value]:
+    return {v.name: v for v in graph.outputs if v.name}
+
+
+def _auto_pairs(inputs: Mapping[str, ir.Value], outputs: Mapping[str, ir.Value]) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for input_name in inputs:
+        for input_pattern, output_pattern in AUTO_CONVENTIONS:
+            regex = "(.*)".join(re.escape(part) for part in input_pattern.split("*"))
+            match = re.fullmatch(regex, input_name)
+            if match is None:
+                continue
+            pieces = output_pattern.split("*")
+            output_name = pieces[0] + "".join(
+                group + piece for group, piece in zip(match.groups(), pieces[1:])
+            )
+            if output_name in outputs and output_name not in pairs.values():
+                pairs[input_name] = output_name
+                break
+    return pairs
+
+
+def _names(values: Mapping[str, ir.Value]) -> str:
+    return ", ".join(repr(n) for n in values) or "none"
+
+
+def _rank(value: ir.Value) -> int | None:
+    return None if value.shape is None else len(value.shape)
+
+
+def _check_pair(input_value: ir.Value, output_value: ir.Value) -> str | None:
+    """Why the pair cannot be a variable, or None."""
+    if not isinstance(input_value.type, ir.TensorType) or not isinstance(
+        output_value.type, ir.TensorType
+    ):
+        return "a variable holds a tensor, and this pair is not a pair of tensors"
+    if input_value.dtype != output_value.dtype:
+        return (
+            f"the element types differ (input {_type_name(input_value)}, "
+            f"output {_type_name(output_value)})"
+        )
+    input_rank, output_rank = _rank(input_value), _rank(output_value)
+    if input_rank is None:
+        return "the input has no known rank; a variable needs one for its initial value"
+    if output_rank is not None and output_rank != input_rank:
+        return f"the ranks differ (input rank {input_rank}, output rank {output_rank})"
+    return None
+
+
+def _type_name(value: ir.Value) -> str:
+    return "unknown" if value.dtype is None else value.dtype.name.lower()
+
+
+def stateful_pairs(graph: ir.Graph, config: str | Mapping[str, str] | None) -> dict[str, str]:
+    """The validated pairs ``{input name: output name}`` that ``config`` asks for.
+
+    ``config`` is the parsed ``STATEFUL`` property: ``"AUTO"``, a mapping, or None (no
+    state). The pairs come back in the order of the graph's inputs.
+
+    Raises:
+        InvalidPropertyValueError: a name the graph does not have (the message lists the
+            real ones); a pair whose element types or ranks differ (the message names the
+            pair); ``"AUTO"`` on a graph where no convention matches.
+    """
+    inputs, outputs = _feeds(graph), _outputs(graph)
+    if config is None:
+        return {}
+    if isinstance(config, str):
+        pairs = _auto_pairs(inputs, outputs)
+        if not pairs:
+            conventions = ", ".join(f"{i} -> {o}" for i, o in AUTO_CONVENTIONS)
+            raise InvalidPropertyValueError(
+                f"STATEFUL is 'auto' but no input/output pair of the model follows a known "
+                f"convention ({conventions}); its inputs are {_names(inputs)}, its outputs "
+                f"are {_names(outputs)}: give the pairs as {{input name: output name}}"
+            )
+    else:
+        pairs = dict(config)
+    for input_name, output_name in pairs.items():
+        if input_name not in inputs:
+            raise InvalidPropertyValueError(
+                f"STATEFUL pair {input_name!r} -> {output_name!r}: the model has no input "
+                f"named {input_name!r}; its inputs are {_names(inputs)}"
+            )
+        if output_name not in outputs:
+            raise InvalidPropertyValueError(
+                f"STATEFUL pair {input_name!r} -> {output_name!r}: the model has no output "
+                f"named {output_name!r}; its outputs are {_names(outputs)}"
+            )
+        problem = _check_pair(inputs[input_name], outputs[output_name])
+        if problem is not None:
+            raise InvalidPropertyValueError(
+                f"STATEFUL pair {input_name!r} -> {output_name!r}: {problem}"
+            )
+    return {name: pairs[name] for name in inputs if name in pairs}
+
+
+class MakeStatefulPass(ir.passes.InPlacePass):
+    """Turn each ``{input name: output name}`` pair into a ReadValue/Assign variable.
+
+    The pairs must have been validated by :func:`stateful_pairs`.
+    """
+
+    def __init__(self, pairs: Mapping[str, str]) -> None:
+        super().__init__()
+        self.pairs = dict(pairs)
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not self.pairs:
+            return ir.passes.PassResult(model, modified=False)
+        graph = model.graph
+        inputs, outputs = _feeds(graph), _outputs(graph)
+        first = next(iter(graph), None)
+        for input_name, output_name in self.pairs.items():
+            past, present = inputs[input_name], outputs[output_name]
+            graph.inputs.remove(past)
+            variable = ir.AttrString("variable_id", input_name)
+            # The input's value becomes the ReadValue's output: every use stays in place.
+            read = ir.Node(
+                STATE_DOMAIN, READ_VALUE, [], [variable], outputs=[past], name=f"{input_name}/read"
+            )
+            if first is None:
+                graph.append(read)
+            else:
+                graph.insert_before(first, read)
+            graph.outputs.remove(present)
+            graph.append(
+                ir.Node(
+                    STATE_DOMAIN,
+                    ASSIGN,
+                    [present],
+                    [variable],
+                    num_outputs=0,
+                    name=f"{input_name}/assign",
+                )
+            )
+        model.opset_imports.setdefault(STATE_DOMAIN, 1)
+        return ir.passes.PassResult(model, modified=True)

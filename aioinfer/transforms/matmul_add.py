@@ -1,0 +1,69 @@
+"""MatMul followed by an Add of a bias becomes one node.
+
+``Add(MatMul(A, W), b)`` with a 2-D A and constant 2-D W becomes ``Gemm(A, W, b)``, any
+other shape ``ai.aioinfer::FusedMatMul(A, W, b)``: the bias is added in place on the
+product instead of in a second pass that allocates a new tensor.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from aioinfer.transforms.rewrite import (
+    AIOINFER_DOMAIN,
+    RewritePass,
+    constant,
+    is_op,
+    producer,
+    replace,
+    single_use,
+)
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)
+
+
+def _rank(value: ir.Value | None) -> int | None:
+    return None if value is None or value.shape is None else len(value.shape)
+
+
+class FuseMatMulAddPass(RewritePass):
+    """``Add(MatMul(A, W), b)`` -> ``Gemm`` (2-D) or ``FusedMatMul`` with a bias."""
+
+    def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
+        if not is_op(node, "Add") or len(node.inputs) != 2:
+            return False
+        for index in (0, 1):
+            product = node.inputs[index]
+            bias = node.inputs[1 - index]
+            matmul = producer(product, "MatMul") or producer(
+                product, "FusedMatMul", domain=AIOINFER_DOMAIN
+            )
+            if matmul is None or not single_use(product) or product is bias:
+                continue
+            if product is None or product.dtype not in (None, *_FLOATS) or len(matmul.inputs) > 2:
+                continue
+            if "activation" in matmul.attributes:
+                continue
+            fused = self._gemm(matmul, bias) or ir.Node(
+                AIOINFER_DOMAIN,
+                "FusedMatMul",
+                [*matmul.inputs, bias],
+                list(matmul.attributes.values()),
+                num_outputs=1,
+                name=matmul.name,
+            )
+            replace(graph, [matmul, node], fused, node.outputs[0])
+            return True
+        return False
+
+    @staticmethod
+    def _gemm(matmul: ir.Node, bias: ir.Value | None) -> ir.Node | None:
+        a, w = matmul.inputs[0], matmul.inputs[1]
+        weight, b = constant(w), constant(bias)
+        if matmul.op_type != "MatMul" or _rank(a) != 2 or weight is None or b is None:
+            return None
+        if weight.ndim != 2 or b.ndim > 2 or (b.ndim == 2 and b.shape[0] != 1):
+            return None
+        if b.size not in (1, weight.shape[1]):
+            return None
+        return ir.Node("", "Gemm", [a, w, bias], num_outputs=1, name=matmul.name)

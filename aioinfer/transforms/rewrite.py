@@ -1,0 +1,124 @@
+"""What the fusion passes share: matching helpers over onnx-ir and a rewrite-pass base.
+
+A fusion pass is a pattern and a rewrite: :class:`RewritePass` visits every node of the
+main graph (in order, again until nothing changes) and calls :meth:`RewritePass.rewrite`,
+which returns True when it replaced the node's neighbourhood. The helpers below answer the
+questions every pattern asks: which node produced a value, is it used once, is it a
+constant, a scalar.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+AIOINFER_DOMAIN = "ai.aioinfer"
+"""The domain of aioinfer's own (fused) operators; version 1."""
+
+
+def is_op(node: ir.Node | None, *op_types: str, domain: str = "") -> bool:
+    """Whether ``node`` is one of ``op_types`` of ``domain`` ("ai.onnx" counts as "")."""
+    if node is None:
+        return False
+    node_domain = "" if node.domain == "ai.onnx" else node.domain
+    return node_domain == domain and node.op_type in op_types
+
+
+def producer(value: ir.Value | None, *op_types: str, domain: str = "") -> ir.Node | None:
+    """The node of one of ``op_types`` that produced ``value``, else None."""
+    if value is None:
+        return None
+    node = value.producer()
+    return node if is_op(node, *op_types, domain=domain) else None
+
+
+def only_use(value: ir.Value | None) -> ir.Node | None:
+    """The one node that reads ``value`` when it has exactly one use and is no graph
+    output (so a rewrite may make it disappear), else None."""
+    if value is None or value.is_graph_output():
+        return None
+    uses = list(value.uses())
+    if len(uses) != 1:
+        return None
+    return uses[0][0]
+
+
+def single_use(value: ir.Value | None) -> bool:
+    """Whether ``value`` is read by exactly one node and is no graph output."""
+    return only_use(value) is not None
+
+
+def constant(value: ir.Value | None) -> np.ndarray | None:
+    """The compile-time value of ``value`` (an initializer), else None."""
+    if value is None or value.const_value is None:
+        return None
+    return np.asarray(value.const_value.numpy())
+
+
+def scalar(value: ir.Value | None) -> float | None:
+    """The value of a constant with a single element, as a float, else None."""
+    array = constant(value)
+    if array is None or array.size != 1 or array.dtype.kind not in "fiu":
+        return None
+    return float(array.reshape(()))
+
+
+def initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """Register ``array`` as a new initializer of ``graph`` named after ``name``."""
+    unique, index = name, 0
+    while unique in graph.initializers:
+        index += 1
+        unique = f"{name}_{index}"
+    value = ir.Value(
+        name=unique,
+        shape=ir.Shape(array.shape),
+        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+        const_value=ir.tensor(array, name=unique),
+    )
+    graph.register_initializer(value)
+    return value
+
+
+def replace(
+    graph: ir.Graph,
+    old_nodes: Sequence[ir.Node],
+    new_node: ir.Node,
+    old_output: ir.Value,
+) -> None:
+    """Put ``new_node`` where the last of ``old_nodes`` was, make its first output stand
+    for ``old_output`` (same name, shape and type, every use and graph output), and remove
+    ``old_nodes``."""
+    last = old_nodes[-1]
+    graph.insert_before(last, new_node)
+    new_output = new_node.outputs[0]
+    new_output.shape = old_output.shape
+    new_output.type = old_output.type
+    name = old_output.name
+    old_output.replace_all_uses_with(new_output, replace_graph_outputs=True)
+    old_output.name = None
+    new_output.name = name
+    for node in reversed(old_nodes):
+        graph.remove(node, safe=True)
+
+
+class RewritePass(ir.passes.InPlacePass):
+    """Run :meth:`rewrite` on every node of the main graph until nothing changes."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        modified = False
+        changed = True
+        while changed:
+            changed = False
+            for node in list(graph):
+                if node.graph is graph and self.rewrite(graph, node):
+                    changed = modified = True
+        if modified:
+            model.opset_imports.setdefault(AIOINFER_DOMAIN, 1)
+        return ir.passes.PassResult(model, modified=modified)
+
+    def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
+        """Rewrite the pattern rooted at ``node``, if it matches; return whether it did."""
+        raise NotImplementedError

@@ -1,0 +1,103 @@
+"""FuseActivationPass: biases, residual sums and activations go into Conv/Gemm/MatMul."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx.helper as oh
+import pytest
+
+from aioinfer.transforms.fuse_activation import FuseActivationPass
+from tests.helpers import make_model, tensor_info
+from tests.transforms._util import (
+    applied,
+    assert_close,
+    op_types,
+    run_compiled,
+    run_ir,
+    run_reference,
+)
+
+RNG = np.random.default_rng(3)
+
+
+def _attr(model: object, name: str) -> object:
+    node = next(iter(model.graph))  # type: ignore[attr-defined]
+    return node.attributes[name].value
+
+
+def test_conv_bias_residual_and_relu_become_one_fused_conv() -> None:
+    weights = {
+        "w": RNG.standard_normal((4, 4, 3, 3)).astype(np.float32),
+        "b": RNG.standard_normal((4, 1, 1)).astype(np.float32),
+    }
+    nodes = [
+        oh.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        oh.make_node("Add", ["c", "b"], ["cb"]),
+        oh.make_node("Add", ["cb", "x"], ["s"]),
+        oh.make_node("Relu", ["s"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("x", np.float32, [1, 4, 5, 5])],
+        [tensor_info("y", np.float32, [1, 4, 5, 5])],
+        weights,
+    )
+    after = applied(model, FuseActivationPass())
+    assert op_types(after) == ["FusedConv"]
+    assert _attr(after, "activation") == "Relu"
+    assert len(next(iter(after.graph)).inputs) == 4  # x, W, folded bias, residual
+    feeds = {"x": RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)}
+    want = run_reference(model, feeds)
+    assert_close(run_ir(after, feeds), want)
+    assert_close(run_compiled(model, feeds), want)
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs", "extra", "params"),
+    [
+        ("Relu", {}, {}, []),
+        ("LeakyRelu", {"alpha": 0.2}, {}, [0.2]),
+        ("Sigmoid", {}, {}, []),
+        ("Tanh", {}, {}, []),
+        (
+            "Clip",
+            {},
+            {"lo": np.array(-0.5, np.float32), "hi": np.array(0.7, np.float32)},
+            [-0.5, 0.7],
+        ),
+    ],
+)
+def test_gemm_and_matmul_take_the_activation(
+    op: str, attrs: dict[str, float], extra: dict[str, np.ndarray], params: list[float]
+) -> None:
+    act_inputs = ["g", "lo", "hi"] if op == "Clip" else ["g"]
+    for producer, fused in (("Gemm", "FusedGemm"), ("MatMul", "FusedMatMul")):
+        nodes = [
+            oh.make_node(producer, ["x", "w"], ["g"]),
+            oh.make_node(op, act_inputs, ["y"], **attrs),
+        ]
+        weights = {"w": RNG.standard_normal((6, 4)).astype(np.float32), **extra}
+        model = make_model(
+            nodes,
+            [tensor_info("x", np.float32, [3, 6])],
+            [tensor_info("y", np.float32, [3, 4])],
+            weights,
+        )
+        after = applied(model, FuseActivationPass())
+        assert op_types(after) == [fused]
+        assert _attr(after, "activation") == op
+        if params:
+            np.testing.assert_allclose(_attr(after, "activation_params"), params, rtol=1e-6)
+        feeds = {"x": RNG.standard_normal((3, 6)).astype(np.float32)}
+        assert_close(run_ir(after, feeds), run_reference(model, feeds))
+
+
+def test_activation_of_a_value_read_twice_stays() -> None:
+    nodes = [oh.make_node("MatMul", ["x", "w"], ["g"]), oh.make_node("Relu", ["g"], ["y"])]
+    model = make_model(
+        nodes,
+        [tensor_info("x", np.float32, [3, 6])],
+        [tensor_info("y", np.float32, [3, 4]), tensor_info("g", np.float32, [3, 4])],
+        {"w": RNG.standard_normal((6, 4)).astype(np.float32)},
+    )
+    assert op_types(applied(model, FuseActivationPass())) == ["MatMul", "Relu"]
