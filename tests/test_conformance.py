@@ -95,7 +95,7 @@ def check_dropout(
     kept = got[1] if len(got) > 1 else got[0] != 0
     scaled = x * x.dtype.type(1 / (1 - ratio))
     np.testing.assert_allclose(got[0], np.where(kept, scaled, 0), rtol=1e-6, err_msg=where)
-    if 0 < ratio < 1 and x.size >= 20:  # a fair coin per element cannot keep all or none
+    if 0 < ratio < 1 and x.size >= 20:  # one draw per element: not all kept, not all dropped
         assert 0 < np.count_nonzero(kept) < x.size, f"{where}: mask is all one value"
 
 

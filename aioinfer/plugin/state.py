@@ -133,9 +133,11 @@ class VariableStore:
         for variable in self.variables if name is None else [name]:
             self._values[variable] = None
 
-    def feed(self, sizes: Mapping[str, int]) -> list[np.ndarray]:
-        """The values for the next step, in variable order (initial values computed from
-        ``sizes`` but not stored: a step that does not complete changes nothing)."""
+    def feed(self) -> list[np.ndarray]:
+        """The values for the next step, in variable order. Initial values are computed
+        (from the inputs set now) but not stored: a step that does not complete changes
+        nothing."""
+        sizes = self._sizes() if any(v is None for v in self._values.values()) else {}
         return [
             self.variables[name].initial_value(sizes) if value is None else value
             for name, value in self._values.items()

@@ -266,7 +266,7 @@ def check_input(port: Port, value: Any, check_batch: bool = True) -> np.ndarray:
     expected = port.dtype
     if isinstance(value, np.ndarray):
         array = value
-        if expected == object and array.dtype.kind == "U":
+        if expected.kind == "O" and array.dtype.kind == "U":
             array = array.astype(object)  # string tensors: numpy str accepted too
         if array.dtype != expected:
             raise InputTypeError(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,7 +14,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive
 
 import aioinfer
 from aioinfer.core import Core
@@ -25,6 +24,7 @@ from aioinfer.errors import (
     InputError,
     RequestClosedError,
 )
+from aioinfer.serving.disconnect import ClientDisconnectedError, unless_disconnected
 from aioinfer.serving.metrics import CONTENT_TYPE, ServerMetrics
 from aioinfer.serving.models import SequenceFlags, ServedModel
 from aioinfer.serving.protocol import (
@@ -41,10 +41,6 @@ T = TypeVar("T")
 
 EXTENSIONS = ("binary_tensor_data", "sequence")
 """The protocol extensions this server implements (listed by ``GET /v2``)."""
-
-
-class ClientDisconnectedError(Exception):
-    """The client went away before its response was ready (its work was cancelled)."""
 
 
 class ModelServer:
@@ -106,6 +102,7 @@ class ModelServer:
     async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
         """Load the models; at the end, refuse new inferences, let the in-flight ones
         finish (up to ``drain_timeout``), then close the models."""
+        self.closing = False
         await self.load()
         async with anyio.create_task_group() as group:
             group.start_soon(self._drop_idle_sequences)
@@ -118,6 +115,7 @@ class ModelServer:
         with anyio.CancelScope(shield=True):
             for model in self._all_models():
                 await model.close()
+        self.models.clear()  # a later lifespan compiles them again
 
     async def drain(self) -> None:
         """Refuse new inferences and wait (up to ``drain_timeout``) for in-flight ones."""
@@ -136,7 +134,7 @@ class ModelServer:
 
     @contextmanager
     def _tracking(self, model: ServedModel) -> Iterator[None]:
-        gauge = self.metrics.in_flight.labels(model.name, model.version)
+        gauge = self.metrics.of(model).in_flight
         self._in_flight += 1
         gauge.inc()
         try:
@@ -207,19 +205,21 @@ class ModelServer:
 
     async def infer(self, request: Request) -> Response:
         model = self._model_of(request)
-        labels = (model.name, model.version)
-        self.metrics.requests.labels(*labels).inc()
+        metrics = self.metrics.of(model)
+        metrics.requests.inc()
         started = time.perf_counter()
         try:
             if self.closing:
                 raise ProtocolError("the server is shutting down", status=503)
             body = parse_infer_request(
-                await self._read_body(request), request.headers.get(HEADER_LENGTH), model.inputs
+                await self._read_body(request),
+                request.headers.get(HEADER_LENGTH),
+                model.input_datatypes,
             )
             sequence = SequenceFlags.from_parameters(body.parameters)
             wanted = _wanted_outputs(model, body)
             with self._tracking(model):
-                results, waited = await _unless_disconnected(
+                results, waited = await unless_disconnected(
                     request.receive, lambda: model.infer(body.inputs, sequence)
                 )
             outputs = [(name, results[name], binary) for name, binary in wanted]
@@ -228,10 +228,10 @@ class ModelServer:
             )
         except (ProtocolError, AioinferError, ClientDisconnectedError) as exc:
             status, reason = _status(exc)
-            self.metrics.failures.labels(*labels, reason).inc()
+            metrics.fail(reason)
             return JSONResponse({"error": str(exc)}, status_code=status)
-        self.metrics.latency.labels(*labels).observe(time.perf_counter() - started)
-        self.metrics.queue_time.labels(*labels).observe(waited)
+        metrics.latency.observe(time.perf_counter() - started)
+        metrics.queue_time.observe(waited)
         if header_length is None:
             return Response(content, media_type="application/json")
         return Response(
@@ -288,33 +288,6 @@ def _status(exc: Exception) -> tuple[int, str]:
     return 500, "error"
 
 
-async def _unless_disconnected(receive: Receive, work: Callable[[], Awaitable[T]]) -> T:
-    """Run ``work()``; cancel it when the client disconnects.
-
-    Raises:
-        ClientDisconnectedError: the client went away first.
-    """
-    outcome: list[Any] = []
-
-    async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        group.cancel_scope.cancel()
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(watch)
-        try:
-            outcome.append(await work())
-        except Exception as exc:  # re-raised below, outside the task group
-            outcome.append(exc)
-        group.cancel_scope.cancel()
-    if not outcome:
-        raise ClientDisconnectedError("the client disconnected; its inference was cancelled")
-    if isinstance(outcome[0], Exception):
-        raise outcome[0]
-    return outcome[0]
-
-
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     return JSONResponse({"error": f"{exc.detail}: {request.url.path}"}, status_code=exc.status_code)
@@ -351,7 +324,9 @@ def create_app(
     )
     model = "/v2/models/{model}"
     version = model + "/versions/{version}"
-    routes = [
+    routes = [  # the hot path first: routes are tried in order
+        Route(model + "/infer", server.infer, methods=["POST"]),
+        Route(version + "/infer", server.infer, methods=["POST"]),
         Route("/v2/health/live", server.live),
         Route("/v2/health/ready", server.ready),
         Route("/v2", server.server_metadata),
@@ -359,8 +334,6 @@ def create_app(
         Route(version, server.model_metadata),
         Route(model + "/ready", server.model_ready),
         Route(version + "/ready", server.model_ready),
-        Route(model + "/infer", server.infer, methods=["POST"]),
-        Route(version + "/infer", server.infer, methods=["POST"]),
         Route("/metrics", server.metrics_text),
     ]
     app = Starlette(

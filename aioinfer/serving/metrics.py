@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily, Metric
@@ -57,10 +58,37 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.registry.register(_BatchSizes(models))
+        self._bound: dict[tuple[str, str], ModelMetrics] = {}
+
+    def of(self, model: ServedModel) -> ModelMetrics:
+        """The metrics of one served model (label lookups done once)."""
+        key = (model.name, model.version)
+        found = self._bound.get(key)
+        if found is None:
+            found = self._bound[key] = ModelMetrics(
+                self.requests.labels(*key),
+                self.latency.labels(*key),
+                self.queue_time.labels(*key),
+                self.in_flight.labels(*key),
+                lambda reason: self.failures.labels(*key, reason).inc(),
+            )
+        return found
 
     def render(self) -> bytes:
         """The metrics in the Prometheus text format."""
         return generate_latest(self.registry)
+
+
+@dataclass(frozen=True)
+class ModelMetrics:
+    """The metrics of one model version, bound to its labels."""
+
+    requests: Counter
+    latency: Histogram
+    queue_time: Histogram
+    in_flight: Gauge
+    fail: Callable[[str], None]
+    """Count one failure with the given reason."""
 
 
 class _BatchSizes(Collector):

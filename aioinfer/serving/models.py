@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +15,7 @@ from aioinfer.devices.batch import BatchCompiledModel
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.results import InferResults
-from aioinfer.serving.protocol import ProtocolError
+from aioinfer.serving.protocol import ProtocolError, datatype
 from aioinfer.serving.repository import ModelConfig
 
 
@@ -46,6 +46,44 @@ class SequenceFlags:
         )
 
 
+class _Admission:
+    """At most ``limit`` holders at once; the others wait in arrival order.
+
+    Cheaper than a semaphore on the hot path: taking a free slot does not yield to the
+    event loop, and a released slot goes straight to the longest waiter.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.free = limit
+        self._waiters: deque[anyio.Event] = deque()
+
+    @property
+    def waiting(self) -> int:
+        """How many wait for a slot."""
+        return len(self._waiters)
+
+    async def acquire(self) -> None:
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return
+        event = anyio.Event()
+        self._waiters.append(event)
+        try:
+            await event.wait()
+        except anyio.get_cancelled_exc_class():
+            if event.is_set():  # the slot arrived as we were cancelled: pass it on
+                self.release()
+            else:
+                self._waiters.remove(event)
+            raise
+
+    def release(self) -> None:
+        if self._waiters:
+            self._waiters.popleft().set()
+        else:
+            self.free += 1
+
+
 class _Sequence:
     """The request that keeps one sequence's state, used by one inference at a time."""
 
@@ -73,7 +111,9 @@ class ServedModel:
         self.compiled = compiled
         self.config = config
         self.max_concurrency = config.max_concurrency or _default_concurrency(compiled)
-        self._slots = anyio.Semaphore(self.max_concurrency)
+        self.input_datatypes = {port.name: datatype(port.dtype) for port in compiled.inputs}
+        """The protocol datatype of each input, by name."""
+        self._slots = _Admission(self.max_concurrency)
         self._idle: list[AsyncInferRequest] = []
         self._sequences: dict[int | str, _Sequence] = {}
         self._executed: Counter[int] = Counter()
@@ -111,16 +151,14 @@ class ServedModel:
             The errors of ``AsyncInferRequest.infer`` (bad input, failed kernel).
         """
         arrived = time.perf_counter()
-        if (
-            self._slots.value == 0
-            and self._slots.statistics().tasks_waiting >= self.config.max_queue
-        ):
+        if self._slots.free == 0 and self._slots.waiting >= self.config.max_queue:
             raise ProtocolError(
                 f"model {self.name!r} is at capacity: {self.max_concurrency} inferences "
                 f"running and {self.config.max_queue} waiting (the queue limit)",
                 status=503,
             )
-        async with self._slots:
+        await self._slots.acquire()
+        try:
             if sequence is not None:
                 return await self._infer_in_sequence(inputs, sequence, arrived)
             request = self._idle.pop() if self._idle else self.compiled.create_infer_request()
@@ -131,6 +169,8 @@ class ServedModel:
                 self._idle.append(request)
             self._count(inputs)
             return results, waited + _batch_wait(request)
+        finally:
+            self._slots.release()
 
     async def _infer_in_sequence(
         self, inputs: dict[str, np.ndarray], flags: SequenceFlags, arrived: float

@@ -11,6 +11,7 @@ the whole request).
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ DATATYPES: dict[str, np.dtype] = {
 """Protocol datatype -> numpy dtype (``BYTES``: an object array of strings)."""
 
 _NAMES = {dtype: name for name, dtype in DATATYPES.items()}
+_LITTLE_ENDIAN = {name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items()}
 
 
 class ProtocolError(Exception):
@@ -95,9 +97,9 @@ class InferRequestBody:
 
 
 def parse_infer_request(
-    body: bytes, header_length: str | None, ports: Sequence[Port]
+    body: bytes, header_length: str | None, inputs: Mapping[str, str]
 ) -> InferRequestBody:
-    """Decode an infer request body against the model's input ``ports``.
+    """Decode an infer request body against the model's inputs (name -> datatype).
 
     Raises:
         ProtocolError: malformed JSON, an unknown or missing input, a datatype or shape
@@ -125,19 +127,18 @@ def parse_infer_request(
         raise ProtocolError("the request must be a JSON object")
     specs = _list(request, "inputs", required=True)
     parameters = _parameters(request, "the request")
-    by_name = {port.name: port for port in ports}
-    inputs: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray] = {}
     offset = 0
     for spec in specs:
-        name, array, offset = _decode_input(spec, by_name, binary, offset)
-        if name in inputs:
+        name, array, offset = _decode_input(spec, inputs, binary, offset)
+        if name in arrays:
             raise ProtocolError(f"input {name!r} is given twice")
-        inputs[name] = array
+        arrays[name] = array
     if offset != len(binary):
         raise ProtocolError(
             f"the binary inputs take {offset} bytes, but {len(binary)} follow the JSON header"
         )
-    missing = [port.name for port in ports if port.name not in inputs]
+    missing = [name for name in inputs if name not in arrays]
     if missing:
         raise ProtocolError(f"missing input(s) {', '.join(map(repr, missing))}")
     binary_output = bool(parameters.get("binary_data_output", False))
@@ -154,7 +155,7 @@ def parse_infer_request(
             outputs.append(RequestedOutput(name, bool(wants.get("binary_data", binary_output))))
     request_id = request.get("id")
     return InferRequestBody(
-        None if request_id is None else str(request_id), parameters, inputs, outputs, binary_output
+        None if request_id is None else str(request_id), parameters, arrays, outputs, binary_output
     )
 
 
@@ -181,15 +182,14 @@ def _name(spec: Any, kind: str) -> str:
 
 
 def _decode_input(
-    spec: Any, ports: Mapping[str, Port], binary: bytes, offset: int
+    spec: Any, inputs: Mapping[str, str], binary: bytes, offset: int
 ) -> tuple[str, np.ndarray, int]:
     name = _name(spec, "input")
-    port = ports.get(name)
-    if port is None:
-        known = ", ".join(map(repr, ports)) or "none"
+    expected = inputs.get(name)
+    if expected is None:
+        known = ", ".join(map(repr, inputs)) or "none"
         raise ProtocolError(f"the model has no input named {name!r}; its inputs are {known}")
     given = spec.get("datatype")
-    expected = datatype(port.dtype)
     if given != expected:
         raise ProtocolError(f"input {name!r}: datatype {given!r} given, the model takes {expected}")
     shape = spec.get("shape")
@@ -199,7 +199,7 @@ def _decode_input(
         raise ProtocolError(
             f"input {name!r}: 'shape' must be a list of integers >= 0, got {shape!r}"
         )
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     size = _parameters(spec, f"input {name!r}").get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or size < 0 or offset + size > len(binary):
@@ -223,7 +223,7 @@ def _from_bytes(name: str, chunk: bytes, kind: str, count: int) -> np.ndarray:
         if len(items) != count:
             raise ProtocolError(f"input {name!r}: {len(items)} strings for {count} elements")
         return _objects(items)
-    dtype = DATATYPES[kind].newbyteorder("<")
+    dtype = _LITTLE_ENDIAN[kind]
     if len(chunk) != count * dtype.itemsize:
         raise ProtocolError(
             f"input {name!r}: {len(chunk)} binary bytes, the shape needs "
@@ -319,7 +319,9 @@ def _to_bytes(array: np.ndarray) -> bytes:
             raw = item if isinstance(item, bytes) else str(item).encode()
             parts.append(struct.pack("<I", len(raw)) + raw)
         return b"".join(parts)
-    return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array.tobytes()
 
 
 def _to_json(array: np.ndarray) -> list[Any]:

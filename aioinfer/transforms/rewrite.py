@@ -9,6 +9,7 @@ constant, a scalar.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 
 import numpy as np
@@ -119,6 +120,6 @@ class RewritePass(ir.passes.InPlacePass):
             model.opset_imports.setdefault(AIOINFER_DOMAIN, 1)
         return ir.passes.PassResult(model, modified=modified)
 
+    @abc.abstractmethod
     def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
         """Rewrite the pattern rooted at ``node``, if it matches; return whether it did."""
-        raise NotImplementedError

@@ -48,34 +48,34 @@ def example_device() -> None:
     install_example_device()
 
 
-@pytest.fixture(scope="module", params=DEVICES)
+@pytest.fixture(scope="session", params=DEVICES)
 def device(request: pytest.FixtureRequest, example_device: None) -> str:
     """The device under test."""
     return str(request.param)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def core(device: str) -> ai.Core:
     core = ai.Core()
     assert device in core.available_devices
     return core
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def small(core: ai.Core, device: str) -> tuple[onnx.ModelProto, ai.CompiledModel]:
     """A 3-step chain: quick inferences."""
     model = chain_model(3)
     return model, core.compile_model(model, device)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def slow(core: ai.Core, device: str) -> tuple[onnx.ModelProto, ai.CompiledModel]:
     """A 400-step chain: an inference of 800 kernels, long enough to cancel midway."""
     model = chain_model(400)
     return model, core.compile_model(model, device)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mlp(core: ai.Core, device: str) -> tuple[onnx.ModelProto, ai.CompiledModel]:
     """Two outputs (``y``, ``z``) and a dynamic batch."""
     model = mlp_model()

@@ -24,7 +24,7 @@ from aioinfer.serving import create_app
 from tests.helpers import mlp_model, reference_outputs
 from tests.serving.conftest import WIDE, LiveServer, chain_model
 
-SLOW_ROWS = 256
+SLOW_ROWS = 1024
 
 
 def binary_body(inputs: dict[str, np.ndarray], **extra: Any) -> tuple[bytes, dict[str, str]]:
@@ -65,7 +65,9 @@ def slow_input() -> np.ndarray:
 def timed_slow_infer(url: str) -> float:
     body, headers = binary_body({"x": slow_input()})
     start = time.perf_counter()
-    response = httpx.post(f"http://{url}/v2/models/slow/infer", content=body, headers=headers, timeout=60)
+    response = httpx.post(
+        f"http://{url}/v2/models/slow/infer", content=body, headers=headers, timeout=60
+    )
     assert response.status_code == 200, response.text
     return time.perf_counter() - start
 
@@ -159,7 +161,7 @@ def test_request_size_limit_and_malformed_bodies(tmp_path: Path):
 def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(tmp_path: Path):
     onnx.save(chain_model(300), tmp_path / "slow.onnx")
     app = create_app(tmp_path / "slow.onnx")
-    live = LiveServer(app)
+    live = LiveServer(app, graceful_timeout=120)
     with live:
         full = timed_slow_infer(live.url)
         outcome: list[httpx.Response] = []
@@ -288,7 +290,7 @@ def test_a_sequence_keeps_its_state_in_its_own_request(server: LiveServer):
     assert accumulate(client, [1, 2], 11) == [2, 4]
     assert accumulate(client, [10, 10], 12, sequence_start=True) == [10, 10]
     assert accumulate(client, [1, 1], 11, sequence_end=True) == [3, 5]
-    with pytest.raises(InferenceServerException, match="sequence 11 .* is not active") as caught:
+    with pytest.raises(InferenceServerException, match=r"sequence 11 .* is not active") as caught:
         accumulate(client, [1, 1], 11)
     assert caught.value.status() == "400"
     assert accumulate(client, [10, 10], 12) == [20, 20]

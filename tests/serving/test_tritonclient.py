@@ -98,8 +98,11 @@ def test_several_input_types(client):
     b = rows(2, seed=2)[:, :3]
     scale = np.array([1, 2, 3], np.int64)
     inputs = []
-    for name, array, kind, binary in (("a", a, "FP32", True), ("b", b, "FP32", False),
-                                      ("scale", scale, "INT64", True)):
+    for name, array, kind, binary in (
+        ("a", a, "FP32", True),
+        ("b", b, "FP32", False),
+        ("scale", scale, "INT64", True),
+    ):
         tensor = httpclient.InferInput(name, list(array.shape), kind)
         tensor.set_data_from_numpy(array, binary_data=binary)
         inputs.append(tensor)

@@ -101,3 +101,52 @@ def test_activation_of_a_value_read_twice_stays() -> None:
         {"w": RNG.standard_normal((6, 4)).astype(np.float32)},
     )
     assert op_types(applied(model, FuseActivationPass())) == ["MatMul", "Relu"]
+
+
+def test_fused_kernels_handle_broadcasting_terms_and_vectors() -> None:
+    """A bias that grows the product, and a 1-D x 1-D product (a 0-d result)."""
+    nodes = [
+        oh.make_node("MatMul", ["x", "w"], ["m"]),
+        oh.make_node("Add", ["m", "b"], ["s"]),
+        oh.make_node("Relu", ["s"], ["y"]),
+        oh.make_node("MatMul", ["v", "v"], ["d"]),
+        oh.make_node("Sigmoid", ["d"], ["z"]),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("x", np.float32, [3, 6]), tensor_info("v", np.float32, [5])],
+        [tensor_info("y", np.float32, [2, 3, 4]), tensor_info("z", np.float32, [])],
+        {
+            "w": RNG.standard_normal((6, 4)).astype(np.float32),
+            "b": RNG.standard_normal((2, 1, 4)).astype(np.float32),
+        },
+    )
+    feeds = {
+        "x": RNG.standard_normal((3, 6)).astype(np.float32),
+        "v": RNG.standard_normal(5).astype(np.float32) / 3,
+    }
+    got = run_compiled(model, feeds)
+    assert_close(got, run_reference(model, feeds))
+    assert got[1].shape == ()
+
+
+def test_gelu_after_a_batched_conv() -> None:
+    """The activation runs on channel blocks of a batch of images (non-contiguous)."""
+    nodes = [
+        oh.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        oh.make_node("Gelu", ["c"], ["y"]),
+    ]
+    weights = {
+        "w": RNG.standard_normal((8, 3, 3, 3)).astype(np.float32),
+        "b": RNG.standard_normal(8).astype(np.float32),
+    }
+    model = make_model(
+        nodes,
+        [tensor_info("x", np.float32, [4, 3, 32, 32])],
+        [tensor_info("y", np.float32, [4, 8, 32, 32])],
+        weights,
+        opsets={"": 20},
+    )
+    assert op_types(applied(model, FuseActivationPass())) == ["FusedConv"]
+    feeds = {"x": RNG.standard_normal((4, 3, 32, 32)).astype(np.float32)}
+    assert_close(run_compiled(model, feeds), run_reference(model, feeds), rtol=1e-4, atol=1e-5)

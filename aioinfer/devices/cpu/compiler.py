@@ -67,9 +67,7 @@ def captured_values(graphs: Sequence[ir.Graph]) -> list[ir.Value]:
     return [v for v in used if v not in defined]
 
 
-def lower(
-    graph: ir.Graph, opsets: dict[str, int], captured: Sequence[ir.Value] = ()
-) -> Plan:
+def lower(graph: ir.Graph, opsets: dict[str, int], captured: Sequence[ir.Value] = ()) -> Plan:
     """Bind a kernel to every node of the (topologically sorted) ``graph``.
 
     ``captured`` lists values of enclosing graphs that a subgraph reads: the plan takes

@@ -41,7 +41,7 @@ class CPUInferRequest(SyncInferRequest):
     def infer_preprocess(self) -> None:
         super().infer_preprocess()
         self._produced = []
-        self._feed = [*self._inputs, *self._variables.feed(self.symbolic_sizes())]
+        self._feed = [*self._inputs, *self._variables.feed()]
 
     def start_pipeline(self) -> None:
         feed, self._feed = self._feed, []

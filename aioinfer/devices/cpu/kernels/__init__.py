@@ -23,6 +23,7 @@ from aioinfer.devices.cpu.kernels import (  # noqa: F401  (import registers the 
     recurrent,
     reduction,
     resize,
+    sampling,
     sequence,
     shape,
     signal,

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -228,7 +229,11 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 padded, plan.kernel_shape, plan.out_shape, plan.strides, plan.dilations
             )
             cols = np.empty(view.shape, dtype=work.dtype)
-            np.copyto(cols, view)
+
+            def copy(start: int, stop: int) -> None:  # im2col, split by input channel
+                np.copyto(cols[:, start:stop], view[:, start:stop])
+
+            run_parallel(copy, c, work=cols.size)
             cols = cols.reshape(n, group, wmat.shape[-1], pixels)
         m = w.shape[0]
         target = None if out is None else out.reshape(n, group, m // group, pixels)

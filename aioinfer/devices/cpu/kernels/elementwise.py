@@ -357,7 +357,8 @@ def _caster(to: int, saturate: bool, round_mode: str) -> Callable[[np.ndarray], 
 
 @kernel("Cast", since=1)
 def _cast_kernel(spec: NodeSpec) -> Kernel:
-    cast = _caster(_cast_target(spec), bool(spec.attr("saturate", 1)), spec.attr("round_mode", "up"))
+    saturate = bool(spec.attr("saturate", 1))
+    cast = _caster(_cast_target(spec), saturate, spec.attr("round_mode", "up"))
     return lambda x: (cast(x),)
 
 
@@ -500,6 +501,7 @@ def _einsum(spec: NodeSpec) -> Kernel:
             if len(paths) >= 64:
                 paths.clear()
             path = paths[shapes] = np.einsum_path(equation, *operands, optimize="greedy")[0]
-        return (np.asarray(np.einsum(equation, *operands, optimize=path)).astype(dtype, copy=False),)
+        result = np.asarray(np.einsum(equation, *operands, optimize=path))
+        return (result.astype(dtype, copy=False),)
 
     return run

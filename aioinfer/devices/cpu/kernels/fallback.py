@@ -34,11 +34,9 @@ FALLBACK_OPERATORS: tuple[tuple[str, str], ...] = (
     # signal processing
     ("", "MelWeightMatrix"),
     # image and geometry
-    ("", "AffineGrid"),
     ("", "CenterCropPad"),
     ("", "Col2Im"),
     ("", "DeformConv"),
-    ("", "GridSample"),
     ("", "ImageDecoder"),
     ("", "MaxRoiPool"),
     ("", "MaxUnpool"),
@@ -102,6 +100,12 @@ def _attribute(name: str, value: Any, kind: Any) -> onnx.AttributeProto:
 
 def _node_proto(spec: NodeSpec, present: Sequence[bool]) -> onnx.NodeProto:
     schema = onnx.defs.get_schema(spec.op_type, spec.opset, spec.domain)
+    unknown = sorted(set(spec.attrs) - set(schema.attributes))
+    if unknown:
+        raise ValueError(
+            f"{spec.op_type} version {schema.since_version} has no attribute(s) "
+            f"{', '.join(unknown)}; it has {', '.join(sorted(schema.attributes)) or 'none'}"
+        )
     attributes = [
         _attribute(name, value, schema.attributes[name].type) for name, value in spec.attrs.items()
     ]

@@ -28,6 +28,7 @@ import numpy as np
 from aioinfer.devices.cpu.kernels.conv import conv_compute
 from aioinfer.devices.cpu.kernels.elementwise import erf
 from aioinfer.devices.cpu.kernels.matmul import matmul_into
+from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import (
     Kernel,
     KernelFactory,
@@ -91,21 +92,30 @@ def _gelu_into(x: np.ndarray, y: np.ndarray) -> None:
         y[...] = x * (erf(x * math.sqrt(0.5)) + 1) * 0.5
         return
     flat_x, flat_y = x.reshape(-1), y.reshape(-1)
-    size = min(_CHUNK, flat_x.size)
-    scaled, result, t, e = (np.empty(size, np.float32) for _ in range(4))
     half_root = np.float32(math.sqrt(0.5))
-    for start in range(0, flat_x.size, _CHUNK):
-        n = min(_CHUNK, flat_x.size - start)
-        part, target = flat_x[start : start + n], flat_y[start : start + n]
-        np.multiply(part, half_root, out=scaled[:n])
-        _erf32_chunk(scaled[:n], result[:n], t[:n], e[:n])
-        result[:n] += np.float32(1)
-        result[:n] *= part
-        np.multiply(result[:n], np.float32(0.5), out=target)
+
+    def chunks(first: int, last: int) -> None:
+        size = min(_CHUNK, flat_x.size)
+        scaled, result, t, e = (np.empty(size, np.float32) for _ in range(4))
+        for start in range(first * _CHUNK, min(last * _CHUNK, flat_x.size), _CHUNK):
+            n = min(_CHUNK, flat_x.size - start)
+            part, target = flat_x[start : start + n], flat_y[start : start + n]
+            np.multiply(part, half_root, out=scaled[:n])
+            _erf32_chunk(scaled[:n], result[:n], t[:n], e[:n])
+            result[:n] += np.float32(1)
+            result[:n] *= part
+            np.multiply(result[:n], np.float32(0.5), out=target)
+
+    run_parallel(chunks, -(-flat_x.size // _CHUNK), work=flat_x.size)
 
 
 def _gelu(y: np.ndarray) -> None:
-    _gelu_into(np.ascontiguousarray(y), y)
+    if y.flags.c_contiguous:
+        _gelu_into(y, y)
+    else:  # a block of a split along an inner axis
+        block = np.ascontiguousarray(y)
+        _gelu_into(block, block)
+        y[...] = block
 
 
 def activation(spec: NodeSpec) -> InPlace | None:
@@ -143,9 +153,37 @@ def activation(spec: NodeSpec) -> InPlace | None:
     raise ValueError(f"{spec.op_type}: unsupported activation {name!r} with parameters {params}")
 
 
-def _finish(y: np.ndarray, act: InPlace | None) -> tuple[np.ndarray]:
-    if act is not None:
-        act(y)
+def _finish(
+    y: np.ndarray, terms: list[np.ndarray | None], act: InPlace | None, axis: int = 0
+) -> tuple[np.ndarray]:
+    """Add ``terms`` (biases, residuals) to ``y`` and apply ``act``, in place, in one
+    pass per term over slices of ``y`` along ``axis``, split between threads."""
+    terms = [t for t in terms if t is not None]
+    if y.ndim == 0 or any(np.broadcast_shapes(y.shape, t.shape) != y.shape for t in terms):
+        # A 0-d product, or a term that grows y: plain numpy broadcasting, no splitting.
+        total = y
+        for t in terms:
+            total = total + t
+        result = np.array(total, ndmin=1)  # fresh, and 1-D so ufuncs can write into it
+        if act is not None:
+            act(result)
+        return (result.reshape(np.shape(total)),)
+    if not terms and act is None:
+        return (y,)
+    aligned = []
+    for t in terms:
+        t_axis = axis - (y.ndim - t.ndim)
+        aligned.append((t, t_axis if t_axis >= 0 and t.shape[t_axis] == y.shape[axis] else None))
+    lead = (slice(None),) * axis
+
+    def part(start: int, stop: int) -> None:
+        block = y[(*lead, slice(start, stop))]
+        for t, t_axis in aligned:
+            block += t if t_axis is None else t[(*(slice(None),) * t_axis, slice(start, stop))]
+        if act is not None:
+            act(block)
+
+    run_parallel(part, y.shape[axis], work=y.size * (len(terms) + 1))
     return (y,)
 
 
@@ -167,13 +205,9 @@ def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
         b: np.ndarray | None = None,
         z: np.ndarray | None = None,
     ) -> tuple[np.ndarray]:
-        y = compute(x, w, b, out)
-        if z is not None:
-            if np.broadcast_shapes(y.shape, z.shape) == y.shape:
-                y += z
-            else:
-                y = y + z
-        return _finish(y, act)
+        y = compute(x, w, None, out)
+        bias = None if b is None else b.reshape((-1,) + (1,) * (y.ndim - 2))
+        return _finish(y, [bias, z], act, axis=1)
 
     if planned:
         return run
@@ -208,9 +242,9 @@ def _fused_gemm(spec: NodeSpec, planned: bool) -> Kernel:
         y = matmul_into(a.T if trans_a else a, b.T if trans_b else b, out)
         if alpha != 1.0:
             y *= y.dtype.type(alpha)
-        if c is not None and beta != 0.0:
-            y += c if beta == 1.0 else c * y.dtype.type(beta)
-        return _finish(y, act)
+        if c is not None and beta != 1.0:
+            c = c * y.dtype.type(beta) if beta != 0.0 else None
+        return _finish(y, [c], act)
 
     if planned:
         return run
@@ -249,12 +283,7 @@ def _fused_matmul(spec: NodeSpec, planned: bool) -> Kernel:
         y = matmul_into(a, b, out)
         if alpha != 1.0:
             y *= y.dtype.type(alpha)
-        if bias is not None:
-            if np.broadcast_shapes(y.shape, bias.shape) == y.shape:
-                y += bias
-            else:
-                y = y + bias
-        return _finish(y, act)
+        return _finish(y, [bias], act)
 
     if planned:
         return run
@@ -288,14 +317,8 @@ def _softmax_last(scores: np.ndarray) -> None:
 def _attention(spec: NodeSpec, planned: bool) -> Kernel:
     scale = float(spec.attr("scale", 1.0))
 
-    def run(
-        out: np.ndarray | None,
-        q: np.ndarray,
-        kt: np.ndarray,
-        v: np.ndarray,
-        mask: np.ndarray | None = None,
-    ) -> tuple[np.ndarray]:
-        scores = matmul_into(q, kt, None)
+    def scores_of(q: np.ndarray, kt: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        scores = np.matmul(q, kt)
         if scale != 1.0:
             scores *= scores.dtype.type(scale)
         if mask is not None:
@@ -304,7 +327,42 @@ def _attention(spec: NodeSpec, planned: bool) -> Kernel:
             else:
                 scores = scores + mask
         _softmax_last(scores)
-        return (matmul_into(scores, v, out),)
+        return scores
+
+    def run(
+        out: np.ndarray | None,
+        q: np.ndarray,
+        kt: np.ndarray,
+        v: np.ndarray,
+        mask: np.ndarray | None = None,
+    ) -> tuple[np.ndarray]:
+        batch = np.broadcast_shapes(q.shape[:-2], kt.shape[:-2], v.shape[:-2])
+        axis = next((i for i, n in enumerate(batch) if n > 1), None)
+        score_shape = (*batch, q.shape[-2], kt.shape[-1])
+        if (
+            min(q.ndim, kt.ndim, v.ndim) < 3
+            or axis is None
+            or (mask is not None and np.broadcast_shapes(score_shape, mask.shape) != score_shape)
+        ):
+            return (matmul_into(scores_of(q, kt, mask), v, out),)
+        # Every (batch, head) is independent: split them between threads, each part
+        # computing its scores, softmax and product in one small buffer.
+        shape = (*batch, q.shape[-2], v.shape[-1])
+        dtype = np.result_type(q, kt, v)
+        if out is None or out.shape != shape or out.dtype != dtype:
+            out = np.empty(shape, dtype)
+        q, kt, v = (np.broadcast_to(t, (*batch, *t.shape[-2:])) for t in (q, kt, v))
+        masks = None if mask is None else np.broadcast_to(mask, score_shape)
+        lead = (slice(None),) * axis
+
+        def part(start: int, stop: int) -> None:
+            index = (*lead, slice(start, stop))
+            scores = scores_of(q[index], kt[index], None if masks is None else masks[index])
+            np.matmul(scores, v[index], out=out[index])
+
+        work = int(np.prod(score_shape)) + out.size
+        run_parallel(part, batch[axis], work=work, blas_single=True)
+        return (out,)
 
     if planned:
         return run
@@ -338,17 +396,24 @@ def _layer_norm(spec: NodeSpec, planned: bool) -> Kernel:
         rows = x.reshape(-1, width)
         if out is None or out.shape != x.shape or out.dtype != x.dtype:
             out = np.empty(x.shape, dtype=x.dtype)
-        y = out.reshape(rows.shape)
-        np.subtract(rows, rows.mean(axis=1, keepdims=True), out=y)
-        variance = np.einsum("ij,ij->i", y, y)
-        variance *= 1 / max(width, 1)
-        variance += epsilon
-        np.sqrt(variance, out=variance)
-        np.reciprocal(variance, out=variance)
-        y *= variance[:, None].astype(y.dtype, copy=False)
-        y *= scale.reshape(-1)
-        if bias is not None:
-            y += bias.reshape(-1)
+        target = out.reshape(rows.shape)
+        gamma = scale.reshape(-1)
+        beta = None if bias is None else bias.reshape(-1)
+
+        def part(start: int, stop: int) -> None:
+            x_rows, y = rows[start:stop], target[start:stop]
+            np.subtract(x_rows, x_rows.mean(axis=1, keepdims=True), out=y)
+            variance = np.einsum("ij,ij->i", y, y)
+            variance *= 1 / max(width, 1)
+            variance += epsilon
+            np.sqrt(variance, out=variance)
+            np.reciprocal(variance, out=variance)
+            y *= variance[:, None].astype(y.dtype, copy=False)
+            y *= gamma
+            if beta is not None:
+                y += beta
+
+        run_parallel(part, rows.shape[0], work=rows.size)
         return (out,)
 
     if planned:

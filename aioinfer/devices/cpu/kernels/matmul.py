@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
+from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
 
 
@@ -32,74 +28,32 @@ SMALL_PRODUCT = 1 << 23
 threads (waking them costs more than it saves)."""
 
 
-class _StackSplitter:
-    """Runs the products of a stack of small matrices on several threads, BLAS set to one
-    thread meanwhile.
-
-    numpy calls BLAS once per matrix of a stack; with BLAS threads each small call pays
-    their synchronisation (attention's 96 products of 128x32x128 ran 10-20x slower with two
-    OpenBLAS threads than with one). Instead, the stack is split between as many Python
-    threads as BLAS had (numpy releases the GIL in BLAS).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._blas: list[Any] | None = None
-        self._pool: ThreadPoolExecutor | None = None
-
-    def threads(self) -> int:
-        """The BLAS threads configured now (1 when no BLAS library is controllable)."""
-        if self._blas is None:
-            with self._lock:
-                if self._blas is None:
-                    controller = ThreadpoolController().select(user_api="blas")
-                    self._blas = list(controller.lib_controllers)
-        return min((lib.num_threads for lib in self._blas), default=1)
-
-    def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> None:
-        """``out[...] = a @ b`` split along the first stacked axis of size > 1."""
-        batch = out.shape[:-2]
-        axis = next(i for i, n in enumerate(batch) if n > 1)
-        a = np.broadcast_to(a, (*batch, *a.shape[-2:]))
-        b = np.broadcast_to(b, (*batch, *b.shape[-2:]))
-        bounds = np.linspace(0, batch[axis], min(threads, batch[axis]) + 1).astype(int)
-        parts = [
-            (slice(None),) * axis + (slice(start, stop),)
-            for start, stop in zip(bounds[:-1], bounds[1:])
-        ]
-        if self._pool is None:
-            with self._lock:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(threads - 1, "aioinfer-stack")
-        assert self._blas is not None
-        for lib in self._blas:
-            lib.set_num_threads(1)
-        try:
-            futures = [self._pool.submit(np.matmul, a[p], b[p], out=out[p]) for p in parts[1:]]
-            np.matmul(a[parts[0]], b[parts[0]], out=out[parts[0]])
-            for future in futures:
-                future.result()
-        finally:
-            for lib in self._blas:
-                lib.set_num_threads(threads)
-
-
-_SPLITTER = _StackSplitter()
-
-
 def stacked_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """``a @ b`` for stacks of matrices (both operands have batch axes), into ``out`` when
-    given (it must have the product's shape and dtype); stacks of small matrices are split
-    between threads."""
+    given (it must have the product's shape and dtype).
+
+    numpy calls BLAS once per matrix of a stack; for small matrices each call pays the
+    BLAS threads' synchronisation (attention's 96 products of 128x32x128 ran 10-20x slower
+    with two OpenBLAS threads than with one). Stacks of small matrices are instead split
+    between threads along their first stacked axis of size > 1, BLAS on one thread.
+    """
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if out is None:
         out = np.empty((*batch, a.shape[-2], b.shape[-1]), dtype=np.result_type(a, b))
-    threads = _SPLITTER.threads()
+    axis = next((i for i, n in enumerate(batch) if n > 1), None)
     small = a.shape[-2] * a.shape[-1] * b.shape[-1] < SMALL_PRODUCT
-    if threads > 1 and small and max(batch, default=1) > 1:
-        _SPLITTER.run(a, b, out, threads)
-    else:
+    if axis is None or not small:
         np.matmul(a, b, out=out)
+        return out
+    a = np.broadcast_to(a, (*batch, *a.shape[-2:]))
+    b = np.broadcast_to(b, (*batch, *b.shape[-2:]))
+    lead = (slice(None),) * axis
+
+    def part(start: int, stop: int) -> None:
+        index = (*lead, slice(start, stop))
+        np.matmul(a[index], b[index], out=out[index])
+
+    run_parallel(part, batch[axis], work=out.size + a.size + b.size, blas_single=True)
     return out
 
 

@@ -36,19 +36,23 @@ def _dtype(spec: NodeSpec, default: np.dtype | None) -> np.dtype | None:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(code)))
 
 
-def _normal(spec: NodeSpec) -> Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]:
+Draw = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
+"""``draw(generator, shape)``: values of one distribution."""
+
+
+def _normal(spec: NodeSpec) -> Draw:
     mean = float(spec.attr("mean", 0.0))
     scale = float(spec.attr("scale", 1.0))
     return lambda rng, shape: rng.normal(mean, scale, shape)
 
 
-def _uniform(spec: NodeSpec) -> Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]:
+def _uniform(spec: NodeSpec) -> Draw:
     low = float(spec.attr("low", 0.0))
     high = float(spec.attr("high", 1.0))
     return lambda rng, shape: rng.uniform(low, high, shape)
 
 
-def _register(op_type: str, draw_of: Callable[[NodeSpec], Callable]) -> None:
+def _register(op_type: str, draw_of: Callable[[NodeSpec], Draw]) -> None:
     def fixed(spec: NodeSpec) -> Kernel:
         shape = tuple(int(d) for d in spec.attr("shape", []))
         dtype = _dtype(spec, np.dtype(np.float32))

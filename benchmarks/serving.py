@@ -1,0 +1,249 @@
+"""Serving under load: 64 concurrent clients sending single-row requests over loopback.
+
+    python -m benchmarks.serving [--clients 64] [--requests 60] [--seconds 20]
+
+Three servers, one after the other in the same run, each in its own process under the
+same uvicorn settings (uvloop and httptools when installed), on the MLP of
+``benchmarks/models.py`` (4 x Gemm 1024x1024 + Relu, float32):
+
+(a) aioinfer's Open Inference Protocol app with the BATCH device;
+(b) the same app without batching (THROUGHPUT hint: one stream per core);
+(c) a minimal Starlette endpoint calling onnxruntime through ``anyio.to_thread.run_sync``
+    with one shared session: the glue users write by hand. It takes the raw float32 row
+    and answers raw bytes, so it parses less than (a) and (b), which speak the protocol
+    (binary tensor extension: a JSON header plus the row).
+
+Each client keeps one HTTP/1.1 connection and sends ``--requests`` requests one after the
+other (after 5 untimed ones); every phase stops after ``--seconds`` at the latest. Only
+127.0.0.1 is contacted. Throughput is completed requests per second of the phase; latency
+percentiles are per request. The machine is shared and noisy: compare the ratios of one
+run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from benchmarks import models
+
+WIDTH = 1024
+KINDS = {
+    "a": "aioinfer, BATCH device",
+    "b": "aioinfer, no batching",
+    "c": "Starlette + onnxruntime (to_thread)",
+}
+
+
+# -- the servers (each runs in a child process) ---------------------------------------------
+
+
+def aioinfer_app(model: Path, batching: bool) -> object:
+    from aioinfer.serving import ModelConfig, create_app
+
+    config = (
+        ModelConfig(hint="THROUGHPUT", batching={"max_batch_size": 64, "timeout_ms": 1})
+        if batching
+        else ModelConfig(hint="THROUGHPUT", batching=False)
+    )
+    return create_app(model, configs={model.stem: config})
+
+
+def onnxruntime_app(model: Path) -> object:
+    import anyio.to_thread
+    import onnxruntime as ort
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+
+    async def infer(request: Request) -> Response:
+        x = np.frombuffer(await request.body(), np.float32).reshape(1, WIDTH)
+        (y,) = await anyio.to_thread.run_sync(session.run, None, {"x": x})
+        return Response(y.tobytes(), media_type="application/octet-stream")
+
+    async def health(request: Request) -> Response:
+        return Response(b"ok")
+
+    return Starlette(routes=[Route("/infer", infer, methods=["POST"]), Route("/health", health)])
+
+
+def run_server(kind: str, model: Path, port: int) -> None:
+    import uvicorn
+
+    app = onnxruntime_app(model) if kind == "c" else aioinfer_app(model, batching=kind == "a")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)  # type: ignore[arg-type]
+
+
+# -- the load (in this process) -----------------------------------------------------------
+
+
+def request_bytes(kind: str, port: int, x: np.ndarray) -> bytes:
+    """The whole HTTP request one client sends, over and over."""
+    if kind == "c":
+        path, body, extra = "/infer", x.tobytes(), ""
+    else:
+        spec = {
+            "name": "x",
+            "shape": list(x.shape),
+            "datatype": "FP32",
+            "parameters": {"binary_data_size": x.nbytes},
+        }
+        header = json.dumps({"inputs": [spec], "parameters": {"binary_data_output": True}})
+        path = "/v2/models/mlp/infer"
+        body = header.encode() + x.tobytes()
+        extra = f"Inference-Header-Content-Length: {len(header)}\r\n"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    )
+    return head.encode() + body
+
+
+async def exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes
+) -> bytes:
+    writer.write(payload)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1]
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    body = await reader.readexactly(length)
+    if status != b"200":
+        raise RuntimeError(f"HTTP {status.decode()}: {body[:200]!r}")
+    return body
+
+
+async def client(
+    port: int, payload: bytes, count: int, deadline: float, latencies: list[float]
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for _ in range(5):  # untimed warm-up
+            await exchange(reader, writer, payload)
+        for _ in range(count):
+            if time.perf_counter() > deadline:
+                break
+            start = time.perf_counter()
+            await exchange(reader, writer, payload)
+            latencies.append(time.perf_counter() - start)
+    finally:
+        writer.close()
+
+
+async def load(port: int, payload: bytes, clients: int, count: int, seconds: float) -> list[float]:
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    await asyncio.gather(*(client(port, payload, count, deadline, latencies) for _ in range(clients)))
+    return latencies
+
+
+def measure(
+    kind: str, model: Path, x: np.ndarray, expected: np.ndarray, args: argparse.Namespace
+) -> tuple[float, float, float, int]:
+    """Start server ``kind``, check one answer, run the load; return (req/s, p50, p99, n)."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.serving", "--serve", kind, str(model), str(port)]
+    )
+    try:
+        payload = request_bytes(kind, port, x)
+        wait_ready(port, "/health" if kind == "c" else "/v2/health/ready")
+        answer = asyncio.run(one(port, payload))
+        y = np.frombuffer(answer if kind == "c" else answer[-expected.nbytes :], np.float32)
+        np.testing.assert_allclose(y.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
+        start = time.perf_counter()
+        latencies = asyncio.run(load(port, payload, args.clients, args.requests, args.seconds))
+        elapsed = time.perf_counter() - start
+    finally:
+        server.terminate()
+        server.wait(60)
+    p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
+    return len(latencies) / elapsed, float(p50), float(p99), len(latencies)
+
+
+async def one(port: int, payload: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        return await exchange(reader, writer, payload)
+    finally:
+        writer.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_ready(port: int, path: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as connection:
+                connection.sendall(request)
+                if connection.recv(64).startswith(b"HTTP/1.1 200"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server on port {port} not ready after {timeout} s")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=60, help="timed requests per client")
+    parser.add_argument("--seconds", type=float, default=20, help="time limit of each phase")
+    parser.add_argument("--only", default="abc", help="which servers to run (default: abc)")
+    parser.add_argument("--serve", nargs=3, metavar=("KIND", "MODEL", "PORT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        kind, model, port = args.serve
+        run_server(kind, Path(model), int(port))
+        return
+    import onnxruntime as ort
+
+    x = np.random.default_rng(0).standard_normal((1, WIDTH)).astype(np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "mlp.onnx"
+        onnx.save(models.mlp(WIDTH, 4), model)
+        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        expected = session.run(None, {"x": x})[0]
+        del session
+        print(
+            f"MLP 4x{WIDTH}, {args.clients} clients x {args.requests} single-row requests "
+            f"(limit {args.seconds:g} s per server), loopback HTTP/1.1"
+        )
+        rates = {}
+        for kind in args.only:
+            rate, p50, p99, count = measure(kind, model, x, expected, args)
+            rates[kind] = rate
+            print(
+                f"  ({kind}) {KINDS[kind]:38s} {rate:8.0f} req/s   p50 {p50:7.1f} ms   "
+                f"p99 {p99:7.1f} ms   ({count} requests)"
+            )
+        if "a" in rates and "c" in rates:
+            print(f"  (a)/(c) throughput: {rates['a'] / rates['c']:.2f}x")
+        if "a" in rates and "b" in rates:
+            print(f"  (a)/(b) throughput: {rates['a'] / rates['b']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

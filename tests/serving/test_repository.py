@@ -1,0 +1,119 @@
+"""The model repository layout, per-model config files and the errors they raise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from aioinfer import RepositoryError
+from aioinfer.serving import ModelConfig, ModelRepository
+from tests.helpers import mlp_model
+from tests.serving.conftest import write_config, write_model
+
+CPU_PROPERTIES = ("PERFORMANCE_HINT", "ALLOW_AUTO_BATCHING", "STATEFUL")
+
+
+def test_versions_and_configs_are_found(tmp_path: Path) -> None:
+    write_model(tmp_path, "a", 1, mlp_model())
+    write_model(tmp_path, "a", 10, mlp_model())
+    write_model(tmp_path, "b", 3, mlp_model())
+    write_config(tmp_path, "a", {"hint": "THROUGHPUT", "batching": {"max_batch_size": 4}})
+    (tmp_path / "a" / "notes").mkdir()  # not a version: ignored
+    (tmp_path / ".cache").mkdir()  # hidden: ignored
+    repository = ModelRepository(tmp_path)
+    assert sorted(repository.models) == ["a", "b"]
+    a = repository.models["a"]
+    assert sorted(a.versions) == ["1", "10"] and a.latest == "10"
+    assert a.config.hint == "THROUGHPUT"
+    assert a.config.device_and_config(CPU_PROPERTIES) == (
+        "BATCH:CPU",
+        {"PERFORMANCE_HINT": "THROUGHPUT", "MAX_BATCH_SIZE": 4},
+    )
+    assert repository.models["b"].config == ModelConfig()
+
+
+def test_a_single_file_is_one_model(tmp_path: Path) -> None:
+    onnx.save(mlp_model(), tmp_path / "classifier.onnx")
+    repository = ModelRepository(tmp_path / "classifier.onnx")
+    assert list(repository.models) == ["classifier"]
+    assert repository.models["classifier"].versions == {"1": tmp_path / "classifier.onnx"}
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({}, ("CPU", {})),
+        ({"batching": True}, ("BATCH:CPU", {})),
+        (
+            {"batching": False, "hint": "THROUGHPUT"},
+            ("CPU", {"PERFORMANCE_HINT": "THROUGHPUT", "ALLOW_AUTO_BATCHING": False}),
+        ),
+        (
+            {"stateful": "auto", "properties": {"NUM_STREAMS": 2}},
+            ("CPU", {"NUM_STREAMS": 2, "STATEFUL": "auto"}),
+        ),
+        ({"batching": {"timeout_ms": 3}}, ("BATCH:CPU", {"BATCH_TIMEOUT_MS": 3})),
+    ],
+)
+def test_config_becomes_device_and_properties(config, expected) -> None:
+    assert ModelConfig.from_mapping(config, "x").device_and_config(CPU_PROPERTIES) == expected
+
+
+def test_batching_false_on_a_device_without_auto_batching_sets_nothing() -> None:
+    config = ModelConfig.from_mapping({"batching": False, "device": "OTHER"}, "x")
+    assert config.device_and_config(("PERFORMANCE_HINT",)) == ("OTHER", {})
+
+
+@pytest.mark.parametrize(
+    ("layout", "words"),
+    [
+        ("missing", ["does not exist"]),
+        ("empty", ["no models in", "<repo>/<model>/<version>/model.onnx"]),
+        ("no version", ["model 'm' has no version", "positive integer"]),
+        ("text file", ["is not an .onnx file or a directory"]),
+        ("bad json", ["config.json", "cannot read it as JSON"]),
+        ("unknown key", ["unknown key 'gpu'", "known keys: device"]),
+        ("wrong type", ["'max_queue' must be int, got 'many'"]),
+        ("bool for int", ["'max_concurrency' must be int, got True"]),
+        ("batching key", ["unknown batching key(s) ['size']"]),
+        ("too small", ["'max_concurrency' is 0, too small"]),
+    ],
+)
+def test_bad_repositories_are_refused_clearly(
+    tmp_path: Path, layout: str, words: list[str]
+) -> None:
+    configs = {
+        "bad json": "{",
+        "unknown key": json.dumps({"gpu": 1}),
+        "wrong type": json.dumps({"max_queue": "many"}),
+        "bool for int": json.dumps({"max_concurrency": True}),
+        "batching key": json.dumps({"batching": {"size": 3}}),
+        "too small": json.dumps({"max_concurrency": 0}),
+    }
+    path = tmp_path
+    if layout == "missing":
+        path = tmp_path / "nowhere"
+    elif layout == "no version":
+        (tmp_path / "m" / "latest").mkdir(parents=True)
+    elif layout == "text file":
+        path = tmp_path / "model.txt"
+        path.write_text("hi")
+    elif layout in configs:
+        write_model(tmp_path, "m", 1, mlp_model())
+        (tmp_path / "m" / "config.json").write_text(configs[layout])
+    with pytest.raises(RepositoryError) as caught:
+        ModelRepository(path)
+    for word in words:
+        assert word in str(caught.value)
+
+
+def test_configs_in_code_override_files_and_must_name_models(tmp_path: Path) -> None:
+    write_model(tmp_path, "m", 1, mlp_model())
+    write_config(tmp_path, "m", {"hint": "LATENCY"})
+    repository = ModelRepository(tmp_path, {"m": ModelConfig(hint="THROUGHPUT")})
+    assert repository.models["m"].config.hint == "THROUGHPUT"
+    with pytest.raises(RepositoryError, match=r"unknown model\(s\) \['x'\]"):
+        ModelRepository(tmp_path, {"x": ModelConfig()})
