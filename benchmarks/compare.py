@@ -12,10 +12,11 @@ and at most until ``--reference-budget`` seconds are spent (up to 3 runs), its m
 marked with the number of runs.
 
 Peak memory: each runtime runs the model in a fresh subprocess (``--memory-probe``),
-which imports the runtime, builds the model and its inputs, resets the kernel's peak-RSS counter (``VmHWM``,
-through ``/proc/self/clear_refs``; Linux only) and notes the RSS, then compiles (or
-creates the session) and runs 5 inferences; the reported peak is ``VmHWM`` minus that
-RSS: the runtime's weights, buffers and temporaries, compile time included.
+which imports the runtime, builds the model and its inputs, resets the kernel's peak-RSS
+counter (``VmHWM``, through ``/proc/self/clear_refs``; Linux only) and notes the RSS,
+then compiles (or creates the session) and runs 5 inferences; the reported peak is
+``VmHWM`` minus that RSS: the runtime's weights, buffers and temporaries, compile time
+included.
 """
 
 from __future__ import annotations

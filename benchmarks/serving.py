@@ -149,7 +149,9 @@ async def client(
 async def load(port: int, payload: bytes, clients: int, count: int, seconds: float) -> list[float]:
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
-    await asyncio.gather(*(client(port, payload, count, deadline, latencies) for _ in range(clients)))
+    await asyncio.gather(
+        *(client(port, payload, count, deadline, latencies) for _ in range(clients))
+    )
     return latencies
 
 
@@ -212,7 +214,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=60, help="timed requests per client")
     parser.add_argument("--seconds", type=float, default=20, help="time limit of each phase")
     parser.add_argument("--only", default="abc", help="which servers to run (default: abc)")
-    parser.add_argument("--serve", nargs=3, metavar=("KIND", "MODEL", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--serve", nargs=3, metavar=("KIND", "MODEL", "PORT"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.serve:
         kind, model, port = args.serve

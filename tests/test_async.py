@@ -294,8 +294,8 @@ async def test_closed_request_and_compiled_model_refuse_work():
         compiled2.create_infer_request()
 
 
-async def test_event_loop_stays_responsive_while_requests_compute(slow):
-    _, compiled = slow
+async def loop_delays_while_computing(compiled: ai.CompiledModel) -> list[float]:
+    """Delays of a 1 ms ticker while three requests compute."""
     requests = [compiled.create_infer_request() for _ in range(3)]
     delays: list[float] = []
     stop = anyio.Event()
@@ -313,9 +313,21 @@ async def test_event_loop_stays_responsive_while_requests_compute(slow):
         for r in requests:
             await r.wait()
         stop.set()
-    assert len(delays) > 20
-    p99 = float(np.percentile(delays, 99))
-    assert p99 < 0.010, f"loop p99 delay {p99 * 1000:.1f} ms"
+    return delays
+
+
+async def test_event_loop_stays_responsive_while_requests_compute(slow):
+    # Other processes on a shared 2-core machine add their own delays: the best of three
+    # measurements must show a p99 well under 10 ms.
+    _, compiled = slow
+    p99s = []
+    for _ in range(3):
+        delays = await loop_delays_while_computing(compiled)
+        assert len(delays) > 20
+        p99s.append(float(np.percentile(delays, 99)))
+        if p99s[-1] < 0.005:
+            break
+    assert min(p99s) < 0.005, f"loop p99 delays {[round(p * 1000, 1) for p in p99s]} ms"
 
 
 def test_properties_follow_the_hint():
@@ -356,3 +368,24 @@ print("exited")
     assert done.returncode == 0, done.stderr
     assert "exited" in done.stdout
     assert time.perf_counter() - start < 30
+
+
+async def test_cancelled_during_async_callback_request_still_settles(small):
+    _, compiled = small
+    request = compiled.create_infer_request()
+    started = anyio.Event()
+
+    async def slow_callback(req, userdata):
+        started.set()
+        await anyio.sleep(10)
+
+    request.set_callback(slow_callback)
+    with anyio.move_on_after(5) as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request.infer, {"x": inputs(1)})
+            await started.wait()
+            tg.cancel_scope.cancel()
+    assert not scope.cancelled_caught
+    assert request.state is ai.RequestState.IDLE
+    request.set_callback(None)
+    assert (await request.infer({"x": inputs(2)}))["y"].shape == (4, SIZE)

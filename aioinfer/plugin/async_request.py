@@ -304,26 +304,28 @@ class AsyncInferRequest:
     async def _run(self) -> None:
         """Stages, then the callback, then back to idle; exceptions end in ``self.error``."""
         request = self._request
-        cancelled = anyio.get_cancelled_exc_class()
         try:
-            for name, (executor, stage) in zip(self._names, self._pipeline):
-                if request.cancel_token.requested:
-                    raise InferCancelledError("the inference was cancelled")
-                start = time.perf_counter()
-                try:
-                    await executor.run(stage, request.cancel)
-                finally:
-                    request.stage_durations[name] = time.perf_counter() - start
-        except cancelled:
-            self.error = InferCancelledError("the inference was cancelled")
-            with anyio.CancelScope(shield=True):
-                await self._call_back()
+            try:
+                for name, (executor, stage) in zip(self._names, self._pipeline):
+                    if request.cancel_token.requested:
+                        raise InferCancelledError("the inference was cancelled")
+                    start = time.perf_counter()
+                    try:
+                        await executor.run(stage, request.cancel)
+                    finally:
+                        request.stage_durations[name] = time.perf_counter() - start
+            except anyio.get_cancelled_exc_class():
+                self.error = InferCancelledError("the inference was cancelled")
+                with anyio.CancelScope(shield=True):
+                    await self._call_back()
+                raise
+            except Exception as exc:
+                self.error = exc
+            # Cancelling the awaiting task during the callback cancels the callback; the
+            # request still settles below.
+            await self._call_back()
+        finally:
             self._settle()
-            raise
-        except Exception as exc:
-            self.error = exc
-        await self._call_back()
-        self._settle()
 
     async def _run_detached(self) -> None:
         try:

@@ -1,33 +1,34 @@
-"""Intra-op parallelism: parts cover the work once, errors propagate, BLAS is restored."""
+"""Intra-op parallelism: parts cover the work once, errors propagate, products split."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_info
 
-from aioinfer.devices.cpu.kernels.matmul import stacked_matmul
+from aioinfer.devices.cpu.kernels import parallel
+from aioinfer.devices.cpu.kernels.matmul import matmul_into, split_gemm, stacked_matmul
 from aioinfer.devices.cpu.kernels.parallel import (
     MIN_PARALLEL_ELEMENTS,
     intra_op_threads,
     run_parallel,
+    set_intra_op_threads,
 )
 
 
 @pytest.fixture
-def two_blas_threads() -> object:
-    with threadpool_limits(limits=2, user_api="blas"):
-        yield
+def two_threads() -> Iterator[None]:
+    before = parallel._POOL.threads
+    set_intra_op_threads(2)
+    yield
+    set_intra_op_threads(before)
 
 
-def _blas_threads() -> list[int]:
-    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-
-
-@pytest.mark.usefixtures("two_blas_threads")
-def test_parts_cover_the_range_once_on_several_threads() -> None:
+@pytest.mark.usefixtures("two_threads")
+def test_parts_cover_the_range_once_on_two_threads() -> None:
     seen: list[tuple[int, int, str]] = []
     lock = threading.Lock()
 
@@ -36,14 +37,13 @@ def test_parts_cover_the_range_once_on_several_threads() -> None:
             seen.append((start, stop, threading.current_thread().name))
         assert intra_op_threads() == 1  # a part never splits again
 
-    run_parallel(task, 10, work=MIN_PARALLEL_ELEMENTS, blas_single=True)
-    covered = sorted(i for start, stop, _ in seen for i in range(start, stop))
-    assert covered == list(range(10))
-    assert len({name for *_, name in seen}) == min(2, intra_op_threads())
-    assert _blas_threads() == [2] * len(_blas_threads())  # restored
+    run_parallel(task, 10, work=MIN_PARALLEL_ELEMENTS)
+    assert sorted((start, stop) for start, stop, _ in seen) == [(0, 5), (5, 10)]
+    assert len({name for *_, name in seen}) == 2
+    assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
 
 
-@pytest.mark.usefixtures("two_blas_threads")
+@pytest.mark.usefixtures("two_threads")
 def test_small_work_runs_in_the_caller_and_errors_propagate() -> None:
     calls: list[tuple[int, int]] = []
     run_parallel(lambda a, b: calls.append((a, b)), 10, work=MIN_PARALLEL_ELEMENTS - 1)
@@ -54,22 +54,38 @@ def test_small_work_runs_in_the_caller_and_errors_propagate() -> None:
             raise ValueError("part failed")
 
     with pytest.raises(ValueError, match="part failed"):
-        run_parallel(failing, 10, work=MIN_PARALLEL_ELEMENTS, blas_single=True)
-    assert _blas_threads() == [2] * len(_blas_threads())
+        run_parallel(failing, 10, work=MIN_PARALLEL_ELEMENTS)
+    run_parallel(lambda a, b: None, 10, work=MIN_PARALLEL_ELEMENTS)  # still usable
 
 
-@pytest.mark.usefixtures("two_blas_threads")
+@pytest.mark.usefixtures("two_threads")
 @pytest.mark.parametrize(
     ("a_shape", "b_shape"),
-    [((96, 128, 32), (96, 32, 128)), ((1, 12, 64, 16), (2, 1, 16, 64)), ((3, 1, 8, 4), (5, 4, 2))],
+    [
+        ((96, 128, 32), (96, 32, 128)),
+        ((1, 12, 64, 16), (2, 1, 16, 64)),
+        ((3, 1, 8, 4), (5, 4, 2)),
+        ((1, 1, 256, 96), (1, 96, 128)),
+        ((4, 256, 256), (256, 64)),
+    ],
 )
-def test_stacked_matmul_matches_numpy(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
+def test_products_match_numpy(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
     rng = np.random.default_rng(0)
     a = rng.standard_normal(a_shape).astype(np.float32)
     b = rng.standard_normal(b_shape).astype(np.float32)
-    np.testing.assert_allclose(stacked_matmul(a, b, None), a @ b, rtol=1e-5, atol=1e-5)
-    out = np.empty(
-        (*np.broadcast_shapes(a_shape[:-2], b_shape[:-2]), a_shape[-2], b_shape[-1]), np.float32
-    )
-    assert stacked_matmul(a, b, out) is out
-    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(matmul_into(a, b, None), a @ b, rtol=1e-4, atol=1e-4)
+    if len(b_shape) > 2:
+        out = np.empty((a @ b).shape, np.float32)
+        assert stacked_matmul(a, b, out) is out
+        np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.usefixtures("two_threads")
+@pytest.mark.parametrize(("m", "k", "n"), [(256, 128, 96), (2, 1024, 2048), (3, 4, 5)])
+def test_split_gemm_by_rows_or_columns(m: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32).T  # a transposed (strided) operand
+    out = np.empty((m, n), np.float32)
+    assert split_gemm(a, b, out) is out
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)

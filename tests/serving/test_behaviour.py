@@ -163,6 +163,7 @@ def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(tmp_path: Path)
     app = create_app(tmp_path / "slow.onnx")
     live = LiveServer(app, graceful_timeout=120)
     with live:
+        served = app.state.server.find("slow", None)
         full = timed_slow_infer(live.url)
         outcome: list[httpx.Response] = []
         body, headers = binary_body({"x": slow_input()})
@@ -190,7 +191,6 @@ def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(tmp_path: Path)
         assert outcome[0].status_code == 200
         assert np.asarray(outcome[0].json()["outputs"][0]["shape"]).tolist() == [SLOW_ROWS, WIDE]
     # After the drain the lifespan closed the models.
-    served = app.state.server.find("slow", None)
     with pytest.raises(RequestClosedError):
         served.compiled.create_infer_request()
 

@@ -175,5 +175,6 @@ def cache_key(model: Model, device: str, config: dict[str, Any]) -> str:
         if tensor is not None:
             digest.update(tensor.tobytes())
     settings = {k: v for k, v in config.items() if k != "CACHE_DIR"}
-    digest.update(json.dumps([device, settings, _version(), FORMAT_VERSION], sort_keys=True).encode())
+    identity = [device, settings, _version(), FORMAT_VERSION]
+    digest.update(json.dumps(identity, sort_keys=True).encode())
     return digest.hexdigest()

@@ -19,7 +19,10 @@ if TYPE_CHECKING:  # kernel modules import this one (control flow runs sub-plans
 
 GIL_YIELD_SECONDS = 0.0005
 """The compute thread offers the GIL at least this often, so the event loop's thread
-never waits the interpreter's whole switch interval (5 ms) for it."""
+never waits the interpreter's whole switch interval (5 ms) for it. A plan running in the
+main thread (``infer_sync`` in a script) does not: no loop there waits for it, and on a
+busy machine each offer (``sleep(0)``) can hand the core to another process for
+milliseconds."""
 
 _running = threading.local()
 """``token``: the CancelToken of the plan running on this thread (None outside a plan)."""
@@ -120,6 +123,7 @@ class Plan:
             slots[slot] = array
         started = next_yield = perf_counter()
         next_yield += GIL_YIELD_SECONDS
+        offer_gil = threading.current_thread() is not threading.main_thread()
         for step, kernel in zip(self.steps, kernels):
             if cancel.requested:
                 raise InferCancelledError("the inference was cancelled")
@@ -138,7 +142,7 @@ class Plan:
             now = perf_counter()
             if observe is not None:
                 observe(step, produced, now - started)
-            if now > next_yield:
+            if offer_gil and now > next_yield:
                 sleep(0)
                 now = perf_counter()
                 next_yield = now + GIL_YIELD_SECONDS

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import onnx_ir as ir
-from threadpoolctl import threadpool_limits
 
 from aioinfer import __version__
 from aioinfer.devices.cpu import kernels  # noqa: F401  (registers every kernel)
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
 from aioinfer.devices.cpu.export import Exported, cache_key, dump, load
+from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
 from aioinfer.devices.cpu.kernels.registry import find_kernel
 from aioinfer.devices.cpu.request import CPUInferRequest
 from aioinfer.errors import ImportModelError, InvalidPropertyValueError, UnsupportedOperatorError
@@ -187,13 +187,15 @@ class CPUCompiledModel(CompiledModel):
 
 
 def _configure_blas(config: Mapping[str, Any], streams: int) -> int:
-    """Split the compute threads between the streams; return the BLAS threads per stream.
+    """Split the compute threads between the streams; return the threads per stream.
 
-    BLAS thread pools are process-wide, so the most recently compiled model sets them.
+    Kernels split their work between that many intra-op threads, BLAS runs on one (see
+    :mod:`aioinfer.devices.cpu.kernels.parallel`). Like BLAS settings this is
+    process-wide, so the most recently compiled model sets it.
     """
     total = int(config["INFERENCE_NUM_THREADS"]) or num_cores()
     per_stream = max(1, total // streams)
-    threadpool_limits(limits=per_stream, user_api="blas")
+    set_intra_op_threads(per_stream)
     return per_stream
 
 

@@ -158,20 +158,20 @@ def _finish(
 ) -> tuple[np.ndarray]:
     """Add ``terms`` (biases, residuals) to ``y`` and apply ``act``, in place, in one
     pass per term over slices of ``y`` along ``axis``, split between threads."""
-    terms = [t for t in terms if t is not None]
-    if y.ndim == 0 or any(np.broadcast_shapes(y.shape, t.shape) != y.shape for t in terms):
+    given = [t for t in terms if t is not None]
+    if y.ndim == 0 or any(np.broadcast_shapes(y.shape, t.shape) != y.shape for t in given):
         # A 0-d product, or a term that grows y: plain numpy broadcasting, no splitting.
         total = y
-        for t in terms:
+        for t in given:
             total = total + t
         result = np.array(total, ndmin=1)  # fresh, and 1-D so ufuncs can write into it
         if act is not None:
             act(result)
         return (result.reshape(np.shape(total)),)
-    if not terms and act is None:
+    if not given and act is None:
         return (y,)
     aligned = []
-    for t in terms:
+    for t in given:
         t_axis = axis - (y.ndim - t.ndim)
         aligned.append((t, t_axis if t_axis >= 0 and t.shape[t_axis] == y.shape[axis] else None))
     lead = (slice(None),) * axis
@@ -183,7 +183,7 @@ def _finish(
         if act is not None:
             act(block)
 
-    run_parallel(part, y.shape[axis], work=y.size * (len(terms) + 1))
+    run_parallel(part, y.shape[axis], work=y.size * (len(given) + 1))
     return (y,)
 
 
@@ -361,7 +361,7 @@ def _attention(spec: NodeSpec, planned: bool) -> Kernel:
             np.matmul(scores, v[index], out=out[index])
 
         work = int(np.prod(score_shape)) + out.size
-        run_parallel(part, batch[axis], work=work, blas_single=True)
+        run_parallel(part, batch[axis], work=work)
         return (out,)
 
     if planned:

@@ -4,46 +4,67 @@ from __future__ import annotations
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.parallel import run_parallel
+from aioinfer.devices.cpu.kernels.parallel import intra_op_threads, run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
 
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.matmul`` with two fast paths: float16 in float32 BLAS, one GEMM for a stack."""
+    """``np.matmul`` with fast paths: float16 in float32 BLAS, one GEMM for a stack times
+    a matrix, and large products or stacks split between the intra-op threads."""
     if a.dtype == b.dtype and (a.dtype == np.float16 or a.dtype.kind == "V"):
         # float16 and the ml_dtypes floats (bfloat16, float8) run in float32 BLAS.
         return _matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
-    if b.ndim == 2 and a.ndim > 2:
-        # numpy would run one GEMM per matrix of the stack; fold the stack into the rows.
-        rows = a.reshape(-1, a.shape[-1])
-        return np.matmul(rows, b).reshape((*a.shape[:-1], b.shape[1]))
-    if a.ndim > 2 and b.ndim > 2 and a.dtype == b.dtype and a.dtype in _BLAS_DTYPES:
-        return stacked_matmul(a, b, None)
-    return np.asarray(np.matmul(a, b))
+    if a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype not in _BLAS_DTYPES:
+        return np.asarray(np.matmul(a, b))
+    return matmul_into(a, b, None)
 
 
 _BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-SMALL_PRODUCT = 1 << 23
-"""Multiply-adds below which one matrix product of a stack gains nothing from BLAS
-threads (waking them costs more than it saves)."""
+SPLIT_PRODUCT = 1 << 21
+"""Multiply-adds from which one matrix product is split between the intra-op threads
+(below, handing half of it to another thread costs about what it saves)."""
+
+
+def split_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[...] = a @ b`` for 2-D operands; a large product is split between the
+    intra-op threads by rows of ``a`` (or columns of ``b`` when ``a`` has few rows), each
+    part one single-threaded BLAS call."""
+    m, k = a.shape
+    n = b.shape[1]
+    if m * k * n < SPLIT_PRODUCT:
+        np.matmul(a, b, out=out)
+        return out
+    if m >= 8 * intra_op_threads():
+
+        def rows(start: int, stop: int) -> None:
+            np.matmul(a[start:stop], b, out=out[start:stop])
+
+        run_parallel(rows, m, work=m * k * n)
+    else:
+
+        def columns(start: int, stop: int) -> None:
+            np.matmul(a, b[:, start:stop], out=out[:, start:stop])
+
+        run_parallel(columns, n, work=m * k * n)
+    return out
 
 
 def stacked_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """``a @ b`` for stacks of matrices (both operands have batch axes), into ``out`` when
     given (it must have the product's shape and dtype).
 
-    numpy calls BLAS once per matrix of a stack; for small matrices each call pays the
-    BLAS threads' synchronisation (attention's 96 products of 128x32x128 ran 10-20x slower
-    with two OpenBLAS threads than with one). Stacks of small matrices are instead split
-    between threads along their first stacked axis of size > 1, BLAS on one thread.
+    numpy calls BLAS once per matrix of a stack: the stack is split between the intra-op
+    threads along its first batch axis of size > 1 (a stack of one is a plain product).
     """
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if out is None:
         out = np.empty((*batch, a.shape[-2], b.shape[-1]), dtype=np.result_type(a, b))
     axis = next((i for i, n in enumerate(batch) if n > 1), None)
-    small = a.shape[-2] * a.shape[-1] * b.shape[-1] < SMALL_PRODUCT
-    if axis is None or not small:
+    if out.size == 0 or a.size == 0 or b.size == 0:
         np.matmul(a, b, out=out)
+        return out
+    if axis is None:
+        split_gemm(a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:]), out.reshape(out.shape[-2:]))
         return out
     a = np.broadcast_to(a, (*batch, *a.shape[-2:]))
     b = np.broadcast_to(b, (*batch, *b.shape[-2:]))
@@ -53,25 +74,29 @@ def stacked_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.n
         index = (*lead, slice(start, stop))
         np.matmul(a[index], b[index], out=out[index])
 
-    run_parallel(part, batch[axis], work=out.size + a.size + b.size, blas_single=True)
+    work = a.shape[-2] * a.shape[-1] * b.shape[-1] * int(np.prod(batch))
+    run_parallel(part, batch[axis], work=work)
     return out
 
 
 def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """``a @ b`` written into ``out`` when it has the product's shape and dtype (a planned
-    buffer), else into a new array (see :func:`_matmul`)."""
-    if out is None or a.ndim < 2 or b.ndim < 2 or not (a.dtype == b.dtype == out.dtype):
+    buffer), else into a new array; large products and stacks run split between the
+    intra-op threads."""
+    if a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype not in _BLAS_DTYPES:
         return _matmul(a, b)
-    if out.dtype not in _BLAS_DTYPES:
-        return _matmul(a, b)
-    if b.ndim == 2:
-        if out.shape != (*a.shape[:-1], b.shape[1]):
-            return _matmul(a, b)
-        np.matmul(a.reshape(-1, a.shape[-1]), b, out=out.reshape(-1, b.shape[1]))
-        return out
+    if a.size == 0 or b.size == 0:
+        return np.asarray(np.matmul(a, b))
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    if out.shape != (*batch, a.shape[-2], b.shape[-1]):
-        return _matmul(a, b)
+    shape = (*batch, a.shape[-2], b.shape[-1])
+    if out is not None and (out.shape != shape or out.dtype != a.dtype):
+        out = None  # another shape than when the memory plan was made
+    if out is None:
+        out = np.empty(shape, dtype=a.dtype)
+    if b.ndim == 2:
+        # A stack times a matrix is one product: fold the stack into the rows.
+        split_gemm(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, b.shape[1]))
+        return out
     return stacked_matmul(a, b, out)
 
 

@@ -1,11 +1,18 @@
-"""Intra-op parallelism for kernels that numpy runs on one core.
+"""Intra-op parallelism: the CPU device's own threads inside one kernel.
 
-numpy's ufuncs and reductions use one thread, and its stacked matmuls call BLAS once per
-small matrix, where BLAS threads cost more to wake than they save. A kernel with enough
-independent work (rows, chunks, matrices of a stack) splits it with :func:`run_parallel`
-between as many threads as the BLAS threads the compiled model configured (one per
-core with the LATENCY hint; one in all, so no splitting, per stream with THROUGHPUT).
-numpy releases the GIL inside its loops, so the parts really run at the same time.
+BLAS runs single-threaded; kernels with enough independent work (rows of a large matrix
+product, matrices of a stack, chunks of an elementwise pass, rows of a normalisation,
+input channels of im2col) split it with :func:`run_parallel` between the *intra-op
+threads* of the compiled model (per stream: all cores with the LATENCY hint, one with
+THROUGHPUT, where streams already use the cores). numpy releases the GIL inside its loops
+and BLAS calls, so the parts really run at the same time.
+
+Why not BLAS threads: OpenBLAS wakes its threads for every call, also for small ones,
+and busy-waits for them. Products of a few thousand multiply-adds (an LSTM step, a
+classifier's batch-1 Gemm) took 5-400x longer with two OpenBLAS threads than with one on
+a loaded 2-core machine, and stacks of small matrices (attention) 10-20x longer; a
+static two-way split of the large products loses little against BLAS threads on an idle
+machine and degrades gracefully on a busy one.
 """
 
 from __future__ import annotations
@@ -14,9 +21,8 @@ import itertools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
-from threadpoolctl import ThreadpoolController
+from threadpoolctl import threadpool_limits
 
 MIN_PARALLEL_ELEMENTS = 1 << 16
 """Below this many elements of work, handing parts to other threads costs more than it
@@ -26,24 +32,10 @@ saves; kernels run such work in the calling thread."""
 class _Pool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._blas: list[Any] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._workers = 0
         self._inside = threading.local()
-
-    def blas(self) -> list[Any]:
-        if self._blas is None:
-            with self._lock:
-                if self._blas is None:
-                    self._blas = list(
-                        ThreadpoolController().select(user_api="blas").lib_controllers
-                    )
-        return self._blas
-
-    def threads(self) -> int:
-        if getattr(self._inside, "active", False):
-            return 1  # a part of a split never splits again
-        return min((lib.num_threads for lib in self.blas()), default=1)
+        self.threads = 1
 
     def executor(self, workers: int) -> ThreadPoolExecutor:
         with self._lock:
@@ -53,55 +45,56 @@ class _Pool:
                 self._workers = workers
             return self._executor
 
-    def run(
-        self, task: Callable[[int, int], None], total: int, threads: int, blas_single: bool
-    ) -> None:
+    def run(self, task: Callable[[int, int], None], total: int, threads: int) -> None:
         bounds = [total * i // threads for i in range(threads + 1)]
+        first, *others = itertools.pairwise(bounds)
         executor = self.executor(threads - 1)
-        libs = self.blas() if blas_single else []
-        previous = [lib.num_threads for lib in libs]
-        for lib in libs:
-            lib.set_num_threads(1)
+        futures: list[Future[None]] = [
+            executor.submit(self.part, task, start, stop) for start, stop in others
+        ]
         try:
-            first, *others = itertools.pairwise(bounds)
-            futures: list[Future[None]] = [
-                executor.submit(self._part, task, start, stop) for start, stop in others
-            ]
-            self._part(task, *first)
+            self.part(task, *first)
+        finally:
             for future in futures:
                 future.result()
-        finally:
-            for lib, count in zip(libs, previous):
-                lib.set_num_threads(count)
 
-    def _part(self, task: Callable[[int, int], None], start: int, stop: int) -> None:
+    def part(self, task: Callable[[int, int], None], start: int, stop: int) -> None:
         self._inside.active = True
         try:
             task(start, stop)
         finally:
             self._inside.active = False
 
+    def available(self) -> int:
+        return 1 if getattr(self._inside, "active", False) else self.threads
+
 
 _POOL = _Pool()
 
 
+def set_intra_op_threads(threads: int) -> None:
+    """Let kernels split their work between ``threads`` threads, and make BLAS
+    single-threaded. Process-wide, like BLAS settings: the model compiled last sets it."""
+    threadpool_limits(limits=1, user_api="blas")
+    _POOL.threads = max(1, threads)
+
+
 def intra_op_threads() -> int:
-    """Threads a kernel may split its work between now (1: do not split)."""
-    return _POOL.threads()
+    """Threads a kernel may split its work between now (1: do not split; also inside a
+    part of a split, which never splits again)."""
+    return _POOL.available()
 
 
-def run_parallel(
-    task: Callable[[int, int], None], total: int, *, work: int, blas_single: bool = False
-) -> None:
+def run_parallel(task: Callable[[int, int], None], total: int, *, work: int) -> None:
     """Run ``task(start, stop)`` over contiguous parts of ``range(total)``.
 
     The parts run on :func:`intra_op_threads` threads (the caller's among them) when
     ``work`` (elements touched in all) is at least :data:`MIN_PARALLEL_ELEMENTS`, else
-    ``task(0, total)`` runs in the calling thread. ``blas_single`` sets BLAS to one thread
-    while the parts run (each part calls BLAS itself). Exceptions of a part propagate.
+    ``task(0, total)`` runs in the calling thread. The first exception of a part
+    propagates, once every part has finished.
     """
-    threads = min(_POOL.threads(), total)
+    threads = min(_POOL.available(), total)
     if threads <= 1 or work < MIN_PARALLEL_ELEMENTS:
         task(0, total)
         return
-    _POOL.run(task, total, threads, blas_single)
+    _POOL.run(task, total, threads)
