@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from aioinfer.errors import RequestClosedError
+from aioinfer.plugin.async_request import invoke_callback
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -122,14 +122,9 @@ class AsyncInferQueue:
     async def _job_done(self, request: AsyncInferRequest, userdata: Any) -> None:
         if request.error is not None:
             self._errors.append(request.error)
-        callback = self._callback
-        if callback is None:
-            return
-        if inspect.iscoroutinefunction(callback):
-            await callback(request, userdata)
-        else:
+        if self._callback is not None:
             executor = request.compiled_model.callback_executor
-            await executor.run(lambda: callback(request, userdata))
+            await invoke_callback(self._callback, request, userdata, executor)
 
     def _make_release(self, index: int) -> Callable[[], None]:
         def release() -> None:

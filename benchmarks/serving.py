@@ -6,12 +6,13 @@ Three servers, one after the other in the same run, each in its own process unde
 same uvicorn settings (uvloop and httptools when installed), on the MLP of
 ``benchmarks/models.py`` (4 x Gemm 1024x1024 + Relu, float32):
 
-(a) aioinfer's Open Inference Protocol app with the BATCH device;
+(a) aioinfer's Open Inference Protocol app with the BATCH device (up to 64 rows, 1 ms;
+    one compute stream with one BLAS thread, so that the other core serves HTTP);
 (b) the same app without batching (THROUGHPUT hint: one stream per core);
 (c) a minimal Starlette endpoint calling onnxruntime through ``anyio.to_thread.run_sync``
-    with one shared session: the glue users write by hand. It takes the raw float32 row
-    and answers raw bytes, so it parses less than (a) and (b), which speak the protocol
-    (binary tensor extension: a JSON header plus the row).
+    with one shared session (thread spinning off): the glue users write by hand. It takes
+    the raw float32 row and answers raw bytes, so it parses less than (a) and (b), which
+    speak the protocol (binary tensor extension: a JSON header plus the row).
 
 Each client keeps one HTTP/1.1 connection and sends ``--requests`` requests one after the
 other (after 5 untimed ones); every phase stops after ``--seconds`` at the latest. Only
@@ -52,11 +53,14 @@ KINDS = {
 def aioinfer_app(model: Path, batching: bool) -> object:
     from aioinfer.serving import ModelConfig, create_app
 
-    config = (
-        ModelConfig(hint="THROUGHPUT", batching={"max_batch_size": 64, "timeout_ms": 1})
-        if batching
-        else ModelConfig(hint="THROUGHPUT", batching=False)
-    )
+    if batching:
+        # One compute stream with one BLAS thread: the other core serves HTTP.
+        config = ModelConfig(
+            batching={"max_batch_size": 64, "timeout_ms": 1},
+            properties={"NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": 1},
+        )
+    else:
+        config = ModelConfig(hint="THROUGHPUT", batching=False)
     return create_app(model, configs={model.stem: config})
 
 
@@ -68,7 +72,10 @@ def onnxruntime_app(model: Path) -> object:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    # Spinning workers would take CPU from the clients on the same cores.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
 
     async def infer(request: Request) -> Response:
         x = np.frombuffer(await request.body(), np.float32).reshape(1, WIDTH)

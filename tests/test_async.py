@@ -1,10 +1,10 @@
-"""The async runtime: state machine, cancellation, callbacks, queue, executors, lifetime."""
+"""CPU-specific async runtime tests, and the models the shared behaviour suite
+(tests/behaviour/, run for every device) builds on."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -64,79 +64,6 @@ def inputs(seed: int, rows: int = 4) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, SIZE)).astype(np.float32)
 
 
-async def run_for(slow_compiled: ai.CompiledModel) -> float:
-    request = slow_compiled.create_infer_request()
-    start = time.perf_counter()
-    await request.infer({"x": inputs(1, 64)})
-    return time.perf_counter() - start
-
-
-async def test_busy_request_raises_at_once(slow):
-    _, compiled = slow
-    request = compiled.create_infer_request()
-    request.start_async({"x": inputs(1, 64)})
-    assert request.state is ai.RequestState.BUSY
-    with pytest.raises(ai.RequestBusyError, match="already running"):
-        request.start_async({"x": inputs(2)})
-    with pytest.raises(ai.RequestBusyError):
-        await request.infer({"x": inputs(2)})
-    request.cancel()
-    with pytest.raises(ai.InferCancelledError):
-        await request.wait()
-    assert request.state is ai.RequestState.IDLE
-
-
-async def test_start_async_then_wait_returns_results(small):
-    model, compiled = small
-    request = compiled.create_infer_request()
-    x = inputs(3)
-    request.start_async({"x": x})
-    results = await request.wait()
-    assert results is not None
-    np.testing.assert_allclose(results["y"], reference(model, x), rtol=1e-4, atol=1e-5)
-    assert request.state is ai.RequestState.IDLE
-
-
-async def test_wait_for_times_out_without_cancelling(slow):
-    _, compiled = slow
-    request = compiled.create_infer_request()
-    request.start_async({"x": inputs(1, 64)})
-    assert await request.wait_for(0.001) is False
-    assert request.state is ai.RequestState.BUSY
-    assert await request.wait_for(60) is True
-    assert request.results is not None and request.error is None
-
-
-async def test_cancelling_the_awaiting_task_stops_compute_and_request_is_reusable(slow):
-    model, compiled = slow
-    full = await run_for(compiled)
-    request = compiled.create_infer_request()
-    with anyio.move_on_after(full / 10) as scope:
-        await request.infer({"x": inputs(1, 64)})
-    assert scope.cancelled_caught
-    # The cancelled step let go quickly: the request is idle right away.
-    assert request.state is ai.RequestState.IDLE
-    assert isinstance(request.error, ai.InferCancelledError)
-    x = inputs(5)
-    results = await request.infer({"x": x})
-    np.testing.assert_allclose(results["y"], reference(model, x), rtol=1e-4, atol=1e-5)
-
-
-async def test_cancel_stops_within_a_kernel(slow):
-    _, compiled = slow
-    full = await run_for(compiled)
-    request = compiled.create_infer_request()
-    request.start_async({"x": inputs(1, 64)})
-    await anyio.sleep(full / 10)
-    start = time.perf_counter()
-    request.cancel()
-    with pytest.raises(ai.InferCancelledError):
-        await request.wait()
-    stopped_after = time.perf_counter() - start
-    # 800 kernels: one kernel is ~full/800; allow generous slack for a loaded machine.
-    assert stopped_after < full / 4, (stopped_after, full)
-
-
 async def test_cancel_before_compute_skips_it(small):
     model, compiled = small
     request = compiled.create_infer_request()
@@ -153,145 +80,6 @@ async def test_cancel_before_compute_skips_it(small):
     results = await request.infer({"x": x})
     assert ran == [1]
     np.testing.assert_allclose(results["y"], reference(model, x), rtol=1e-4, atol=1e-5)
-
-
-async def test_cancelling_wait_cancels_the_inference(slow):
-    _, compiled = slow
-    request = compiled.create_infer_request()
-    request.start_async({"x": inputs(1, 64)})
-    with anyio.move_on_after(0.05):
-        await request.wait()
-    assert request.state is ai.RequestState.IDLE
-    assert isinstance(request.error, ai.InferCancelledError)
-
-
-async def test_sync_callback_runs_off_loop_after_outputs(small):
-    _, compiled = small
-    request = compiled.create_infer_request()
-    seen = []
-    loop_thread = threading.get_ident()
-
-    def callback(req, userdata):
-        seen.append((userdata, req.results["y"].shape, threading.get_ident() != loop_thread))
-
-    request.set_callback(callback, "default")
-    await request.infer({"x": inputs(1)})
-    request.start_async({"x": inputs(2)}, userdata="given")
-    await request.wait()
-    assert seen == [("default", (4, SIZE), True), ("given", (4, SIZE), True)]
-
-
-async def test_async_callback_is_awaited_before_wait_returns(small):
-    _, compiled = small
-    request = compiled.create_infer_request()
-    events = []
-
-    async def callback(req, userdata):
-        await anyio.sleep(0.01)
-        events.append(("callback", req.error))
-
-    request.set_callback(callback)
-    request.start_async({"x": inputs(1)})
-    await request.wait()
-    events.append(("waited", None))
-    assert events == [("callback", None), ("waited", None)]
-
-
-async def test_callback_exception_is_surfaced(small):
-    _, compiled = small
-    request = compiled.create_infer_request()
-
-    def callback(req, userdata):
-        raise RuntimeError("boom in callback")
-
-    request.set_callback(callback)
-    with pytest.raises(RuntimeError, match="boom in callback"):
-        await request.infer({"x": inputs(1)})
-    request.set_callback(None)
-    assert (await request.infer({"x": inputs(1)}))["y"].shape == (4, SIZE)
-
-
-async def test_callback_told_of_failure_and_cancellation(slow):
-    _, compiled = slow
-    request = compiled.create_infer_request()
-    errors = []
-    request.set_callback(lambda req, _: errors.append(type(req.error)))
-    request.start_async({"x": inputs(1, 64)})
-    request.cancel()
-    with pytest.raises(ai.InferCancelledError):
-        await request.wait()
-    assert errors == [ai.InferCancelledError]
-
-
-async def test_queue_delivers_each_job_once_with_its_userdata(small):
-    model, compiled = small
-    queue = ai.AsyncInferQueue(compiled, jobs=2)
-    assert len(queue) == 2
-    got: dict[int, np.ndarray] = {}
-
-    def callback(request, userdata):
-        assert userdata not in got
-        got[userdata] = request.results["y"].copy()
-
-    queue.set_callback(callback)
-    xs = [inputs(10 + i, rows=2) for i in range(9)]
-    for i, x in enumerate(xs):
-        await queue.start_async({"x": x}, userdata=i)
-    await queue.wait_all()
-    assert sorted(got) == list(range(9))
-    for i, x in enumerate(xs):
-        np.testing.assert_allclose(got[i], reference(model, x), rtol=1e-4, atol=1e-5)
-    assert queue.is_ready()
-
-
-async def test_queue_reraises_job_and_callback_errors(small):
-    _, compiled = small
-    queue = ai.AsyncInferQueue(compiled, jobs=1)
-
-    def callback(request, userdata):
-        if userdata == "bad":
-            raise ValueError("callback failed for bad")
-
-    queue.set_callback(callback)
-    await queue.start_async({"x": inputs(1)}, userdata="bad")
-    with pytest.raises(ValueError, match="callback failed"):
-        await queue.wait_all()
-    # The error was raised once; the queue works on.
-    await queue.start_async({"x": inputs(1)}, userdata="good")
-    await queue.wait_all()
-    with pytest.raises(ai.InputShapeError):
-        await queue.start_async({"x": np.zeros((2, 3), np.float32)})
-    await queue.start_async({"x": inputs(2)})
-    await queue.wait_all()
-
-
-async def test_queue_jobs_zero_uses_optimal_number(small):
-    _, compiled = small
-    queue = ai.AsyncInferQueue(compiled)
-    assert len(queue) == compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")
-
-
-async def test_closing_queue_cancels_running_jobs(slow):
-    _, compiled = slow
-    async with ai.AsyncInferQueue(compiled, jobs=2) as queue:
-        await queue.start_async({"x": inputs(1, 64)})
-        await queue.start_async({"x": inputs(2, 64)})
-        start = time.perf_counter()
-    assert time.perf_counter() - start < 2.0
-    assert all(queue[i].state is ai.RequestState.CLOSED for i in range(2))
-    with pytest.raises(ai.RequestClosedError):
-        await queue.start_async({"x": inputs(1)})
-
-
-async def test_closed_request_and_compiled_model_refuse_work():
-    compiled2 = ai.Core().compile_model(chain_model(1), "CPU")
-    async with compiled2.create_infer_request() as request:
-        await request.infer({"x": inputs(1)})
-    with pytest.raises(ai.RequestClosedError):
-        await request.infer({"x": inputs(1)})
-    await compiled2.close()
-    with pytest.raises(ai.RequestClosedError):
-        compiled2.create_infer_request()
 
 
 async def loop_delays_while_computing(compiled: ai.CompiledModel) -> list[float]:
@@ -314,20 +102,6 @@ async def loop_delays_while_computing(compiled: ai.CompiledModel) -> list[float]
             await r.wait()
         stop.set()
     return delays
-
-
-async def test_event_loop_stays_responsive_while_requests_compute(slow):
-    # Other processes on a shared 2-core machine add their own delays: the best of three
-    # measurements must show a p99 well under 10 ms.
-    _, compiled = slow
-    p99s = []
-    for _ in range(3):
-        delays = await loop_delays_while_computing(compiled)
-        assert len(delays) > 20
-        p99s.append(float(np.percentile(delays, 99)))
-        if p99s[-1] < 0.005:
-            break
-    assert min(p99s) < 0.005, f"loop p99 delays {[round(p * 1000, 1) for p in p99s]} ms"
 
 
 def test_properties_follow_the_hint():

@@ -338,10 +338,7 @@ class AsyncInferRequest:
         if callback is None:
             return
         try:
-            if inspect.iscoroutinefunction(callback):
-                await callback(self, self._userdata)
-            else:
-                await self._callback_executor.run(lambda: callback(self, self._userdata))
+            await invoke_callback(callback, self, self._userdata, self._callback_executor)
         except Exception as exc:
             self._callback_error = exc
 
@@ -360,6 +357,17 @@ class AsyncInferRequest:
         results = self._request.results
         assert results is not None
         return results
+
+
+async def invoke_callback(
+    callback: Callback, request: AsyncInferRequest, userdata: Any, executor: Executor
+) -> None:
+    """Await ``callback(request, userdata)`` on the loop when it is a coroutine function;
+    otherwise run it on ``executor`` (a thread), so it cannot stall the loop."""
+    if inspect.iscoroutinefunction(callback):
+        await callback(request, userdata)
+    else:
+        await executor.run(lambda: callback(request, userdata))
 
 
 def _stage_names(pipeline: Sequence[tuple[Executor, Stage]]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -14,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 import aioinfer
 from aioinfer.core import Core
@@ -203,24 +205,32 @@ class ModelServer:
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
-    async def infer(self, request: Request) -> Response:
-        model = self._model_of(request)
+    async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST .../infer``: a bare ASGI endpoint (the hot path skips Starlette's request
+        and response objects)."""
+        params = scope["path_params"]
+        try:
+            model = self.find(params["model"], params.get("version"))
+        except ProtocolError as exc:
+            await _respond(send, exc.status, _error_body(exc), _JSON)
+            return
         metrics = self.metrics.of(model)
         metrics.requests.inc()
         started = time.perf_counter()
         try:
             if self.closing:
                 raise ProtocolError("the server is shutting down", status=503)
+            headers = _headers(scope)
             body = parse_infer_request(
-                await self._read_body(request),
-                request.headers.get(HEADER_LENGTH),
+                await self._read_body(receive, headers.get(b"content-length")),
+                _text(headers.get(HEADER_LENGTH)),
                 model.input_datatypes,
             )
             sequence = SequenceFlags.from_parameters(body.parameters)
             wanted = _wanted_outputs(model, body)
             with self._tracking(model):
                 results, waited = await unless_disconnected(
-                    request.receive, lambda: model.infer(body.inputs, sequence)
+                    receive, lambda: model.infer(body.inputs, sequence)
                 )
             outputs = [(name, results[name], binary) for name, binary in wanted]
             content, header_length = encode_infer_response(
@@ -229,35 +239,69 @@ class ModelServer:
         except (ProtocolError, AioinferError, ClientDisconnectedError) as exc:
             status, reason = _status(exc)
             metrics.fail(reason)
-            return JSONResponse({"error": str(exc)}, status_code=status)
+            await _respond(send, status, _error_body(exc), _JSON)
+            return
         metrics.latency.observe(time.perf_counter() - started)
         metrics.queue_time.observe(waited)
         if header_length is None:
-            return Response(content, media_type="application/json")
-        return Response(
-            content,
-            media_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(header_length)},
-        )
+            await _respond(send, 200, content, _JSON)
+        else:
+            length = (b"inference-header-content-length", str(header_length).encode())
+            await _respond(send, 200, content, [_OCTETS, length])
 
     def _model_of(self, request: Request) -> ServedModel:
         params = request.path_params
         return self.find(params["model"], params.get("version"))
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def _read_body(self, receive: Receive, declared: bytes | None) -> bytes:
         limit = self.max_request_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ProtocolError(
                 f"the request body has {int(declared)} bytes; the limit is {limit}", status=413
             )
-        chunks, size = [], 0
-        async for chunk in request.stream():
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnectedError("the client disconnected while sending")
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise ProtocolError(f"the request body exceeds the limit of {limit} bytes", 413)
             chunks.append(chunk)
+            more = message.get("more_body", False)
         return b"".join(chunks)
+
+
+_JSON = [(b"content-type", b"application/json")]
+_OCTETS = (b"content-type", b"application/octet-stream")
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    """The request headers that the infer endpoint reads (ASGI gives them lower-case)."""
+    wanted = (b"content-length", HEADER_LENGTH)
+    return {name: value for name, value in scope["headers"] if name in wanted}
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+def _error_body(exc: Exception) -> bytes:
+    return json.dumps({"error": str(exc)}).encode()
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _wanted_outputs(model: ServedModel, body: InferRequestBody) -> list[tuple[str, bool]]:
@@ -286,6 +330,17 @@ def _status(exc: Exception) -> tuple[int, str]:
     if isinstance(exc, (RequestClosedError, InferCancelledError)):
         return 503, "shutdown"
     return 500, "error"
+
+
+class _InferEndpoint:
+    """An ASGI app, so that Starlette's router calls it without wrapping (a function
+    endpoint gets request and response objects)."""
+
+    def __init__(self, server: ModelServer) -> None:
+        self.server = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.server.infer(scope, receive, send)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -325,8 +380,8 @@ def create_app(
     model = "/v2/models/{model}"
     version = model + "/versions/{version}"
     routes = [  # the hot path first: routes are tried in order
-        Route(model + "/infer", server.infer, methods=["POST"]),
-        Route(version + "/infer", server.infer, methods=["POST"]),
+        Route(model + "/infer", _InferEndpoint(server), methods=["POST"]),
+        Route(version + "/infer", _InferEndpoint(server), methods=["POST"]),
         Route("/v2/health/live", server.live),
         Route("/v2/health/ready", server.ready),
         Route("/v2", server.server_metadata),

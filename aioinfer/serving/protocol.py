@@ -21,7 +21,7 @@ import numpy as np
 
 from aioinfer.model import Port
 
-HEADER_LENGTH = "inference-header-content-length"
+HEADER_LENGTH = b"inference-header-content-length"
 """The HTTP header that gives the JSON part's length of a body with binary tensors."""
 
 DATATYPES: dict[str, np.dtype] = {
@@ -43,6 +43,7 @@ DATATYPES: dict[str, np.dtype] = {
 
 _NAMES = {dtype: name for name, dtype in DATATYPES.items()}
 _LITTLE_ENDIAN = {name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items()}
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 class ProtocolError(Exception):
@@ -306,7 +307,7 @@ def encode_infer_response(
     if parameters:
         response["parameters"] = dict(parameters)
     response["outputs"] = entries
-    header = json.dumps(response, separators=(",", ":")).encode()
+    header = _ENCODER.encode(response).encode()
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)

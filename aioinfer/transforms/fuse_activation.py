@@ -2,8 +2,8 @@
 
 - ``Add(Conv(x, W), b)`` with a constant per-channel ``b`` (shape ``[C, 1, ...]`` or
   ``[1, C, 1, ...]``) moves ``b`` into the Conv's bias.
-- ``Add(Conv(...), z)`` (a residual connection, as in ResNets) becomes
-  ``ai.aioinfer::FusedConv(x, W, B, z)``: the sum is added in place.
+- ``Add(Conv(...), z)`` (a residual connection, as in ResNets; also a two-input ``Sum``)
+  becomes ``ai.aioinfer::FusedConv(x, W, B, z)``: the sum is added in place.
 - ``Relu``/``LeakyRelu``/``Clip``/``Sigmoid``/``Tanh``/``Gelu`` after a Conv, Gemm or
   MatMul (or their fused forms) becomes the ``activation`` attribute of
   ``FusedConv``/``FusedGemm``/``FusedMatMul``, applied in place on the product.
@@ -86,7 +86,7 @@ class FuseActivationPass(RewritePass):
     """Biases, residual sums and activations go into the product that feeds them."""
 
     def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
-        if is_op(node, "Add") and len(node.inputs) == 2:
+        if is_op(node, "Add", "Sum") and len(node.inputs) == 2:
             return self._add(graph, node)
         act = _activation(node)
         if act is None:

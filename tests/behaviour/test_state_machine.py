@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import time
 
-import anyio
 import numpy as np
 import pytest
 
 import aioinfer as ai
 from tests.helpers import reference_outputs
-from tests.test_async import chain_model, inputs, reference
+from tests.test_async import chain_model, inputs, loop_delays_while_computing, reference
 
 pytestmark = pytest.mark.anyio
 
@@ -105,31 +104,14 @@ async def test_closing_a_busy_request_cancels_its_inference(slow):
 
 
 async def test_event_loop_stays_responsive_while_requests_compute(slow):
+    # Other processes on a shared 2-core machine add their own delays: the best of three
+    # measurements must show a 99th-percentile loop delay well under 10 ms.
     _, compiled = slow
-    request = compiled.create_infer_request()
-    start = time.perf_counter()
-    await request.infer({"x": inputs(1, 64)})
-    full = time.perf_counter() - start
-    requests = [compiled.create_infer_request() for _ in range(3)]
-    delays: list[float] = []
-    stop = anyio.Event()
-
-    async def ticker() -> None:
-        while not stop.is_set():
-            start = time.perf_counter()
-            await anyio.sleep(0.001)
-            delays.append(time.perf_counter() - start - 0.001)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ticker)
-        for r in requests:
-            r.start_async({"x": inputs(1, 64)})
-        for r in requests:
-            await r.wait()
-        stop.set()
-    assert len(delays) > 20
-    # Bounds loose enough for a loaded 2-core machine; computing on the loop would stall
-    # it for whole inferences (``full``) at a time.
-    p50 = float(np.median(delays))
-    assert p50 < 0.005, f"loop median delay {p50 * 1000:.1f} ms"
-    assert max(delays) < full / 2, (max(delays), full)
+    p99s = []
+    for _ in range(3):
+        delays = await loop_delays_while_computing(compiled)
+        assert len(delays) > 20
+        p99s.append(float(np.percentile(delays, 99)))
+        if p99s[-1] < 0.005:
+            break
+    assert min(p99s) < 0.005, f"loop p99 delays {[round(p * 1000, 1) for p in p99s]} ms"

@@ -150,3 +150,22 @@ def test_gelu_after_a_batched_conv() -> None:
     assert op_types(applied(model, FuseActivationPass())) == ["FusedConv"]
     feeds = {"x": RNG.standard_normal((4, 3, 32, 32)).astype(np.float32)}
     assert_close(run_compiled(model, feeds), run_reference(model, feeds), rtol=1e-4, atol=1e-5)
+
+
+def test_two_input_sum_is_a_residual_too() -> None:
+    weights = {"w": RNG.standard_normal((4, 4, 1, 1)).astype(np.float32)}
+    nodes = [
+        oh.make_node("Conv", ["x", "w"], ["c"]),
+        oh.make_node("Sum", ["x", "c"], ["s"]),
+        oh.make_node("Relu", ["s"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("x", np.float32, [1, 4, 3, 3])],
+        [tensor_info("y", np.float32, [1, 4, 3, 3])],
+        weights,
+    )
+    after = applied(model, FuseActivationPass())
+    assert op_types(after) == ["FusedConv"]
+    feeds = {"x": RNG.standard_normal((1, 4, 3, 3)).astype(np.float32)}
+    assert_close(run_ir(after, feeds), run_reference(model, feeds))

@@ -11,6 +11,7 @@ be called from any thread.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections import Counter, deque
@@ -63,6 +64,7 @@ class BatchItem:
         "enqueued",
         "error",
         "inputs",
+        "loop",
         "outputs",
         "rows",
         "signature",
@@ -74,11 +76,21 @@ class BatchItem:
         self.inputs = list(inputs)
         self.rows = int(self.inputs[0].shape[0])
         # Only inputs that agree past the first axis can be joined.
-        self.signature = tuple(array.shape[1:] for array in self.inputs)
+        self.signature = tuple([array.shape[1:] for array in self.inputs])
         self.enqueued = time.perf_counter()
         self.dispatched = self.enqueued
-        self.done = anyio.Event()
-        self.token = anyio.lowlevel.current_token()
+        # The event loop's own primitives where it is asyncio: an item is made per
+        # inference, and anyio's are several times slower to create.
+        self.loop: asyncio.AbstractEventLoop | None
+        self.done: asyncio.Event | anyio.Event
+        self.token: anyio.lowlevel.EventLoopToken | None = None
+        try:
+            self.loop = asyncio.get_running_loop()
+            self.done = asyncio.Event()
+        except RuntimeError:  # not asyncio (trio)
+            self.loop = None
+            self.done = anyio.Event()
+            self.token = anyio.lowlevel.current_token()
         self.state = ItemState.QUEUED
         self.batch: _Batch | None = None
         self.outputs: list[np.ndarray] | None = None
@@ -147,8 +159,13 @@ class Batcher:
     def cancel(self, item: BatchItem) -> None:
         """Withdraw ``item`` and fail it with :class:`InferCancelledError` (any thread)."""
         # If its event loop is gone, so is whoever waited for it.
-        with contextlib.suppress(RunFinishedError):
-            item.token.backend_class.run_sync_soon(self._cancel, (item,), item.token.native_token)
+        with contextlib.suppress(RunFinishedError, RuntimeError):
+            if item.loop is not None:
+                item.loop.call_soon_threadsafe(self._cancel, item)
+            else:
+                assert item.token is not None
+                token = item.token
+                token.backend_class.run_sync_soon(self._cancel, (item,), token.native_token)
 
     def _cancel(self, item: BatchItem) -> None:
         if item.state in (ItemState.QUEUED, ItemState.RUNNING):
