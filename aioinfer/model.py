@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ class Port:
     kind: str = "tensor"
     """One of :data:`PORT_KINDS`."""
 
-    @property
+    @functools.cached_property
     def dtype(self) -> np.dtype:
         """The numpy dtype of the element type."""
         return np.dtype(self.element_type.numpy())

@@ -29,6 +29,13 @@ class Property:
     configurable: bool = True
     parse: Callable[[Any], Any] = lambda value: value
     """Turns a user value into the canonical one, raising ValueError when it is invalid."""
+    auto: Any = None
+    """A config value that lets the device decide; reading the property back gives what
+    the device decided. None when the property has no such value."""
+
+    def is_auto(self, value: Any) -> bool:
+        """True when ``value`` is this property's let-the-device-decide value."""
+        return self.auto is not None and type(value) is type(self.auto) and value == self.auto
 
 
 def _choice(*allowed: str) -> Callable[[Any], str]:
@@ -150,12 +157,14 @@ PROPERTIES: dict[str, Property] = {
             "Number of inferences the device runs in parallel ('AUTO' follows the hint).",
             default="AUTO",
             parse=_positive_int_or_auto,
+            auto="AUTO",
         ),
         Property(
             "INFERENCE_NUM_THREADS",
             "Threads used for compute in total (0: all cores).",
             default=0,
             parse=_non_negative_int,
+            auto=0,
         ),
         Property(
             "STATEFUL",

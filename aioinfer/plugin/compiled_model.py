@@ -14,7 +14,7 @@ from aioinfer.errors import ExportError, RequestClosedError
 from aioinfer.model import Port, find_port
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
-from aioinfer.properties import check_readable
+from aioinfer.properties import PROPERTIES, check_readable
 
 if TYPE_CHECKING:
     from aioinfer.plugin.plugin import Plugin
@@ -155,7 +155,7 @@ class CompiledModel(ABC):
         """
         name = str(getattr(name, "value", name))
         check_readable(name, self.supported_properties())
-        if name in self.config and self.config[name] not in ("AUTO", 0):
+        if name in self.config and not PROPERTIES[name].is_auto(self.config[name]):
             return self.config[name]
         return self.read_only_property(name)
 

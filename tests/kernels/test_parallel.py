@@ -10,9 +10,10 @@ import pytest
 from threadpoolctl import threadpool_info
 
 from aioinfer.devices.cpu.kernels import parallel
-from aioinfer.devices.cpu.kernels.matmul import matmul_into, split_gemm, stacked_matmul
+from aioinfer.devices.cpu.kernels.matmul import gemm_2d, matmul_into, stacked_matmul
 from aioinfer.devices.cpu.kernels.parallel import (
     MIN_PARALLEL_ELEMENTS,
+    blas_threads,
     intra_op_threads,
     run_parallel,
     set_intra_op_threads,
@@ -40,7 +41,6 @@ def test_parts_cover_the_range_once_on_two_threads() -> None:
     run_parallel(task, 10, work=MIN_PARALLEL_ELEMENTS)
     assert sorted((start, stop) for start, stop, _ in seen) == [(0, 5), (5, 10)]
     assert len({name for *_, name in seen}) == 2
-    assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
 
 
 @pytest.mark.usefixtures("two_threads")
@@ -80,12 +80,31 @@ def test_products_match_numpy(a_shape: tuple[int, ...], b_shape: tuple[int, ...]
         np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
 
 
+def _blas_threads() -> set[int]:
+    return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_blas_runs_on_one_thread_except_inside_blas_threads() -> None:
+    assert _blas_threads() == {1}
+    with blas_threads():
+        assert _blas_threads() == {2}
+    assert _blas_threads() == {1}
+
+    def part(start: int, stop: int) -> None:
+        with blas_threads():  # a part of a split stays on one thread
+            assert _blas_threads() == {1}
+
+    run_parallel(part, 2, work=MIN_PARALLEL_ELEMENTS)
+
+
 @pytest.mark.usefixtures("two_threads")
 @pytest.mark.parametrize(("m", "k", "n"), [(256, 128, 96), (2, 1024, 2048), (3, 4, 5)])
-def test_split_gemm_by_rows_or_columns(m: int, k: int, n: int) -> None:
+def test_gemm_2d_small_and_large(m: int, k: int, n: int) -> None:
     rng = np.random.default_rng(1)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((n, k)).astype(np.float32).T  # a transposed (strided) operand
     out = np.empty((m, n), np.float32)
-    assert split_gemm(a, b, out) is out
+    assert gemm_2d(a, b, out) is out
     np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
+    assert _blas_threads() == {1}

@@ -181,8 +181,6 @@ class CPUCompiledModel(CompiledModel):
             return max((r.memory.nbytes for r in list(self._sync_requests)), default=0)
         if name == "LOADED_FROM_CACHE":
             return self.loaded_from_cache
-        if name in ("ALLOW_AUTO_BATCHING", "PERF_COUNT"):  # False == 0 reads as "unset"
-            return self.config[name]
         return super().read_only_property(name)
 
 

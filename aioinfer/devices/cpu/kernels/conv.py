@@ -16,8 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aioinfer.devices.cpu.kernels.matmul import matmul_into
-from aioinfer.devices.cpu.kernels.parallel import run_parallel
+from aioinfer.devices.cpu.kernels.parallel import blas_threads, run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -238,10 +237,11 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             cols = cols.reshape(n, group, wmat.shape[-1], pixels)
         m = w.shape[0]
         target = None if out is None else out.reshape(n, group, m // group, pixels)
-        if group == 1:
-            y = matmul_into(wmat[0], cols[:, 0], None if target is None else target[:, 0])
-        else:
-            y = matmul_into(wmat, cols, target)
+        with blas_threads():
+            if group == 1:
+                y = np.matmul(wmat[0], cols[:, 0], out=None if target is None else target[:, 0])
+            else:
+                y = np.matmul(wmat, cols, out=target)
         y = y.reshape(n, m, pixels)
         if b is not None:
             y += b.reshape(-1, 1)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.parallel import intra_op_threads, run_parallel
+from aioinfer.devices.cpu.kernels.parallel import blas_threads, run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
 
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.matmul`` with fast paths: float16 in float32 BLAS, one GEMM for a stack times
-    a matrix, and large products or stacks split between the intra-op threads."""
+    a matrix, BLAS threads for large products only, stacks split between threads."""
     if a.dtype == b.dtype and (a.dtype == np.float16 or a.dtype.kind == "V"):
         # float16 and the ml_dtypes floats (bfloat16, float8) run in float32 BLAS.
         return _matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
@@ -20,32 +20,19 @@ def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 _BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-SPLIT_PRODUCT = 1 << 21
-"""Multiply-adds from which one matrix product is split between the intra-op threads
-(below, handing half of it to another thread costs about what it saves)."""
+BLAS_THREADS_PRODUCT = 1 << 21
+"""Multiply-adds from which one matrix product runs with BLAS on the intra-op threads
+(below, waking them costs about what they save)."""
 
 
-def split_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out[...] = a @ b`` for 2-D operands; a large product is split between the
-    intra-op threads by rows of ``a`` (or columns of ``b`` when ``a`` has few rows), each
-    part one single-threaded BLAS call."""
-    m, k = a.shape
-    n = b.shape[1]
-    if m * k * n < SPLIT_PRODUCT:
+def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[...] = a @ b`` for 2-D operands, in one BLAS call: on the intra-op threads for
+    a large product, on one thread for a small one."""
+    if a.shape[0] * a.shape[1] * b.shape[1] < BLAS_THREADS_PRODUCT:
         np.matmul(a, b, out=out)
         return out
-    if m >= 8 * intra_op_threads():
-
-        def rows(start: int, stop: int) -> None:
-            np.matmul(a[start:stop], b, out=out[start:stop])
-
-        run_parallel(rows, m, work=m * k * n)
-    else:
-
-        def columns(start: int, stop: int) -> None:
-            np.matmul(a, b[:, start:stop], out=out[:, start:stop])
-
-        run_parallel(columns, n, work=m * k * n)
+    with blas_threads():
+        np.matmul(a, b, out=out)
     return out
 
 
@@ -53,8 +40,10 @@ def stacked_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.n
     """``a @ b`` for stacks of matrices (both operands have batch axes), into ``out`` when
     given (it must have the product's shape and dtype).
 
-    numpy calls BLAS once per matrix of a stack: the stack is split between the intra-op
-    threads along its first batch axis of size > 1 (a stack of one is a plain product).
+    numpy calls BLAS once per matrix of a stack, and BLAS threads cost more than they
+    save on small matrices: the stack is split between the intra-op threads along its
+    first batch axis of size > 1, each part on single-threaded BLAS (a stack of one is a
+    plain product).
     """
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if out is None:
@@ -64,7 +53,7 @@ def stacked_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.n
         np.matmul(a, b, out=out)
         return out
     if axis is None:
-        split_gemm(a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:]), out.reshape(out.shape[-2:]))
+        gemm_2d(a.reshape(a.shape[-2:]), b.reshape(b.shape[-2:]), out.reshape(out.shape[-2:]))
         return out
     a = np.broadcast_to(a, (*batch, *a.shape[-2:]))
     b = np.broadcast_to(b, (*batch, *b.shape[-2:]))
@@ -81,8 +70,7 @@ def stacked_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.n
 
 def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """``a @ b`` written into ``out`` when it has the product's shape and dtype (a planned
-    buffer), else into a new array; large products and stacks run split between the
-    intra-op threads."""
+    buffer), else into a new array (see :func:`gemm_2d` and :func:`stacked_matmul`)."""
     if a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype not in _BLAS_DTYPES:
         return _matmul(a, b)
     if a.size == 0 or b.size == 0:
@@ -95,7 +83,7 @@ def matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndar
         out = np.empty(shape, dtype=a.dtype)
     if b.ndim == 2:
         # A stack times a matrix is one product: fold the stack into the rows.
-        split_gemm(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, b.shape[1]))
+        gemm_2d(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, b.shape[1]))
         return out
     return stacked_matmul(a, b, out)
 

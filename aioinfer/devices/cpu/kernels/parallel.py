@@ -1,28 +1,29 @@
-"""Intra-op parallelism: the CPU device's own threads inside one kernel.
+"""Intra-op parallelism: the CPU device's threads inside one kernel.
 
-BLAS runs single-threaded; kernels with enough independent work (rows of a large matrix
-product, matrices of a stack, chunks of an elementwise pass, rows of a normalisation,
-input channels of im2col) split it with :func:`run_parallel` between the *intra-op
-threads* of the compiled model (per stream: all cores with the LATENCY hint, one with
-THROUGHPUT, where streams already use the cores). numpy releases the GIL inside its loops
-and BLAS calls, so the parts really run at the same time.
+Each compiled model has *intra-op threads* per stream (all cores with the LATENCY hint,
+one with THROUGHPUT, where the streams already use the cores). BLAS runs on one thread
+by default: a large matrix product switches it to the intra-op threads for its call
+(:func:`blas_threads`), everything else with enough independent work (matrices of a
+stack, chunks of an elementwise pass, rows of a normalisation, input channels of
+im2col) is split with :func:`run_parallel` between Python threads. numpy releases the
+GIL inside its loops and BLAS calls, so the parts really run at the same time.
 
-Why not BLAS threads: OpenBLAS wakes its threads for every call, also for small ones,
-and busy-waits for them. Products of a few thousand multiply-adds (an LSTM step, a
-classifier's batch-1 Gemm) took 5-400x longer with two OpenBLAS threads than with one on
-a loaded 2-core machine, and stacks of small matrices (attention) 10-20x longer; a
-static two-way split of the large products loses little against BLAS threads on an idle
-machine and degrades gracefully on a busy one.
+Why not BLAS threads everywhere: OpenBLAS wakes its threads for every call, also for
+small ones, and busy-waits for them. Products of a few thousand multiply-adds (an LSTM
+step, a classifier's batch-1 Gemm) took 5-400x longer with two OpenBLAS threads than with
+one on a loaded 2-core machine, and stacks of small matrices (attention) 10-20x longer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 MIN_PARALLEL_ELEMENTS = 1 << 16
 """Below this many elements of work, handing parts to other threads costs more than it
@@ -35,7 +36,16 @@ class _Pool:
         self._executor: ThreadPoolExecutor | None = None
         self._workers = 0
         self._inside = threading.local()
+        self._blas: list[Any] | None = None
         self.threads = 1
+
+    def blas(self) -> list[Any]:
+        if self._blas is None:
+            with self._lock:
+                if self._blas is None:
+                    controller = ThreadpoolController().select(user_api="blas")
+                    self._blas = list(controller.lib_controllers)
+        return self._blas
 
     def executor(self, workers: int) -> ThreadPoolExecutor:
         with self._lock:
@@ -74,9 +84,29 @@ _POOL = _Pool()
 
 def set_intra_op_threads(threads: int) -> None:
     """Let kernels split their work between ``threads`` threads, and make BLAS
-    single-threaded. Process-wide, like BLAS settings: the model compiled last sets it."""
-    threadpool_limits(limits=1, user_api="blas")
+    single-threaded outside :func:`blas_threads`. Process-wide, like BLAS settings: the
+    model compiled last sets it."""
+    for lib in _POOL.blas():
+        lib.set_num_threads(1)
     _POOL.threads = max(1, threads)
+
+
+@contextlib.contextmanager
+def blas_threads() -> Iterator[None]:
+    """BLAS on the intra-op threads for the calls inside (one large product), then back
+    on one thread. Inside a part of a split it stays on one."""
+    threads = _POOL.available()
+    if threads <= 1:
+        yield
+        return
+    libs = _POOL.blas()
+    for lib in libs:
+        lib.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        for lib in libs:
+            lib.set_num_threads(1)
 
 
 def intra_op_threads() -> int:
