@@ -145,9 +145,7 @@ def lower(graph: ir.Graph, opsets: dict[str, int], captured: Sequence[ir.Value] 
         release = tuple(
             sorted({s for s in (*ins, *outs) if last_use[s] == index and s not in pinned})
         )
-        steps.append(
-            Step(kernel, ins, outs, release, name, node.op_type, execution_type, out_form)
-        )
+        steps.append(Step(kernel, ins, outs, release, name, node.op_type, execution_type, out_form))
     return Plan(
         num_slots=len(slots) + 2,
         constants=tuple(constants),

@@ -94,15 +94,11 @@ class CPUPlugin(Plugin):
             )
         return self._from_blob(blob, parse_config(config, self.supported_properties), set(config))
 
-    def _from_blob(
-        self, blob: bytes, parsed: dict[str, Any], given: set[str]
-    ) -> CPUCompiledModel:
+    def _from_blob(self, blob: bytes, parsed: dict[str, Any], given: set[str]) -> CPUCompiledModel:
         exported = load(blob, self.device_name)
         config = {**parse_config({}, self.supported_properties), **exported.config}
         config.update({name: parsed[name] for name in given if name in parsed})
-        return CPUCompiledModel(
-            self, exported.model, exported.inputs, exported.outputs, config
-        )
+        return CPUCompiledModel(self, exported.model, exported.inputs, exported.outputs, config)
 
     def query_model(self, model: Model) -> dict[str, str]:
         opsets = model.ir.opset_imports
