@@ -108,3 +108,23 @@ def reference_outputs(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -
     """The outputs of ``model`` on ``feeds`` computed by onnxruntime (CPU)."""
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return list(session.run(None, dict(feeds)))
+
+
+def chain_model(steps: int, width: int, seed: int = 0) -> onnx.ModelProto:
+    """x -> (MatMul W, Tanh) * steps over ``["n", width]``: a plan of 2*steps small
+    kernels, slow enough to cancel or disconnect half-way through."""
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    nodes, last = [], "x"
+    for i in range(steps):
+        nodes.append(oh.make_node("MatMul", [last, "w"], [f"m{i}"], name=f"matmul{i}"))
+        nodes.append(oh.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"))
+        last = f"t{i}"
+    nodes.append(oh.make_node("Identity", [last], ["y"]))
+    return make_model(
+        nodes,
+        [tensor_info("x", np.float32, ["n", width])],
+        [tensor_info("y", np.float32, ["n", width])],
+        {"w": weight},
+        name="chain",
+    )

@@ -11,12 +11,11 @@ from pathlib import Path
 import anyio
 import numpy as np
 import onnx
-import onnx.helper as oh
 import pytest
-from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import aioinfer as ai
+from tests import helpers
 
 pytestmark = pytest.mark.anyio
 
@@ -25,23 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def chain_model(steps: int) -> onnx.ModelProto:
-    """x -> (MatMul W, Tanh) * steps: a plan of 2*steps kernels, each well under 10 ms."""
-    rng = np.random.default_rng(0)
-    weight = (rng.standard_normal((SIZE, SIZE)) / np.sqrt(SIZE)).astype(np.float32)
-    nodes, last = [], "x"
-    for i in range(steps):
-        nodes.append(oh.make_node("MatMul", [last, "w"], [f"m{i}"], name=f"matmul{i}"))
-        nodes.append(oh.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}"))
-        last = f"t{i}"
-    nodes.append(oh.make_node("Identity", [last], ["y"]))
-    graph = oh.make_graph(
-        nodes,
-        "chain",
-        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", SIZE])],
-        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", SIZE])],
-        [numpy_helper.from_array(weight, "w")],
-    )
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    """x -> (MatMul W, Tanh) * steps at width ``SIZE``: each kernel well under 10 ms."""
+    return helpers.chain_model(steps, SIZE)
 
 
 @pytest.fixture(scope="module")

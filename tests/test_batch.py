@@ -21,6 +21,7 @@ import pytest
 
 import aioinfer as ai
 from aioinfer.devices.batch import BatchCompiledModel
+from tests import helpers
 from tests.helpers import make_model, mlp_model, reference_outputs, tensor_info
 
 pytestmark = pytest.mark.anyio
@@ -77,22 +78,8 @@ def gather_model() -> onnx.ModelProto:
 
 
 def chain_model(steps: int) -> onnx.ModelProto:
-    """(MatMul, Tanh) * steps over ``["n", WIDE]``: a slow, cancellable plan."""
-    rng = np.random.default_rng(1)
-    weight = (rng.standard_normal((WIDE, WIDE)) / np.sqrt(WIDE)).astype(np.float32)
-    nodes, last = [], "x"
-    for i in range(steps):
-        nodes.append(oh.make_node("MatMul", [last, "w"], [f"m{i}"]))
-        nodes.append(oh.make_node("Tanh", [f"m{i}"], [f"t{i}"]))
-        last = f"t{i}"
-    nodes.append(oh.make_node("Identity", [last], ["y"]))
-    return make_model(
-        nodes,
-        [tensor_info("x", np.float32, ["n", WIDE])],
-        [tensor_info("y", np.float32, ["n", WIDE])],
-        {"w": weight},
-        name="chain",
-    )
+    """(MatMul, Tanh) * steps over ``["n", WIDE]``: slow enough to stop half-way."""
+    return helpers.chain_model(steps, WIDE, seed=1)
 
 
 def exact_feeds(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:

@@ -18,6 +18,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from aioinfer.serving import create_app
+from tests import helpers
 from tests.helpers import make_model, mlp_model, tensor_info, two_input_model
 
 WIDE = 256
@@ -61,22 +62,8 @@ class LiveServer:
 
 
 def chain_model(steps: int) -> onnx.ModelProto:
-    """(MatMul, Tanh) * steps over ``["n", WIDE]``: slow enough to disconnect mid-way."""
-    rng = np.random.default_rng(1)
-    weight = (rng.standard_normal((WIDE, WIDE)) / np.sqrt(WIDE)).astype(np.float32)
-    nodes, last = [], "x"
-    for i in range(steps):
-        nodes.append(oh.make_node("MatMul", [last, "w"], [f"m{i}"]))
-        nodes.append(oh.make_node("Tanh", [f"m{i}"], [f"t{i}"]))
-        last = f"t{i}"
-    nodes.append(oh.make_node("Identity", [last], ["y"]))
-    return make_model(
-        nodes,
-        [tensor_info("x", np.float32, ["n", WIDE])],
-        [tensor_info("y", np.float32, ["n", WIDE])],
-        {"w": weight},
-        name="chain",
-    )
+    """(MatMul, Tanh) * steps over ``["n", WIDE]``: slow enough to stop half-way."""
+    return helpers.chain_model(steps, WIDE, seed=1)
 
 
 def accumulator_model() -> onnx.ModelProto:
