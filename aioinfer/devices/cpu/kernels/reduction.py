@@ -138,64 +138,29 @@ def _reduce(spec: NodeSpec, reducer: Reducer, axes_input_since: int) -> Kernel:
     return run
 
 
-@kernel("ReduceSum")
-def reduce_sum(spec: NodeSpec) -> Kernel:
-    """ReduceSum 1-13 (axes an input from 13)."""
-    return _reduce(spec, _reduce_sum, axes_input_since=13)
+# Each Reduce* operator: its reducer, and the opset from which ``axes`` is an input.
+# Empty reductions give the identity (-inf for Max and the logs, +inf for Min); half
+# floats accumulate in float32 and integers truncate (Mean).
+REDUCTIONS: dict[str, tuple[Reducer, int]] = {
+    "ReduceSum": (_reduce_sum, 13),
+    "ReduceMean": (_reduce_mean, 18),
+    "ReduceMax": (_reduce_max, 18),
+    "ReduceMin": (_reduce_min, 18),
+    "ReduceProd": (_reduce_prod, 18),
+    "ReduceL1": (_reduce_l1, 18),
+    "ReduceL2": (_reduce_l2, 18),
+    "ReduceSumSquare": (_reduce_sum_square, 18),
+    "ReduceLogSum": (_reduce_log_sum, 18),
+    "ReduceLogSumExp": (_reduce_log_sum_exp, 18),
+}
 
 
-@kernel("ReduceMean")
-def reduce_mean(spec: NodeSpec) -> Kernel:
-    """ReduceMean 1-18; half floats accumulate in float32, integers truncate."""
-    return _reduce(spec, _reduce_mean, axes_input_since=18)
+def _register_reduction(op_type: str, reducer: Reducer, axes_input_since: int) -> None:
+    kernel(op_type)(lambda spec: _reduce(spec, reducer, axes_input_since))
 
 
-@kernel("ReduceMax")
-def reduce_max(spec: NodeSpec) -> Kernel:
-    """ReduceMax 1-20; an empty reduction gives -inf (or the dtype's minimum, False)."""
-    return _reduce(spec, _reduce_max, axes_input_since=18)
-
-
-@kernel("ReduceMin")
-def reduce_min(spec: NodeSpec) -> Kernel:
-    """ReduceMin 1-20; an empty reduction gives +inf (or the dtype's maximum, True)."""
-    return _reduce(spec, _reduce_min, axes_input_since=18)
-
-
-@kernel("ReduceProd")
-def reduce_prod(spec: NodeSpec) -> Kernel:
-    """ReduceProd 1-18."""
-    return _reduce(spec, _reduce_prod, axes_input_since=18)
-
-
-@kernel("ReduceL1")
-def reduce_l1(spec: NodeSpec) -> Kernel:
-    """ReduceL1 1-18: sum of absolute values."""
-    return _reduce(spec, _reduce_l1, axes_input_since=18)
-
-
-@kernel("ReduceL2")
-def reduce_l2(spec: NodeSpec) -> Kernel:
-    """ReduceL2 1-18: square root of the sum of squares."""
-    return _reduce(spec, _reduce_l2, axes_input_since=18)
-
-
-@kernel("ReduceSumSquare")
-def reduce_sum_square(spec: NodeSpec) -> Kernel:
-    """ReduceSumSquare 1-18."""
-    return _reduce(spec, _reduce_sum_square, axes_input_since=18)
-
-
-@kernel("ReduceLogSum")
-def reduce_log_sum(spec: NodeSpec) -> Kernel:
-    """ReduceLogSum 1-18; an empty reduction gives -inf."""
-    return _reduce(spec, _reduce_log_sum, axes_input_since=18)
-
-
-@kernel("ReduceLogSumExp")
-def reduce_log_sum_exp(spec: NodeSpec) -> Kernel:
-    """ReduceLogSumExp 1-18, shifted by the maximum for stability; empty gives -inf."""
-    return _reduce(spec, _reduce_log_sum_exp, axes_input_since=18)
+for _op_type, (_reducer, _since) in REDUCTIONS.items():
+    _register_reduction(_op_type, _reducer, _since)
 
 
 # --- ArgMax, ArgMin -----------------------------------------------------------------------
