@@ -16,6 +16,24 @@ def _weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> onnx
     return numpy_helper.from_array(values.astype(np.float32), name)
 
 
+def _float_model(
+    nodes: list[onnx.NodeProto],
+    name: str,
+    x: tuple[str, list[int | str]],
+    y: tuple[str, list[int | str]],
+    initializers: list[onnx.TensorProto],
+) -> onnx.ModelProto:
+    """A model with one float32 input ``x`` and one float32 output ``y`` (name, shape)."""
+    graph = oh.make_graph(
+        nodes,
+        name,
+        [oh.make_tensor_value_info(x[0], TensorProto.FLOAT, x[1])],
+        [oh.make_tensor_value_info(y[0], TensorProto.FLOAT, y[1])],
+        initializers,
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)])
+
+
 def tiny(width: int = 16) -> onnx.ModelProto:
     """One Gemm and a Relu: the per-request overhead dominates."""
     rng = np.random.default_rng(0)
@@ -24,14 +42,7 @@ def tiny(width: int = 16) -> onnx.ModelProto:
         oh.make_node("Relu", ["h"], ["y"]),
     ]
     inits = [_weight(rng, "w", (width, width)), _weight(rng, "b", (width,))]
-    graph = oh.make_graph(
-        nodes,
-        "tiny",
-        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
-        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
-        inits,
-    )
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)])
+    return _float_model(nodes, "tiny", ("x", ["batch", width]), ("y", ["batch", width]), inits)
 
 
 def mlp(width: int = 1024, layers: int = 4) -> onnx.ModelProto:
@@ -43,14 +54,7 @@ def mlp(width: int = 1024, layers: int = 4) -> onnx.ModelProto:
         nodes.append(oh.make_node("Gemm", [last, f"w{i}", f"b{i}"], [f"g{i}"], transB=1))
         last = f"r{i}" if i < layers - 1 else "y"
         nodes.append(oh.make_node("Relu", [f"g{i}"], [last]))
-    graph = oh.make_graph(
-        nodes,
-        "mlp",
-        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
-        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
-        inits,
-    )
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)])
+    return _float_model(nodes, "mlp", ("x", ["batch", width]), ("y", ["batch", width]), inits)
 
 
 def cnn(size: int = 64, channels: tuple[int, ...] = (32, 64, 128)) -> onnx.ModelProto:
@@ -83,14 +87,7 @@ def cnn(size: int = 64, channels: tuple[int, ...] = (32, 64, 128)) -> onnx.Model
     nodes.append(oh.make_node("Flatten", ["pool"], ["flat"]))
     inits += [_weight(rng, "fcw", (10, width)), _weight(rng, "fcb", (10,))]
     nodes.append(oh.make_node("Gemm", ["flat", "fcw", "fcb"], ["y"], transB=1))
-    graph = oh.make_graph(
-        nodes,
-        "cnn",
-        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, size, size])],
-        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])],
-        inits,
-    )
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)])
+    return _float_model(nodes, "cnn", ("x", ["batch", 3, size, size]), ("y", ["batch", 10]), inits)
 
 
 def _const(name: str, array: np.ndarray) -> onnx.TensorProto:
@@ -171,14 +168,9 @@ def resnet18(size: int = 224, classes: int = 1000) -> onnx.ModelProto:
     nodes.append(oh.make_node("Flatten", ["gap"], ["flat"]))
     inits += [_weight(rng, "fc.w", (classes, width)), _weight(rng, "fc.b", (classes,))]
     nodes.append(oh.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["logits"], transB=1))
-    graph = oh.make_graph(
-        nodes,
-        "resnet18",
-        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, size, size])],
-        [oh.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
-        inits,
+    return _float_model(
+        nodes, "resnet18", ("x", ["batch", 3, size, size]), ("logits", ["batch", classes]), inits
     )
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)])
 
 
 def _linear(
@@ -328,14 +320,9 @@ def lstm(features: int = 50, hidden: int = 50, layers: int = 2) -> onnx.ModelPro
         x, width = f"h{i}", hidden
     inits.append(_const("axis1", np.array([1], np.int64)))
     nodes.append(oh.make_node("Identity", [x], ["y"]))
-    graph = oh.make_graph(
-        nodes,
-        "lstm",
-        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", "batch", features])],
-        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", "batch", hidden])],
-        inits,
+    return _float_model(
+        nodes, "lstm", ("x", ["seq", "batch", features]), ("y", ["seq", "batch", hidden]), inits
     )
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)])
 
 
 def light_model(name: str, seed: int = 6) -> onnx.ModelProto:
