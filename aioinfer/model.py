@@ -113,7 +113,40 @@ def find_port(ports: Sequence[Port], key: str | int | Port, kind: str) -> Port:
     raise UnknownInputError(f"the model has no {kind} named {key!r}; its {kind}s are {names}")
 
 
-class Model:
+class HasPorts:
+    """Input and output ports by name or position (a model, a compiled model)."""
+
+    _inputs: list[Port]
+    _outputs: list[Port]
+
+    @property
+    def inputs(self) -> list[Port]:
+        """The inputs a user feeds (initializers listed as graph inputs are not among them)."""
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[Port]:
+        """The outputs."""
+        return list(self._outputs)
+
+    def input(self, key: str | int = 0) -> Port:
+        """One input by name or position.
+
+        Raises:
+            UnknownInputError: no such input (the message lists the inputs).
+        """
+        return find_port(self._inputs, key, "input")
+
+    def output(self, key: str | int = 0) -> Port:
+        """One output by name or position.
+
+        Raises:
+            UnknownInputError: no such output (the message lists the outputs).
+        """
+        return find_port(self._outputs, key, "output")
+
+
+class Model(HasPorts):
     """An ONNX model read into aioinfer's IR (onnx-ir), ready to compile.
 
     Obtain one with :meth:`aioinfer.Core.read_model`. ``inputs`` and ``outputs`` list the
@@ -137,24 +170,6 @@ class Model:
     def name(self) -> str:
         """The graph's name."""
         return self._ir.graph.name or "model"
-
-    @property
-    def inputs(self) -> list[Port]:
-        """The inputs a user feeds (initializers listed as graph inputs are not among them)."""
-        return list(self._inputs)
-
-    @property
-    def outputs(self) -> list[Port]:
-        """The model's outputs."""
-        return list(self._outputs)
-
-    def input(self, key: str | int = 0) -> Port:
-        """One input by name or position."""
-        return find_port(self._inputs, key, "input")
-
-    def output(self, key: str | int = 0) -> Port:
-        """One output by name or position."""
-        return find_port(self._outputs, key, "output")
 
     def reshape(self, shapes: Mapping[str | int, Sequence[Dim]]) -> None:
         """Set new (partial) shapes for inputs, by name or position, before compiling.

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import onnx_ir as ir
 
 from aioinfer.errors import ExportError, RequestClosedError
-from aioinfer.model import Port, find_port
+from aioinfer.model import HasPorts, Port
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
 from aioinfer.properties import PROPERTIES, check_readable
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import SyncInferRequest
 
 
-class CompiledModel(ABC):
+class CompiledModel(HasPorts, ABC):
     """A model compiled for one device.
 
     Holds the transformed graph, the config it was compiled with, the port index, a
@@ -52,34 +52,6 @@ class CompiledModel(ABC):
         self.loop_executor: Executor = LoopExecutor()
         self.task_executor: Executor = ThreadExecutor(f"{plugin.device_name}-task", streams)
         self.callback_executor: Executor = ThreadExecutor(f"{plugin.device_name}-callback", 1)
-
-    # -- ports ----------------------------------------------------------------------------
-
-    @property
-    def inputs(self) -> list[Port]:
-        """The inputs a request needs."""
-        return list(self._inputs)
-
-    @property
-    def outputs(self) -> list[Port]:
-        """The outputs a request produces."""
-        return list(self._outputs)
-
-    def input(self, key: str | int = 0) -> Port:
-        """One input by name or position.
-
-        Raises:
-            UnknownInputError: no such input.
-        """
-        return find_port(self._inputs, key, "input")
-
-    def output(self, key: str | int = 0) -> Port:
-        """One output by name or position.
-
-        Raises:
-            UnknownInputError: no such output.
-        """
-        return find_port(self._outputs, key, "output")
 
     # -- requests -------------------------------------------------------------------------
 
