@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +27,7 @@ from aioinfer.errors import (
     RequestClosedError,
 )
 from aioinfer.serving.disconnect import ClientDisconnectedError, unless_disconnected
-from aioinfer.serving.metrics import CONTENT_TYPE, ServerMetrics
+from aioinfer.serving.metrics import CONTENT_TYPE, ModelMetrics, ServerMetrics
 from aioinfer.serving.models import SequenceFlags, ServedModel
 from aioinfer.serving.protocol import (
     HEADER_LENGTH,
@@ -134,19 +134,16 @@ class ModelServer:
             for model in list(self._all_models()):
                 await model.drop_idle_sequences()
 
-    @contextmanager
-    def _tracking(self, model: ServedModel) -> Iterator[None]:
-        gauge = self.metrics.of(model).in_flight
+    def _enter(self, metrics: ModelMetrics) -> None:
         self._in_flight += 1
-        gauge.inc()
-        try:
-            yield
-        finally:
-            gauge.dec()
-            self._in_flight -= 1
-            if self._in_flight == 0 and self._drained is not None:
-                self._drained.set()
-                self._drained = None
+        metrics.in_flight += 1
+
+    def _leave(self, metrics: ModelMetrics) -> None:
+        metrics.in_flight -= 1
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._drained is not None:
+            self._drained.set()
+            self._drained = None
 
     # -- lookups --------------------------------------------------------------------------
 
@@ -205,33 +202,32 @@ class ModelServer:
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
-    async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``POST .../infer``: a bare ASGI endpoint (the hot path skips Starlette's request
-        and response objects)."""
-        params = scope["path_params"]
+    async def infer(
+        self, scope: Scope, receive: Receive, send: Send, name: str, version: str | None
+    ) -> None:
+        """``POST /v2/models/{name}[/versions/{version}]/infer``, as bare ASGI: the hot
+        path skips Starlette's request and response objects."""
         try:
-            model = self.find(params["model"], params.get("version"))
+            model = self.find(name, version)
         except ProtocolError as exc:
             await _respond(send, exc.status, _error_body(exc), _JSON)
             return
         metrics = self.metrics.of(model)
-        metrics.requests.inc()
+        metrics.requests += 1
         started = time.perf_counter()
+        self._enter(metrics)
         try:
             if self.closing:
                 raise ProtocolError("the server is shutting down", status=503)
-            headers = _headers(scope)
+            length, json_length = _lengths(scope)
             body = parse_infer_request(
-                await self._read_body(receive, headers.get(b"content-length")),
-                _text(headers.get(HEADER_LENGTH)),
-                model.input_datatypes,
+                await self._read_body(receive, length), json_length, model.input_datatypes
             )
             sequence = SequenceFlags.from_parameters(body.parameters)
             wanted = _wanted_outputs(model, body)
-            with self._tracking(model):
-                results, waited = await unless_disconnected(
-                    receive, lambda: model.infer(body.inputs, sequence)
-                )
+            results, waited = await unless_disconnected(
+                receive, lambda: model.infer(body.inputs, sequence)
+            )
             outputs = [(name, results[name], binary) for name, binary in wanted]
             content, header_length = encode_infer_response(
                 model.name, model.version, body.id, outputs
@@ -241,13 +237,15 @@ class ModelServer:
             metrics.fail(reason)
             await _respond(send, status, _error_body(exc), _JSON)
             return
+        finally:
+            self._leave(metrics)
         metrics.latency.observe(time.perf_counter() - started)
         metrics.queue_time.observe(waited)
         if header_length is None:
             await _respond(send, 200, content, _JSON)
         else:
-            length = (b"inference-header-content-length", str(header_length).encode())
-            await _respond(send, 200, content, [_OCTETS, length])
+            length_header = (b"inference-header-content-length", str(header_length).encode())
+            await _respond(send, 200, content, [_OCTETS, length_header])
 
     def _model_of(self, request: Request) -> ServedModel:
         params = request.path_params
@@ -277,14 +275,16 @@ _JSON = [(b"content-type", b"application/json")]
 _OCTETS = (b"content-type", b"application/octet-stream")
 
 
-def _headers(scope: Scope) -> dict[bytes, bytes]:
-    """The request headers that the infer endpoint reads (ASGI gives them lower-case)."""
-    wanted = (b"content-length", HEADER_LENGTH)
-    return {name: value for name, value in scope["headers"] if name in wanted}
-
-
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode("latin-1")
+def _lengths(scope: Scope) -> tuple[bytes | None, str | None]:
+    """The request's ``Content-Length`` and ``Inference-Header-Content-Length`` headers
+    (ASGI gives header names lower-case)."""
+    length = header_length = None
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            length = value
+        elif name == HEADER_LENGTH:
+            header_length = value.decode("latin-1")
+    return length, header_length
 
 
 def _error_body(exc: Exception) -> bytes:
@@ -340,7 +340,44 @@ class _InferEndpoint:
         self.server = server
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.server.infer(scope, receive, send)
+        params = scope["path_params"]
+        await self.server.infer(scope, receive, send, params["model"], params.get("version"))
+
+
+def infer_target(path: str) -> tuple[str, str | None] | None:
+    """(model, version or None) when ``path`` is ``/v2/models/{model}/infer`` or
+    ``/v2/models/{model}/versions/{version}/infer``; else None."""
+    if not (path.startswith("/v2/models/") and path.endswith("/infer")):
+        return None
+    parts = path[len("/v2/models/") : -len("/infer")].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        return parts[0], parts[2]
+    return None
+
+
+class OipApp(Starlette):
+    """The server's Starlette app. Infer requests (most of the traffic) skip Starlette's
+    own middleware and the router, unless middleware was added to the app."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not self.user_middleware:
+            target = infer_target(_route_path(scope))
+            if target is not None:
+                scope["app"] = self
+                await self.state.server.infer(scope, receive, send, *target)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below the app's mount point (Starlette keeps it in ``root_path``)."""
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] == "/":
+        return path[len(root) :]
+    return path
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -391,7 +428,7 @@ def create_app(
         Route(version + "/ready", server.model_ready),
         Route("/metrics", server.metrics_text),
     ]
-    app = Starlette(
+    app = OipApp(
         routes=routes,
         lifespan=server.lifespan,
         exception_handlers={HTTPException: _http_error, ProtocolError: _protocol_error},

@@ -1,12 +1,22 @@
-"""Prometheus metrics of the server, served in the text format at ``/metrics``."""
+"""Prometheus metrics of the server, served in the text format at ``/metrics``.
+
+The hot path only adds to plain counters (no locks, no label lookups: everything runs on
+the event loop's thread); the Prometheus families are built from them at scrape time.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from aioinfer.serving.models import ServedModel
@@ -17,93 +27,135 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class Histogram:
+    """Observations counted into fixed buckets (upper bounds, inclusive), and their sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        """Observations per bucket; the last one is above every bound."""
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count one observation."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """The Prometheus buckets: (upper bound, observations at or below it)."""
+        buckets, total = [], 0
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
+            total += count
+            buckets.append((bound, float(total)))
+        return buckets
+
+
+class ModelMetrics:
+    """The figures of one model version since the app started."""
+
+    __slots__ = ("failures", "in_flight", "latency", "queue_time", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        """Inference requests received."""
+        self.failures: Counter[str] = Counter()
+        """Requests that did not succeed, by reason."""
+        self.in_flight = 0
+        """Requests being handled now."""
+        self.latency = Histogram(LATENCY_BUCKETS)
+        """Seconds from receiving a request to having its response ready."""
+        self.queue_time = Histogram(LATENCY_BUCKETS)
+        """Seconds a request waited before computing."""
+
+    def fail(self, reason: str) -> None:
+        """Count one failure with the given reason."""
+        self.failures[reason] += 1
+
+
 class ServerMetrics:
-    """The counters and histograms of one app (a registry of its own, so that several
-    apps in one process do not mix their figures)."""
+    """The metrics of one app (a registry of its own, so that several apps in one process
+    do not mix their figures)."""
 
     def __init__(self, models: Callable[[], Iterable[ServedModel]]) -> None:
+        self._models = models
+        self._of: dict[tuple[str, str], ModelMetrics] = {}
         self.registry = CollectorRegistry()
-        labels = ("model", "version")
-        self.requests = Counter(
-            "aioinfer_inference_requests",
-            "Inference requests received.",
-            labels,
-            registry=self.registry,
-        )
-        self.failures = Counter(
-            "aioinfer_inference_failures",
-            "Inference requests that did not succeed, by reason (bad_request, busy, "
-            "cancelled, shutdown, error).",
-            (*labels, "reason"),
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "aioinfer_request_duration_seconds",
-            "Time from receiving an inference request to having its response ready.",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.queue_time = Histogram(
-            "aioinfer_queue_duration_seconds",
-            "Time an inference waited before computing (for a free request, then for its batch).",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.in_flight = Gauge(
-            "aioinfer_inference_requests_in_flight",
-            "Inference requests being handled.",
-            labels,
-            registry=self.registry,
-        )
-        self.registry.register(_BatchSizes(models))
-        self._bound: dict[tuple[str, str], ModelMetrics] = {}
+        self.registry.register(_Collector(self))
 
     def of(self, model: ServedModel) -> ModelMetrics:
-        """The metrics of one served model (label lookups done once)."""
+        """The metrics of one served model version."""
         key = (model.name, model.version)
-        found = self._bound.get(key)
+        found = self._of.get(key)
         if found is None:
-            found = self._bound[key] = ModelMetrics(
-                self.requests.labels(*key),
-                self.latency.labels(*key),
-                self.queue_time.labels(*key),
-                self.in_flight.labels(*key),
-                lambda reason: self.failures.labels(*key, reason).inc(),
-            )
+            found = self._of[key] = ModelMetrics()
         return found
+
+    def figures(self) -> Iterator[tuple[tuple[str, str], ModelMetrics]]:
+        """((model, version), metrics) of every model version that received requests."""
+        yield from self._of.items()
+
+    def models(self) -> Iterable[ServedModel]:
+        """The served models (for the figures read from the models at scrape time)."""
+        return self._models()
 
     def render(self) -> bytes:
         """The metrics in the Prometheus text format."""
         return generate_latest(self.registry)
 
 
-@dataclass(frozen=True)
-class ModelMetrics:
-    """The metrics of one model version, bound to its labels."""
+class _Collector(Collector):
+    """Builds the Prometheus families from the counters at scrape time."""
 
-    requests: Counter
-    latency: Histogram
-    queue_time: Histogram
-    in_flight: Gauge
-    fail: Callable[[str], None]
-    """Count one failure with the given reason."""
-
-
-class _BatchSizes(Collector):
-    """``aioinfer_batch_size``: rows per execution on the device, read at scrape time."""
-
-    def __init__(self, models: Callable[[], Iterable[ServedModel]]) -> None:
-        self._models = models
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
+        labels = ["model", "version"]
+        requests = CounterMetricFamily(
+            "aioinfer_inference_requests", "Inference requests received.", labels=labels
+        )
+        failures = CounterMetricFamily(
+            "aioinfer_inference_failures",
+            "Inference requests that did not succeed, by reason (bad_request, busy, "
+            "cancelled, shutdown, error).",
+            labels=[*labels, "reason"],
+        )
+        latency = HistogramMetricFamily(
+            "aioinfer_request_duration_seconds",
+            "Time from receiving an inference request to having its response ready.",
+            labels=labels,
+        )
+        queue_time = HistogramMetricFamily(
+            "aioinfer_queue_duration_seconds",
+            "Time an inference waited before computing (for a free request, then for its batch).",
+            labels=labels,
+        )
+        in_flight = GaugeMetricFamily(
+            "aioinfer_inference_requests_in_flight",
+            "Inference requests being handled.",
+            labels=labels,
+        )
+        for (name, version), figures in self._metrics.figures():
+            key = [name, version]
+            requests.add_metric(key, figures.requests)
+            for reason, count in sorted(figures.failures.items()):
+                failures.add_metric([*key, reason], count)
+            latency.add_metric(key, figures.latency.cumulative(), figures.latency.sum)
+            queue_time.add_metric(key, figures.queue_time.cumulative(), figures.queue_time.sum)
+            in_flight.add_metric(key, figures.in_flight)
+        yield from (requests, failures, latency, queue_time, in_flight)
+        yield self._batch_sizes()
+
+    def _batch_sizes(self) -> Metric:
+        """``aioinfer_batch_size``: rows per execution on the device."""
         family = HistogramMetricFamily(
             "aioinfer_batch_size",
             "Rows per execution on the device (BATCH: per batch; else per inference).",
             labels=("model", "version"),
         )
-        for model in self._models():
+        for model in self._metrics.models():
             sizes = model.batch_sizes()
             buckets = [
                 (str(bound), sum(n for rows, n in sizes.items() if rows <= bound))
@@ -112,4 +164,4 @@ class _BatchSizes(Collector):
             buckets.append(("+Inf", sum(sizes.values())))
             rows = sum(rows * n for rows, n in sizes.items())
             family.add_metric([model.name, model.version], buckets, rows)
-        yield family
+        return family
