@@ -60,7 +60,9 @@ class AsyncInferRequest:
         self._names = _stage_names(self._pipeline)
         self._callback_executor = callback_executor
         self._state = RequestState.IDLE
+        self._started = False
         self._done: anyio.Event | None = None
+        """Set when the running inference settles; made only when someone waits."""
         self._callback: Callback | None = None
         self._callback_userdata: Any = None
         self._userdata: Any = None
@@ -124,6 +126,12 @@ class AsyncInferRequest:
     def get_profiling_info(self) -> list[dict[str, Any]]:
         """Per-stage durations of the last inference."""
         return self._request.get_profiling_info()
+
+    @property
+    def queued_seconds(self) -> float:
+        """Seconds the last inference waited in the device's queue before it computed
+        (the batch queue of the BATCH device; 0 for a device that computes at once)."""
+        return self._request.queued_seconds
 
     # -- variable state -------------------------------------------------------------------
 
@@ -191,15 +199,17 @@ class AsyncInferRequest:
         Raises:
             Exception: the inference's or the callback's exception.
         """
-        if self._done is None:
+        if not self._started:
             return self._request.results
-        try:
-            await self._done.wait()
-        except anyio.get_cancelled_exc_class():
-            self.cancel()
-            with anyio.CancelScope(shield=True):
-                await self._done.wait()
-            raise
+        if self._state is RequestState.BUSY:
+            done = self._settled()
+            try:
+                await done.wait()
+            except anyio.get_cancelled_exc_class():
+                self.cancel()
+                with anyio.CancelScope(shield=True):
+                    await done.wait()
+                raise
         return self._finish()
 
     async def wait_for(self, timeout: float) -> bool:
@@ -211,12 +221,13 @@ class AsyncInferRequest:
             Exception: the inference's or the callback's exception, when it completed
                 with one.
         """
-        if self._done is None:
+        if not self._started:
             return True
-        with anyio.move_on_after(timeout):
-            await self._done.wait()
-        if not self._done.is_set():
-            return False
+        if self._state is RequestState.BUSY:
+            with anyio.move_on_after(timeout):
+                await self._settled().wait()
+            if self._state is RequestState.BUSY:
+                return False
         self._finish()
         return True
 
@@ -250,10 +261,10 @@ class AsyncInferRequest:
         """
         if self._state is RequestState.CLOSED:
             return
-        if self._state is RequestState.BUSY and self._done is not None:
+        if self._state is RequestState.BUSY:
             self.cancel()
             with anyio.CancelScope(shield=True):
-                await self._done.wait()
+                await self._settled().wait()
         self._state = RequestState.CLOSED
 
     async def __aenter__(self) -> AsyncInferRequest:
@@ -299,7 +310,8 @@ class AsyncInferRequest:
         self._userdata = self._callback_userdata if userdata is None else userdata
         self.error = None
         self._callback_error = None
-        self._done = anyio.Event()
+        self._started = True
+        self._done = None
 
     async def _run(self) -> None:
         """Stages, then the callback, then back to idle; exceptions end in ``self.error``."""
@@ -344,10 +356,17 @@ class AsyncInferRequest:
 
     def _settle(self) -> None:
         self._state = RequestState.IDLE
-        assert self._done is not None
-        self._done.set()
+        if self._done is not None:
+            self._done.set()
         if self._on_idle is not None:
             self._on_idle()
+
+    def _settled(self) -> anyio.Event:
+        """The event the running inference sets when it settles (made on first use: an
+        awaited ``infer()`` needs none)."""
+        if self._done is None:
+            self._done = anyio.Event()
+        return self._done
 
     def _finish(self) -> InferResults:
         if self.error is not None:

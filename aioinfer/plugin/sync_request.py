@@ -58,6 +58,9 @@ class SyncInferRequest(ABC):
         self.stage_durations: dict[str, float] = {}
         self.node_profile = NodeProfile()
         """Node timings of the last inference; a device fills it when profiling is on."""
+        self.queued_seconds = 0.0
+        """Seconds the last inference waited in a device's queue before it computed (a
+        BATCH device's batch queue); 0 for a device that computes at once."""
 
     # -- tensors --------------------------------------------------------------------------
 

@@ -168,7 +168,7 @@ class ServedModel:
             finally:
                 self._idle.append(request)
             self._count(inputs)
-            return results, waited + _batch_wait(request)
+            return results, waited + request.queued_seconds
         finally:
             self._slots.release()
 
@@ -196,7 +196,7 @@ class ServedModel:
                 if flags.end and self._sequences.get(flags.id) is sequence:
                     await self._drop(flags.id, sequence)
         self._count(inputs)
-        return results, waited + _batch_wait(sequence.request)
+        return results, waited + sequence.request.queued_seconds
 
     async def _drop(self, key: int | str, sequence: _Sequence) -> None:
         del self._sequences[key]
@@ -227,11 +227,3 @@ def _default_concurrency(compiled: CompiledModel) -> int:
         # Enough inferences in flight to fill a batch per stream, twice over.
         return int(compiled.get_property("MAX_BATCH_SIZE")) * compiled.target.streams * 2
     return optimal
-
-
-def _batch_wait(request: AsyncInferRequest) -> float:
-    """Seconds the last inference of ``request`` waited in a BATCH queue (0 if none)."""
-    for entry in request.get_profiling_info():
-        if entry.get("type") == "batch":
-            return float(entry["seconds"])
-    return 0.0

@@ -255,6 +255,15 @@ class Batcher:
 
     async def _run(self, items: list[BatchItem], request: AsyncInferRequest) -> None:
         """Run one batch on ``request`` and hand each item its rows of the outputs."""
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._idle.append(request)
+                self._notify()
+
         try:
             live = [item for item in items if item.state is ItemState.RUNNING]
             if not live:
@@ -273,15 +282,18 @@ class Batcher:
                     # One bad item must not fail the others: run each on its own.
                     await self._run_alone(live, request)
                 return
-            outputs = results.to_tuple()
+            outputs = results.to_tuple()  # owned arrays: the request may run again now
+            # Free the request, and let the dispatcher start the next batch before this
+            # batch's inferences resume and answer: compute and answering then overlap.
+            release()
+            await anyio.lowlevel.cancel_shielded_checkpoint()
             if len(live) == 1:
                 live[0].resolve(list(outputs), None)
                 return
             for item, parts in zip(live, _split(outputs, [i.rows for i in live])):
                 item.resolve(*parts)
         finally:
-            self._idle.append(request)
-            self._notify()
+            release()
 
     async def _run_alone(self, items: list[BatchItem], request: AsyncInferRequest) -> None:
         for item in items:

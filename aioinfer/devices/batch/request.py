@@ -47,7 +47,8 @@ class BatchInferRequest(SyncInferRequest):
         self._item: BatchItem | None = None
         self._outputs: list[np.ndarray] = []
         self._alone: SyncInferRequest | None = None
-        self._batch_info: dict[str, Any] | None = None
+        self._item_done: BatchItem | None = None
+        """The batch item of the last inference that went through the batcher."""
 
     def enqueue(self) -> None:
         """Join the batch queue with this inference's inputs (runs on the loop)."""
@@ -70,13 +71,8 @@ class BatchInferRequest(SyncInferRequest):
         except anyio.get_cancelled_exc_class():
             self._batcher.withdraw(item)
             raise
-        self._batch_info = {
-            "name": "batch",
-            "type": "batch",
-            "seconds": item.dispatched - item.enqueued,
-            "rows": item.batch_rows,
-            "requests": item.batch_size,
-        }
+        self._item_done = item
+        self.queued_seconds = item.dispatched - item.enqueued
         if item.error is not None:
             raise item.error
         assert item.outputs is not None
@@ -87,7 +83,8 @@ class BatchInferRequest(SyncInferRequest):
         if self._alone is None:
             self._alone = self._target.create_sync_infer_request()
         self._outputs = list(self._alone.infer(self._inputs).to_tuple())
-        self._batch_info = None
+        self._item_done = None
+        self.queued_seconds = 0.0
 
     def infer_postprocess(self) -> None:
         outputs, self._outputs = self._outputs, []
@@ -106,6 +103,15 @@ class BatchInferRequest(SyncInferRequest):
         """Stage durations, plus a ``"batch"`` entry: seconds queued before the batch
         started, its rows and its number of inferences."""
         info = super().get_profiling_info()
-        if self._batch_info is not None:
-            info.append(dict(self._batch_info))
+        item = self._item_done
+        if item is not None:
+            info.append(
+                {
+                    "name": "batch",
+                    "type": "batch",
+                    "seconds": self.queued_seconds,
+                    "rows": item.batch_rows,
+                    "requests": item.batch_size,
+                }
+            )
         return info
