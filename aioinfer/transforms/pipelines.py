@@ -18,6 +18,7 @@ from aioinfer.transforms.fuse_gelu import FuseGeluPass
 from aioinfer.transforms.fuse_layernorm import FuseLayerNormPass
 from aioinfer.transforms.make_stateful import MakeStatefulPass
 from aioinfer.transforms.matmul_add import FuseMatMulAddPass
+from aioinfer.transforms.prepack_weights import PrepackWeightsPass
 
 
 def compile_passes(
@@ -46,6 +47,7 @@ def compile_passes(
             FoldTransposePass(),
             FuseMatMulAddPass(),
             FuseActivationPass(),
+            PrepackWeightsPass(),  # after the fusions, which match weights as exported
             common.RemoveUnusedNodesPass(),
             MakeStatefulPass(stateful or {}),  # after unused-node removal: Assign is a sink
             common.TopologicalSortPass(),

@@ -20,6 +20,7 @@ for the memory planner.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -153,13 +154,38 @@ def activation(spec: NodeSpec) -> InPlace | None:
     raise ValueError(f"{spec.op_type}: unsupported activation {name!r} with parameters {params}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _term_axes(
+    shape: tuple[int, ...], term_shapes: tuple[tuple[int, ...], ...], axis: int
+) -> tuple[int | None, ...] | None:
+    """How each term of :func:`_finish` meets the split ``axis`` of a product of ``shape``:
+    its own axis of the same length (sliced along with the product), or None (it
+    broadcasts over that axis and is added whole to every slice). None instead of the
+    tuple when the product is 0-d or a term would grow it.
+
+    Cached: a model calls it with the same few shapes on every inference.
+
+    Raises:
+        ValueError: a term does not broadcast with the product.
+    """
+    if not shape or any(np.broadcast_shapes(shape, s) != shape for s in term_shapes):
+        return None
+    axes = []
+    for term_shape in term_shapes:
+        term_axis = axis - (len(shape) - len(term_shape))
+        matched = term_axis >= 0 and term_shape[term_axis] == shape[axis]
+        axes.append(term_axis if matched else None)
+    return tuple(axes)
+
+
 def _finish(
     y: np.ndarray, terms: list[np.ndarray | None], act: InPlace | None, axis: int = 0
 ) -> tuple[np.ndarray]:
     """Add ``terms`` (biases, residuals) to ``y`` and apply ``act``, in place, in one
     pass per term over slices of ``y`` along ``axis``, split between threads."""
     given = [t for t in terms if t is not None]
-    if y.ndim == 0 or any(np.broadcast_shapes(y.shape, t.shape) != y.shape for t in given):
+    term_axes = _term_axes(y.shape, tuple(t.shape for t in given), axis)
+    if term_axes is None:
         # A 0-d product, or a term that grows y: plain numpy broadcasting, no splitting.
         total = y
         for t in given:
@@ -170,20 +196,23 @@ def _finish(
         return (result.reshape(np.shape(total)),)
     if not given and act is None:
         return (y,)
-    aligned = []
-    for t in given:
-        t_axis = axis - (y.ndim - t.ndim)
-        aligned.append((t, t_axis if t_axis >= 0 and t.shape[t_axis] == y.shape[axis] else None))
-    lead = (slice(None),) * axis
+    length = y.shape[axis]
 
     def part(start: int, stop: int) -> None:
-        block = y[(*lead, slice(start, stop))]
-        for t, t_axis in aligned:
-            block += t if t_axis is None else t[(*(slice(None),) * t_axis, slice(start, stop))]
+        if start == 0 and stop == length:  # the whole product (no split): no views
+            block, pieces = y, given
+        else:
+            block = y[(*(slice(None),) * axis, slice(start, stop))]
+            pieces = [
+                t if t_axis is None else t[(*(slice(None),) * t_axis, slice(start, stop))]
+                for t, t_axis in zip(given, term_axes)
+            ]
+        for piece in pieces:
+            block += piece
         if act is not None:
             act(block)
 
-    run_parallel(part, y.shape[axis], work=y.size * (len(given) + 1))
+    run_parallel(part, length, work=y.size * (len(given) + 1))
     return (y,)
 
 

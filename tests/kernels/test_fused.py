@@ -1,0 +1,125 @@
+"""The fused kernels' epilogue: biases, residuals and activations added in place, whole
+or split between threads, checked against onnx.reference running the unfused ops
+(float32: rtol 1e-5, atol 1e-5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from aioinfer.devices.cpu.kernels import fused, parallel
+from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
+from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
+from tests.kernels._check import run_aioinfer
+
+RNG = np.random.default_rng(11)
+
+
+@pytest.fixture
+def parts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
+    """Two intra-op threads; the list records the parts the epilogue ran."""
+    seen: list[tuple[int, int]] = []
+    run_parallel = fused.run_parallel
+
+    def recording(task: Callable[[int, int], None], total: int, *, work: int) -> None:
+        def part(start: int, stop: int) -> None:
+            seen.append((start, stop))
+            task(start, stop)
+
+        run_parallel(part, total, work=work)
+
+    monkeypatch.setattr(fused, "run_parallel", recording)
+    before = parallel._POOL.threads
+    set_intra_op_threads(2)
+    yield seen
+    set_intra_op_threads(before)
+
+
+def _reference(
+    nodes: Sequence[onnx.NodeProto], feeds: dict[str, np.ndarray], output: str
+) -> np.ndarray:
+    graph = oh.make_graph(
+        list(nodes),
+        "unfused",
+        [
+            oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, list(x.shape))
+            for n, x in feeds.items()
+        ],
+        [oh.make_tensor_value_info(output, onnx.TensorProto.FLOAT, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    return np.asarray(ReferenceEvaluator(model).run(None, feeds)[0])
+
+
+def _fused_gemm(feeds: dict[str, np.ndarray]) -> np.ndarray:
+    node = oh.make_node(
+        "FusedGemm", ["a", "b", "c"], ["y"], domain=AIOINFER_DOMAIN, activation="Relu"
+    )
+    return run_aioinfer(node, list(feeds.values()), 1)[0]
+
+
+def test_gemm_bias_and_relu_split_between_threads(parts: list[tuple[int, int]]) -> None:
+    """Rows split between two threads, the bias added whole to each; a second call with
+    the same shapes and other values (the cached layout) is right too."""
+    unfused = [oh.make_node("Gemm", ["a", "b", "c"], ["g"]), oh.make_node("Relu", ["g"], ["y"])]
+    for _ in range(2):
+        feeds = {
+            "a": RNG.standard_normal((64, 32)).astype(np.float32),
+            "b": RNG.standard_normal((32, 512)).astype(np.float32),
+            "c": RNG.standard_normal(512).astype(np.float32),
+        }
+        got = _fused_gemm(feeds)
+        np.testing.assert_allclose(got, _reference(unfused, feeds, "y"), rtol=1e-5, atol=1e-5)
+    assert sorted(parts) == [(0, 32), (0, 32), (32, 64), (32, 64)]
+
+
+def test_small_gemm_runs_whole(parts: list[tuple[int, int]]) -> None:
+    unfused = [oh.make_node("Gemm", ["a", "b", "c"], ["g"]), oh.make_node("Relu", ["g"], ["y"])]
+    feeds = {
+        "a": RNG.standard_normal((3, 4)).astype(np.float32),
+        "b": RNG.standard_normal((4, 5)).astype(np.float32),
+        "c": RNG.standard_normal((3, 1)).astype(np.float32),  # one bias per row
+    }
+    got = _fused_gemm(feeds)
+    np.testing.assert_allclose(got, _reference(unfused, feeds, "y"), rtol=1e-5, atol=1e-5)
+    assert parts == [(0, 3)]
+
+
+def test_conv_bias_and_residual_split_along_channels(parts: list[tuple[int, int]]) -> None:
+    """The channel axis is split: the per-channel bias is sliced along with the output,
+    the batch-broadcast residual too."""
+    feeds = {
+        "x": RNG.standard_normal((2, 8, 32, 32)).astype(np.float32),
+        "w": RNG.standard_normal((16, 8, 1, 1)).astype(np.float32),
+        "b": RNG.standard_normal(16).astype(np.float32),
+        "z": RNG.standard_normal((1, 16, 32, 32)).astype(np.float32),
+    }
+    node = oh.make_node(
+        "FusedConv", list(feeds), ["y"], domain=AIOINFER_DOMAIN, activation="Sigmoid"
+    )
+    got = run_aioinfer(node, list(feeds.values()), 1)[0]
+    unfused = [
+        oh.make_node("Conv", ["x", "w", "b"], ["c"]),
+        oh.make_node("Add", ["c", "z"], ["s"]),
+        oh.make_node("Sigmoid", ["s"], ["y"]),
+    ]
+    np.testing.assert_allclose(got, _reference(unfused, feeds, "y"), rtol=1e-5, atol=1e-5)
+    assert sorted(parts) == [(0, 8), (8, 16)]
+
+
+def test_a_term_that_does_not_broadcast_fails_and_the_kernel_stays_usable() -> None:
+    node = oh.make_node("FusedMatMul", ["a", "b", "bias"], ["y"], domain=AIOINFER_DOMAIN)
+    a = RNG.standard_normal((3, 4)).astype(np.float32)
+    b = RNG.standard_normal((4, 5)).astype(np.float32)
+    with pytest.raises(ValueError, match="broadcast"):
+        run_aioinfer(node, [a, b, np.ones(4, np.float32)], 1)
+    bias = RNG.standard_normal(5).astype(np.float32)
+    got = run_aioinfer(node, [a, b, bias], 1)[0]
+    unfused = [oh.make_node("MatMul", ["a", "b"], ["m"]), oh.make_node("Add", ["m", "bias"], ["y"])]
+    want = _reference(unfused, {"a": a, "b": b, "bias": bias}, "y")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
