@@ -106,6 +106,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (0: any)")
+    serve.add_argument(
+        "--switch-interval",
+        type=float,
+        metavar="SECONDS",
+        help="the interpreter's thread switch interval: how long the event loop may keep "
+        "the GIL from a compute thread that waits for it (default 0.0005)",
+    )
     from aioinfer import bench
 
     bench.add_parser(commands)
@@ -196,7 +203,8 @@ def _serve(args: argparse.Namespace) -> None:
             f"aioinfer serve needs the 'serve' extra ({exc.name} is missing): "
             "pip install 'aioinfer[serve]'"
         ) from None
-    serve(args.source, host=args.host, port=args.port)
+    options = {} if args.switch_interval is None else {"switch_interval": args.switch_interval}
+    serve(args.source, host=args.host, port=args.port, **options)
 
 
 def _info() -> None:

@@ -3,11 +3,13 @@
     python -m benchmarks.serving [--clients 64] [--requests 60] [--seconds 20]
 
 Three servers, one after the other in the same run, each in its own process under the
-same uvicorn settings (uvloop and httptools when installed), on the MLP of
-``benchmarks/models.py`` (4 x Gemm 1024x1024 + Relu, float32):
+same uvicorn settings (uvloop and httptools when installed) and the same interpreter
+switch interval (the one ``aioinfer serve`` sets), on the MLP of ``benchmarks/models.py``
+(4 x Gemm 1024x1024 + Relu, float32):
 
-(a) aioinfer's Open Inference Protocol app with the BATCH device (up to 64 rows, 1 ms;
-    one compute stream with one BLAS thread, so that the other core serves HTTP);
+(a) aioinfer's Open Inference Protocol app with the BATCH device (up to 32 rows, 1 ms;
+    one compute stream with one BLAS thread, so that the other core serves HTTP; 32 rows,
+    half the clients, so that one half computes while the loop answers the other);
 (b) the same app without batching (THROUGHPUT hint: one stream per core);
 (c) a minimal Starlette endpoint calling onnxruntime through ``anyio.to_thread.run_sync``
     with one shared session (thread spinning off): the glue users write by hand. It takes
@@ -15,7 +17,8 @@ same uvicorn settings (uvloop and httptools when installed), on the MLP of
     speak the protocol (binary tensor extension: a JSON header plus the row).
 
 Each client keeps one HTTP/1.1 connection and sends ``--requests`` requests one after the
-other (after 5 untimed ones); every phase stops after ``--seconds`` at the latest. Only
+other (after 5 untimed ones); every phase stops after ``--seconds`` at the latest. The
+clients run in this process, on uvloop when installed. Only
 127.0.0.1 is contacted. Throughput is completed requests per second of the phase; latency
 percentiles are per request. The machine is shared and noisy: compare the ratios of one
 run.
@@ -31,13 +34,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
 
 from benchmarks import models
+
+T = TypeVar("T")
 
 WIDTH = 1024
 KINDS = {
@@ -56,7 +62,7 @@ def aioinfer_app(model: Path, batching: bool) -> object:
     if batching:
         # One compute stream with one BLAS thread: the other core serves HTTP.
         config = ModelConfig(
-            batching={"max_batch_size": 64, "timeout_ms": 1},
+            batching={"max_batch_size": 32, "timeout_ms": 1},
             properties={"NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": 1},
         )
     else:
@@ -90,6 +96,10 @@ def onnxruntime_app(model: Path) -> object:
 
 def run_server(kind: str, model: Path, port: int) -> None:
     import uvicorn
+
+    from aioinfer.serving.server import SWITCH_INTERVAL
+
+    sys.setswitchinterval(SWITCH_INTERVAL)  # as `aioinfer serve` does; for every server
 
     app = onnxruntime_app(model) if kind == "c" else aioinfer_app(model, batching=kind == "a")
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)  # type: ignore[arg-type]
@@ -173,17 +183,27 @@ def measure(
     try:
         payload = request_bytes(kind, port, x)
         wait_ready(port, "/health" if kind == "c" else "/v2/health/ready")
-        answer = asyncio.run(one(port, payload))
+        answer = run(one(port, payload))
         y = np.frombuffer(answer if kind == "c" else answer[-expected.nbytes :], np.float32)
         np.testing.assert_allclose(y.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
         start = time.perf_counter()
-        latencies = asyncio.run(load(port, payload, args.clients, args.requests, args.seconds))
+        latencies = run(load(port, payload, args.clients, args.requests, args.seconds))
         elapsed = time.perf_counter() - start
     finally:
         server.terminate()
         server.wait(60)
     p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
     return len(latencies) / elapsed, float(p50), float(p99), len(latencies)
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run the load on uvloop when it is installed: the load shares the cores with the
+    server, so the cheaper each client request, the less it takes from the server."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 async def one(port: int, payload: bytes) -> bytes:

@@ -18,7 +18,8 @@ from aioinfer.properties import PROPERTIES, check_readable
 
 if TYPE_CHECKING:
     from aioinfer.plugin.plugin import Plugin
-    from aioinfer.plugin.sync_request import SyncInferRequest
+    from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
+    from aioinfer.results import InferResults
 
 
 class CompiledModel(HasPorts, ABC):
@@ -49,6 +50,8 @@ class CompiledModel(HasPorts, ABC):
         self._request_ids = itertools.count()
         self._requests: weakref.WeakSet[AsyncInferRequest] = weakref.WeakSet()
         self._closed = False
+        self._pool: list[AsyncInferRequest] = []
+        """Idle requests of :meth:`infer`."""
         self.loop_executor: Executor = LoopExecutor()
         self.task_executor: Executor = ThreadExecutor(f"{plugin.device_name}-task", streams)
         self.callback_executor: Executor = ThreadExecutor(f"{plugin.device_name}-callback", 1)
@@ -81,6 +84,22 @@ class CompiledModel(HasPorts, ABC):
         wrapper = AsyncInferRequest(request, self.pipeline(request), self.callback_executor)
         self._requests.add(wrapper)
         return wrapper
+
+    async def infer(self, inputs: Inputs) -> InferResults:
+        """Run one inference on a pooled infer request and return its results: for
+        callers that do not keep requests of their own (a web handler). Concurrent calls
+        run on separate requests; cancelling the awaiting task cancels the inference.
+
+        Raises:
+            The errors of :meth:`AsyncInferRequest.infer`; RequestClosedError once the
+            compiled model is closed.
+        """
+        request = self._pool.pop() if self._pool else self.create_infer_request()
+        try:
+            return await request.infer(inputs)
+        finally:
+            if not self._closed:
+                self._pool.append(request)
 
     async def close(self) -> None:
         """Close every request (cancelling what runs), then release the executors."""

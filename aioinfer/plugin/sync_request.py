@@ -136,6 +136,21 @@ class SyncInferRequest(ABC):
         for index, value in enumerate(inputs):
             self.set_tensor(index, value)
 
+    def validated(self, inputs: Inputs) -> list[Any]:
+        """Check ``inputs`` as an inference would (names, element types, shapes, missing
+        inputs, symbolic dimensions) and return them in input order, without keeping
+        them: for a device that takes inputs without a request of its own.
+
+        Raises:
+            The input errors of :meth:`infer`.
+        """
+        try:
+            self.set_inputs(inputs)
+            SyncInferRequest.infer_preprocess(self)
+            return list(self._inputs)
+        finally:
+            self._inputs = [None] * len(self._input_ports)
+
     @property
     def results(self) -> InferResults | None:
         """The results of the last completed inference (None before the first)."""

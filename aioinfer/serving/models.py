@@ -117,6 +117,7 @@ class ServedModel:
         self._idle: list[AsyncInferRequest] = []
         self._sequences: dict[int | str, _Sequence] = {}
         self._executed: Counter[int] = Counter()
+        self._batched = compiled if isinstance(compiled, BatchCompiledModel) else None
 
     @property
     def inputs(self) -> list[Any]:
@@ -161,6 +162,10 @@ class ServedModel:
         try:
             if sequence is not None:
                 return await self._infer_in_sequence(inputs, sequence, arrived)
+            if self._batched is not None:  # straight into the batch queue, no request
+                waited = time.perf_counter() - arrived
+                results, queued = await self._batched.infer_timed(inputs)
+                return results, waited + queued
             request = self._idle.pop() if self._idle else self.compiled.create_infer_request()
             try:
                 waited = time.perf_counter() - arrived
