@@ -1,6 +1,6 @@
 """Serving under load: 64 concurrent clients sending single-row requests over loopback.
 
-    python -m benchmarks.serving [--clients 64] [--requests 60] [--seconds 20]
+    python -m benchmarks.serving [--clients 64] [--requests 60] [--seconds 20] [--rounds 3]
 
 Three servers, one after the other in the same run, each in its own process under the
 same uvicorn settings (uvloop and httptools when installed) and the same interpreter
@@ -20,8 +20,9 @@ Each client keeps one HTTP/1.1 connection and sends ``--requests`` requests one 
 other (after 5 untimed ones); every phase stops after ``--seconds`` at the latest. The
 clients run in this process, on uvloop when installed. Only
 127.0.0.1 is contacted. Throughput is completed requests per second of the phase; latency
-percentiles are per request. The machine is shared and noisy: compare the ratios of one
-run.
+percentiles are per request. The servers take turns for ``--rounds`` rounds, and the
+medians over the rounds are reported: on a shared, noisy machine a change of load then
+hits every server alike.
 """
 
 from __future__ import annotations
@@ -242,6 +243,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=20, help="time limit of each phase")
     parser.add_argument("--only", default="abc", help="which servers to run (default: abc)")
     parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of every server, interleaved (medians)"
+    )
+    parser.add_argument(
         "--serve", nargs=3, metavar=("KIND", "MODEL", "PORT"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
@@ -262,16 +266,34 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"MLP 4x{WIDTH}, {args.clients} clients x {args.requests} single-row requests "
             f"(limit {args.seconds:g} s per server), loopback HTTP/1.1"
         )
+        runs: dict[str, list[tuple[float, float, float, int]]] = {kind: [] for kind in args.only}
+        for round_ in range(1, args.rounds + 1):
+            for kind in args.only:  # interleaved: a change of load hits every server alike
+                result = measure(kind, model, x, expected, args)
+                runs[kind].append(result)
+                rate, p50, p99, count = result
+                print(
+                    f"  round {round_} ({kind}) {KINDS[kind]:38s} {rate:8.0f} req/s   "
+                    f"p50 {p50:7.1f} ms   p99 {p99:7.1f} ms   ({count} requests)"
+                )
+            if "a" in runs and "c" in runs:
+                ratio = runs["a"][-1][0] / runs["c"][-1][0]
+                print(f"  round {round_} (a)/(c) throughput: {ratio:.2f}x")
+        print(f"medians of {args.rounds} rounds:")
         rates = {}
-        for kind in args.only:
-            rate, p50, p99, count = measure(kind, model, x, expected, args)
+        for kind, results in runs.items():
+            rate, p50, p99 = (float(np.median([r[i] for r in results])) for i in range(3))
             rates[kind] = rate
             print(
                 f"  ({kind}) {KINDS[kind]:38s} {rate:8.0f} req/s   p50 {p50:7.1f} ms   "
-                f"p99 {p99:7.1f} ms   ({count} requests)"
+                f"p99 {p99:7.1f} ms"
             )
         if "a" in rates and "c" in rates:
-            print(f"  (a)/(c) throughput: {rates['a'] / rates['c']:.2f}x")
+            ratios = [a[0] / c[0] for a, c in zip(runs["a"], runs["c"])]
+            print(
+                f"  (a)/(c) throughput: {rates['a'] / rates['c']:.2f}x "
+                f"(per round: {', '.join(f'{r:.2f}' for r in ratios)})"
+            )
         if "a" in rates and "b" in rates:
             print(f"  (a)/(b) throughput: {rates['a'] / rates['b']:.2f}x")
 
