@@ -3,7 +3,7 @@
 aioinfer run [MODEL] [--device CPU] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
              [--hint LATENCY|THROUGHPUT] [--iterations N] [--seed S]
 aioinfer bench [MODEL] [--hint H] [--requests N] [--duration S | --iterations N] ...
-aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000]
+aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--switch-interval S]
 aioinfer info
 aioinfer --version
 """
@@ -11,6 +11,7 @@ aioinfer --version
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -108,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (0: any)")
     serve.add_argument(
         "--switch-interval",
-        type=float,
+        type=_positive_seconds,
         metavar="SECONDS",
         help="the interpreter's thread switch interval: how long the event loop may keep "
         "the GIL from a compute thread that waits for it (default 0.0005)",
@@ -250,6 +251,17 @@ def _dims(name: str, text: str) -> tuple[int, ...]:
     if any(d < 0 for d in dims):
         raise UsageError(f"--shape {name}: dimensions must be >= 0, got {text!r}")
     return dims
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return seconds
 
 
 def _read_npy(name: str, file: str) -> np.ndarray:

@@ -89,21 +89,32 @@ class CompiledModel(HasPorts, ABC):
         """Run one inference on a pooled infer request and return its results: for
         callers that do not keep requests of their own (a web handler). Concurrent calls
         run on separate requests; cancelling the awaiting task cancels the inference.
+        Each call starts from a stateful model's initial state (state lives in the
+        requests you keep).
 
         Raises:
-            The errors of :meth:`AsyncInferRequest.infer`; RequestClosedError once the
-            compiled model is closed.
+            UnknownInputError, InputTypeError, InputShapeError, MissingInputError: bad
+                input (nothing runs; an input left out is missing even if an earlier
+                call gave it).
+            InferenceError: a kernel failed (the message names the node).
+            InferCancelledError: the compiled model was closed meanwhile.
+            RequestClosedError: the compiled model is closed.
         """
         request = self._pool.pop() if self._pool else self.create_infer_request()
         try:
+            request.reset_state()
             return await request.infer(inputs)
         finally:
+            # The next caller must not run on this one's inputs (one it leaves out must
+            # fail as on a new request), and the pool must not keep them alive.
+            request._request.clear_inputs()
             if not self._closed:
                 self._pool.append(request)
 
     async def close(self) -> None:
         """Close every request (cancelling what runs), then release the executors."""
         self._closed = True
+        self._pool.clear()  # infer() now says that the model is closed, not a request
         for request in list(self._requests):
             await request.close()
         self.task_executor.close()

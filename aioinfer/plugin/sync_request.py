@@ -142,14 +142,19 @@ class SyncInferRequest(ABC):
         them: for a device that takes inputs without a request of its own.
 
         Raises:
-            The input errors of :meth:`infer`.
+            UnknownInputError, InputTypeError, InputShapeError, MissingInputError: as
+                :meth:`infer` raises them.
         """
         try:
             self.set_inputs(inputs)
             SyncInferRequest.infer_preprocess(self)
             return list(self._inputs)
         finally:
-            self._inputs = [None] * len(self._input_ports)
+            self.clear_inputs()
+
+    def clear_inputs(self) -> None:
+        """Forget every input set so far: the next inference needs all of them again."""
+        self._inputs = [None] * len(self._input_ports)
 
     @property
     def results(self) -> InferResults | None:

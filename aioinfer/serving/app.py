@@ -382,7 +382,8 @@ def _route_path(scope: Scope) -> str:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return JSONResponse({"error": f"{exc.detail}: {request.url.path}"}, status_code=exc.status_code)
+    body = {"error": f"{exc.detail}: {request.url.path}"}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)  # 405: Allow
 
 
 async def _protocol_error(request: Request, exc: Exception) -> Response:

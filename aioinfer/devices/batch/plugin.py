@@ -204,9 +204,11 @@ class BatchCompiledModel(CompiledModel):
         other inferences. The cheapest way into the batcher: no request, no stages.
 
         Raises:
-            The input errors of ``AsyncInferRequest.infer``; InferenceError when the
-            target device fails on these inputs; InferCancelledError when the compiled
-            model is closed meanwhile; RequestClosedError once it is closed.
+            UnknownInputError, InputTypeError, InputShapeError, MissingInputError: bad
+                input (nothing is queued).
+            InferenceError: the target device failed on these inputs.
+            InferCancelledError: the compiled model was closed meanwhile.
+            RequestClosedError: the compiled model is closed.
         """
         if self._closed:
             raise RequestClosedError("this compiled model is closed")
