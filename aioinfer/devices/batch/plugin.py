@@ -120,7 +120,8 @@ class BatchPlugin(Plugin):
         Raises:
             NotBatchableError: an input or output has no shared symbolic first dimension,
                 or ``STATEFUL`` asks for per-request state (the message names the port).
-            UnknownDeviceError: the target is unknown, or is ``BATCH`` itself.
+            UnknownDeviceError: the target is unknown, or is ``BATCH`` itself (a virtual
+                target with a target of its own, ``"PROCESS:CPU"``, is accepted).
             UnknownPropertyError, InvalidPropertyValueError: a bad config value (checked by
                 this device or by the target).
         """
@@ -130,9 +131,10 @@ class BatchPlugin(Plugin):
         )
         rest = {k: v for k, v in names.items() if k not in BATCH_PROPERTIES}
         target_device = own["TARGET_DEVICE"]
-        if ":" in target_device or target_device == self.device_name:
+        if target_device.partition(":")[0] == self.device_name:
             raise UnknownDeviceError(
-                f"the BATCH device needs a plain target device such as 'CPU', got {target_device!r}"
+                "the BATCH device needs a plain target device such as 'CPU' or another "
+                f"virtual device such as 'PROCESS:CPU', not itself; got {target_device!r}"
             )
         if rest.get("STATEFUL"):
             raise NotBatchableError(
@@ -142,8 +144,13 @@ class BatchPlugin(Plugin):
         problem = batch_problem(model.inputs, model.outputs)
         if problem is not None:
             raise NotBatchableError(f"model {model.name!r} cannot be batched: {problem}")
-        # Through the target's plugin, not the Core: the Core would batch it again.
-        target = self.core.get_plugin(target_device).compile_model(model, rest)
+        if ":" in target_device:
+            # A virtual target with a target of its own ("PROCESS:CPU"): the Core compiles
+            # it, and never auto-batches a device that names a target.
+            target = self.core.compile_model(model, target_device, rest)
+        else:
+            # Through the target's plugin, not the Core: the Core would batch it again.
+            target = self.core.get_plugin(target_device).compile_model(model, rest)
         return BatchCompiledModel(self, target, own)
 
     def query_model(self, model: Model) -> dict[str, str]:

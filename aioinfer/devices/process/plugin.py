@@ -1,0 +1,197 @@
+"""The PROCESS virtual device: the model runs on its target device in a worker process.
+
+``core.compile_model(model, "PROCESS:CPU")`` spawns a worker process, which compiles the
+model on the target device (``CPU``) and runs its inferences; the application's
+interpreter only validates inputs and moves arrays, so the compute never competes with
+the event loop for the GIL. ``"BATCH:PROCESS:CPU"`` batches in the application and runs
+the batches in the worker.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+import onnx_ir as ir
+
+from aioinfer.devices.batch.request import AwaitExecutor
+from aioinfer.devices.process.handle import WorkerHandle
+from aioinfer.devices.process.request import ProcessInferRequest
+from aioinfer.devices.process.worker import LIVE_PROPERTIES
+from aioinfer.errors import InvalidPropertyValueError, UnknownDeviceError
+from aioinfer.model import Model
+from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.plugin.executors import Executor
+from aioinfer.plugin.plugin import Plugin
+from aioinfer.properties import check_readable, parse_config
+
+if TYPE_CHECKING:
+    from aioinfer.core import Core
+    from aioinfer.plugin.sync_request import SyncInferRequest
+
+PROCESS_PROPERTIES = ("TARGET_DEVICE",)
+"""The properties the PROCESS device itself reads; every other one goes to the target."""
+
+
+class ProcessPlugin(Plugin):
+    """The ``"PROCESS"`` device; ``"PROCESS:CPU"`` names its target device.
+
+    The Core hands it to itself (:meth:`set_core`): the target device is looked up there.
+    """
+
+    device_name = "PROCESS"
+    supported_properties = (*PROCESS_PROPERTIES, "SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
+
+    def __init__(self) -> None:
+        self._core: Core | None = None
+
+    def set_core(self, core: Core) -> None:
+        """Called by the Core that loads this plugin."""
+        self._core = core
+
+    @property
+    def core(self) -> Core:
+        """The Core this plugin finds target devices with.
+
+        Raises:
+            UnknownDeviceError: no Core loaded this plugin.
+        """
+        if self._core is None:
+            raise UnknownDeviceError("the PROCESS device works only through a Core")
+        return self._core
+
+    def compile_model(self, model: Model, config: Mapping[str, Any]) -> ProcessCompiledModel:
+        """Start a worker process that compiles ``model`` on the target device.
+
+        ``config`` holds ``TARGET_DEVICE``; every other property goes to the target (and is
+        checked against the target's properties here, before a process starts). Blocks
+        until the worker has compiled (about a second and a half to start Python there).
+
+        Raises:
+            UnknownDeviceError: the target is unknown, virtual (``BATCH``, ``PROCESS``) or
+                names a target of its own.
+            UnknownPropertyError, InvalidPropertyValueError: a bad config value;
+                ``STATEFUL`` is refused (the worker's requests keep no per-request state).
+            CompileError, UnsupportedOperatorError: the compile failed in the worker (the
+                worker's class and message), or the worker died while compiling.
+        """
+        names = {str(getattr(k, "value", k)): v for k, v in config.items()}
+        own = parse_config(
+            {k: v for k, v in names.items() if k in PROCESS_PROPERTIES}, PROCESS_PROPERTIES
+        )
+        rest = {k: v for k, v in names.items() if k not in PROCESS_PROPERTIES}
+        target = own["TARGET_DEVICE"]
+        if ":" in target or target in (self.device_name, "BATCH"):
+            raise UnknownDeviceError(
+                f"the PROCESS device needs a plain target device such as 'CPU', got "
+                f"{target!r} (to batch in the application, use 'BATCH:PROCESS:CPU')"
+            )
+        parsed = parse_config(rest, self.core.get_plugin(target).supported_properties)
+        if parsed.get("STATEFUL"):
+            raise InvalidPropertyValueError(
+                f"invalid value {rest['STATEFUL']!r} for property 'STATEFUL': the PROCESS "
+                "device keeps no state per request; compile stateful models on "
+                f"{target!r} directly"
+            )
+        payload = {
+            "model": ir.serde.serialize_model(model.ir).SerializeToString(),
+            "base_dir": _external_data_dir(model.ir.graph),
+            "target": target,
+            "config": rest,
+        }
+        worker, info = WorkerHandle.start(f"{self.device_name}:{target}", payload)
+        return ProcessCompiledModel(self, worker, info, target)
+
+    def query_model(self, model: Model) -> dict[str, str]:
+        """The nodes the default target device (``CPU``) runs, mapped to ``PROCESS``."""
+        return {name: self.device_name for name in self.core.query_model(model, "CPU")}
+
+
+def _external_data_dir(graph: ir.Graph) -> str:
+    """The directory external weights are read from ('' when all are in memory)."""
+    for value in graph.initializers.values():
+        if isinstance(value.const_value, ir.ExternalTensor):
+            return str(value.const_value.base_dir)
+    return ""
+
+
+class ProcessCompiledModel(CompiledModel):
+    """A model compiled on a target device inside a worker process.
+
+    It has the worker's ports and ``NUM_STREAMS`` (the worker computes that many
+    inferences at once; more wait there for a stream). Properties: ``TARGET_DEVICE`` is
+    its own; every other one is the target's, read in the worker at compile time
+    (``ACTIVATION_MEMORY_BYTES``, which changes as it runs, is read from the worker each
+    time). ``DEVICE_NAME`` is ``"PROCESS:<target>"``.
+
+    Attributes:
+        worker: the handle of the worker process (``worker.pid``, ``worker.process``).
+    """
+
+    def __init__(
+        self, plugin: ProcessPlugin, worker: WorkerHandle, info: dict[str, Any], target: str
+    ) -> None:
+        graph = ir.Graph((), (), nodes=(), name=info["name"])
+        config = {**info["config"], "TARGET_DEVICE": target}
+        super().__init__(plugin, graph, info["inputs"], info["outputs"], config, info["streams"])
+        self.worker = worker
+        self.await_executor: Executor = AwaitExecutor()
+        self._properties: dict[str, Any] = info["properties"]
+        # A model that is dropped without close() still lets its worker go.
+        self._finalizer = weakref.finalize(self, worker.abandon)
+
+    def create_sync_infer_request(self) -> ProcessInferRequest:
+        """A request with a connection of its own to the worker.
+
+        Raises:
+            InferenceError: the worker has died.
+        """
+        return ProcessInferRequest(self)
+
+    def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
+        """Everything on the event loop: validate, send, await the reply, publish. The
+        loop watches the request's connection; no thread of the application waits."""
+        assert isinstance(request, ProcessInferRequest)
+        return [
+            (self.loop_executor, request.infer_preprocess),
+            (self.loop_executor, request.start_pipeline),
+            (self.await_executor, request.wait_async),
+            (self.loop_executor, request.infer_postprocess),
+        ]
+
+    def supported_properties(self) -> tuple[str, ...]:
+        target = self._properties.get("SUPPORTED_PROPERTIES", ())
+        return (*PROCESS_PROPERTIES, *(n for n in target if n not in PROCESS_PROPERTIES))
+
+    def get_property(self, name: str) -> Any:
+        """Read a property: ``TARGET_DEVICE``, ``DEVICE_NAME`` (``"PROCESS:CPU"``), or the
+        target's value.
+
+        Raises:
+            UnknownPropertyError: not supported by the target either.
+            InferenceError: a property read live (``ACTIVATION_MEMORY_BYTES``) after the
+                worker died.
+        """
+        name = str(getattr(name, "value", name))
+        check_readable(name, self.supported_properties())
+        if name == "TARGET_DEVICE":
+            return self.config[name]
+        if name == "SUPPORTED_PROPERTIES":
+            return self.supported_properties()
+        if name == "DEVICE_NAME":
+            return f"{self.plugin.device_name}:{self._properties[name]}"
+        if name in self._properties and name not in LIVE_PROPERTIES:
+            return self._properties[name]
+        return self.worker.read_property(name)
+
+    async def close(self) -> None:
+        """Close this model's requests (cancelling what runs), then stop the worker: ask it
+        to exit, wait for it (5 s at most), then terminate it."""
+        await super().close()
+        await anyio.to_thread.run_sync(self.worker.stop)
+        self._finalizer.detach()
+
+    def __repr__(self) -> str:
+        return f"<CompiledModel {self.name!r} on {self.get_property('DEVICE_NAME')}>"

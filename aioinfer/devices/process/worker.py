@@ -1,0 +1,248 @@
+"""The worker process of the PROCESS device: compiles the model on the target device and
+serves inferences, one thread and one connection per stream.
+
+The parent starts it with ``python -m aioinfer.devices.process`` (a fresh interpreter
+that does not import the application's ``__main__``), writes an authentication key to
+its stdin and reads the address it listens on from its stdout. Protocol (pickled tuples
+over authenticated ``multiprocessing.connection`` sockets):
+
+- control connection, parent to worker: ``("compile", payload)`` once, then any of
+  ``("cancel", request number, seq)``, ``("property", name)`` and ``("close",)``;
+  worker to parent: ``("ok", value)`` or ``("error", class name, message)``, once for the
+  compile and once per ``"property"``.
+- one connection per infer request of the parent, which first sends its number, then
+  ``(seq, inputs)`` per inference; worker to parent: ``("ok", outputs, node timings)``,
+  ``("cancelled",)`` or ``("error", class name, message)``. Each inference computes on
+  one of the target's NUM_STREAMS requests (it waits while all are busy).
+
+The worker exits on ``"close"`` and when the control connection reaches its end (the
+parent closed it or died).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import threading
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, Listener
+from typing import TYPE_CHECKING, Any
+
+import onnx
+import onnx_ir as ir
+
+import aioinfer.errors
+from aioinfer.errors import AioinferError, InferCancelledError
+from aioinfer.plugin.sync_request import STAGES
+
+if TYPE_CHECKING:
+    from aioinfer.plugin.compiled_model import CompiledModel
+    from aioinfer.plugin.sync_request import SyncInferRequest
+
+Reply = tuple[Any, ...]
+
+LIVE_PROPERTIES = ("ACTIVATION_MEMORY_BYTES",)
+"""Properties that change while the model runs: read from the worker each time."""
+
+
+def error_reply(exc: BaseException, default: str) -> Reply:
+    """The reply that carries ``exc`` to the parent: an aioinfer error keeps its class,
+    anything else becomes ``default`` (an aioinfer class name) naming its type."""
+    if isinstance(exc, AioinferError):
+        return ("error", type(exc).__name__, str(exc))
+    return ("error", default, f"{type(exc).__name__}: {exc}")
+
+
+def error_from(reply: Reply) -> AioinferError:
+    """The exception an ``("error", class name, message)`` reply stands for, of the same
+    aioinfer class as in the worker."""
+    _, name, message = reply
+    cls = getattr(aioinfer.errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, AioinferError):
+        return cls(message)
+    return AioinferError(f"{name}: {message}")
+
+
+def compile_in_worker(payload: dict[str, Any]) -> CompiledModel:
+    """Compile the model of ``payload`` on its target device (never auto-batched)."""
+    from aioinfer.core import Core
+    from aioinfer.model import Model
+
+    proto = onnx.ModelProto()
+    proto.ParseFromString(payload["model"])
+    ir_model = ir.serde.deserialize_model(proto)
+    if payload["base_dir"]:
+        ir.external_data.set_base_dir(ir_model.graph, payload["base_dir"])
+    plugin = Core().get_plugin(payload["target"])
+    return plugin.compile_model(Model(ir_model), payload["config"])
+
+
+def describe(compiled: CompiledModel) -> dict[str, Any]:
+    """What the parent needs of a compiled model: ports, streams, config, and the value of
+    every readable property (those that cannot be read now are left out)."""
+    properties: dict[str, Any] = {}
+    for name in compiled.supported_properties():
+        try:
+            properties[name] = compiled.get_property(name)
+        except AioinferError:
+            continue
+    return {
+        "name": compiled.name,
+        "inputs": compiled.inputs,
+        "outputs": compiled.outputs,
+        "streams": compiled.streams,
+        "config": compiled.config,
+        "properties": properties,
+    }
+
+
+class ConnectionServer:
+    """Serves one connection (one infer request of the parent) on a thread of its own;
+    each inference takes one of the compiled model's stream requests while it computes,
+    so at most NUM_STREAMS inferences compute at once.
+
+    Inferences are numbered (``seq``) by the parent; a cancel names the inference it
+    means, so that one arriving late never stops the next inference, and one arriving
+    before its inference stops it as soon as it starts.
+    """
+
+    def __init__(
+        self, streams: queue.SimpleQueue[SyncInferRequest], connection: Connection
+    ) -> None:
+        self.streams = streams
+        self.connection = connection
+        self._lock = threading.Lock()
+        self._request: SyncInferRequest | None = None
+        self._current = -1
+        self._cancelled = -1
+
+    def cancel(self, seq: int) -> None:
+        """Stop inference ``seq`` (now, or as soon as it starts); called by the control
+        thread."""
+        with self._lock:
+            self._cancelled = max(self._cancelled, seq)
+            if self._current == seq and self._request is not None:
+                self._request.cancel()
+
+    def serve(self) -> None:
+        """Answer inferences until the connection ends."""
+        with self.connection:
+            while True:
+                try:
+                    seq, inputs = self.connection.recv()
+                except (EOFError, OSError):
+                    return
+                reply = self.run(seq, inputs)
+                try:
+                    self.connection.send(reply)
+                except OSError:
+                    return
+
+    def run(self, seq: int, inputs: list[Any]) -> Reply:
+        """Run one inference on a free stream, through its request's four stages."""
+        request = self.streams.get()
+        try:
+            request.set_inputs(inputs)
+            with self._lock:
+                self._request, self._current = request, seq
+                request.cancel_token.requested = self._cancelled >= seq
+            try:
+                for name, stage in zip(STAGES, request.stages()):
+                    request.run_stage(name, stage)
+            finally:
+                with self._lock:
+                    self._request, self._current = None, -1
+            results = request.results
+            assert results is not None
+            return ("ok", list(results.to_tuple()), list(request.node_profile.timings))
+        except InferCancelledError:
+            return ("cancelled",)
+        except Exception as exc:
+            return error_reply(exc, "InferenceError")
+        finally:
+            request.clear_inputs()
+            self.streams.put(request)
+
+
+def main() -> None:
+    """The worker process (``python -m aioinfer.devices.process``).
+
+    Reads the authentication key (hex) from stdin, listens on a local socket and writes
+    its address to stdout. The first connection is the control connection, on which the
+    model arrives; after the compile, each connection is one infer request of the parent
+    (it first sends its number). The worker serves until ``"close"`` or the end of the
+    control connection (the parent closed it or died). Ctrl-C in a terminal reaches the
+    whole process group; the worker ignores it and lets the parent decide when it ends.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    authkey = bytes.fromhex(sys.stdin.readline().strip())
+    listener = Listener(authkey=authkey)
+    sys.stdout.write(f"{listener.address}\n")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads stdout any more
+    try:
+        control = listener.accept()
+        kind, payload = control.recv()
+    except (EOFError, OSError, AuthenticationError):  # the parent gave up or died
+        return
+    assert kind == "compile"
+    try:
+        compiled = compile_in_worker(payload)
+        info = describe(compiled)
+    except Exception as exc:
+        control.send(error_reply(exc, "CompileError"))
+        return
+    streams: queue.SimpleQueue[SyncInferRequest] = queue.SimpleQueue()
+    for _ in range(compiled.streams):
+        streams.put(compiled.create_sync_infer_request())
+    servers: dict[int, ConnectionServer] = {}
+    threading.Thread(
+        target=_accept, args=(listener, streams, servers), name="aioinfer-accept", daemon=True
+    ).start()
+    control.send(("ok", info))
+    _control_loop(control, compiled, servers)
+
+
+def _accept(
+    listener: Listener,
+    streams: queue.SimpleQueue[SyncInferRequest],
+    servers: dict[int, ConnectionServer],
+) -> None:
+    """Accept the connections of the parent's infer requests, one thread each."""
+    while True:
+        try:
+            connection = listener.accept()
+            number = connection.recv()
+        except (EOFError, OSError, AuthenticationError):
+            continue
+        server = servers[number] = ConnectionServer(streams, connection)
+
+        def serve(server: ConnectionServer = server, number: int = number) -> None:
+            server.serve()
+            servers.pop(number, None)
+
+        threading.Thread(target=serve, name=f"aioinfer-request-{number}", daemon=True).start()
+
+
+def _control_loop(
+    control: Connection, compiled: CompiledModel, servers: dict[int, ConnectionServer]
+) -> None:
+    while True:
+        try:
+            message = control.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == "cancel":
+            server = servers.get(message[1])
+            if server is not None:
+                server.cancel(message[2])
+        elif message[0] == "property":
+            try:
+                reply: Reply = ("ok", compiled.get_property(message[1]))
+            except Exception as exc:
+                reply = error_reply(exc, "PropertyError")
+            control.send(reply)
+        else:  # "close"
+            return
