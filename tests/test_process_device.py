@@ -187,6 +187,35 @@ async def test_batch_on_process_batches_and_matches(batched: BatchCompiledModel)
     assert isinstance(batched.target, ProcessCompiledModel)
 
 
+def test_large_replies_on_uvloop_arrive_whole(core: ai.Core) -> None:
+    """uvloop makes a socket it watched non-blocking: a reply of several hundred KB that
+    has only partly arrived must still be read whole, not fail as a dead worker."""
+    uvloop = pytest.importorskip("uvloop")  # in the test extra (POSIX)
+    width = 1 << 16  # 256 KB per row, each way
+    model = make_model(
+        [oh.make_node("Tanh", ["x"], ["y"])],
+        [tensor_info("x", np.float32, ["n", width])],
+        [tensor_info("y", np.float32, ["n", width])],
+    )
+    compiled = core.compile_model(model, "BATCH:PROCESS:CPU", {"MAX_BATCH_SIZE": 8})
+    rows = np.random.default_rng(4).standard_normal((32, width)).astype(np.float32)
+    results: list[Any] = [None] * len(rows)
+
+    async def main() -> None:
+        async def one(index: int) -> None:
+            for _ in range(3):
+                results[index] = await compiled.infer({"x": rows[index : index + 1]})
+
+        async with anyio.create_task_group() as group:
+            for index in range(len(rows)):
+                group.start_soon(one, index)
+        await compiled.close()
+
+    uvloop.run(main())
+    (expected,) = reference_outputs(model, {"x": rows})
+    np.testing.assert_allclose(np.concatenate([r["y"] for r in results]), expected, rtol=1e-4)
+
+
 def test_batch_refuses_itself_as_nested_target(core: ai.Core) -> None:
     with pytest.raises(ai.UnknownDeviceError, match="not itself; got 'BATCH:CPU'"):
         core.compile_model(mlp_model(), "BATCH:BATCH:CPU")

@@ -128,6 +128,7 @@ class WorkerHandle:
         if self._death is not None:
             raise self._death
         try:
+            _blocking(connection)
             connection.send((seq, inputs))
         except OSError:
             raise self.died() from None
@@ -139,6 +140,7 @@ class WorkerHandle:
             InferenceError: the worker has died.
         """
         try:
+            _blocking(connection)
             reply: tuple[Any, ...] = connection.recv()
         except (EOFError, OSError):
             raise self.died() from None
@@ -214,3 +216,11 @@ class WorkerHandle:
                 return
             with contextlib.suppress(OSError):  # dead or stopped: nothing runs there
                 self._control.send(message)
+
+
+def _blocking(connection: Connection) -> None:
+    """Put ``connection`` back in blocking mode: an event loop that watched it for
+    readability may have made it non-blocking (uvloop does), and a message that has only
+    partly arrived would then fail to read (``BlockingIOError``) instead of completing.
+    A reply is read once it starts to arrive, so the rest follows at once."""
+    os.set_blocking(connection.fileno(), True)
