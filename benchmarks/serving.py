@@ -7,8 +7,10 @@ same uvicorn settings (uvloop and httptools when installed) and the same interpr
 switch interval (the one ``aioinfer serve`` sets), on the MLP of ``benchmarks/models.py``
 (4 x Gemm 1024x1024 + Relu, float32):
 
-(a) aioinfer's Open Inference Protocol app with the BATCH device (up to 32 rows, 1 ms;
-    one compute stream with one BLAS thread, so that the other core serves HTTP; 32 rows,
+(a) aioinfer's Open Inference Protocol app with the BATCH device on the PROCESS device
+    (``BATCH:PROCESS:CPU``: batches computed in a worker process, so that the compute
+    never waits for the GIL while the event loop runs Python; up to 32 rows, 1 ms; one
+    compute stream with one BLAS thread, so that the other core serves HTTP; 32 rows,
     half the clients, so that one half computes while the loop answers the other);
 (b) the same app without batching (THROUGHPUT hint: one stream per core);
 (c) a minimal Starlette endpoint calling onnxruntime through ``anyio.to_thread.run_sync``
@@ -63,6 +65,7 @@ def aioinfer_app(model: Path, batching: bool) -> object:
     if batching:
         # One compute stream with one BLAS thread: the other core serves HTTP.
         config = ModelConfig(
+            device="PROCESS:CPU",  # the compute in a worker process: no GIL contention
             batching={"max_batch_size": 32, "timeout_ms": 1},
             properties={"NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": 1},
         )
