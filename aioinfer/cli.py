@@ -3,7 +3,8 @@
 aioinfer run [MODEL] [--device CPU] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
              [--hint LATENCY|THROUGHPUT] [--iterations N] [--seed S]
 aioinfer bench [MODEL] [--hint H] [--requests N] [--duration S | --iterations N] ...
-aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--switch-interval S]
+aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-log]
+               [--switch-interval S]
 aioinfer info
 aioinfer --version
 """
@@ -108,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (0: any)")
     serve.add_argument(
+        "--access-log", action="store_true", help="log a line per request (uvicorn's)"
+    )
+    serve.add_argument(
         "--switch-interval",
         type=_positive_seconds,
         metavar="SECONDS",
@@ -205,7 +209,7 @@ def _serve(args: argparse.Namespace) -> None:
             "pip install 'aioinfer[serve]'"
         ) from None
     options = {} if args.switch_interval is None else {"switch_interval": args.switch_interval}
-    serve(args.source, host=args.host, port=args.port, **options)
+    serve(args.source, host=args.host, port=args.port, access_log=args.access_log, **options)
 
 
 def _info() -> None:

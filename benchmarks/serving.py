@@ -60,8 +60,8 @@ KINDS = {
 # -- the servers (each runs in a child process) ---------------------------------------------
 
 
-def aioinfer_app(model: Path, batching: bool) -> object:
-    from aioinfer.serving import ModelConfig, create_app
+def aioinfer_configs(model: Path, batching: bool) -> dict[str, Any]:
+    from aioinfer.serving import ModelConfig
 
     if batching:
         # One compute stream with one BLAS thread: the other core serves HTTP.
@@ -72,7 +72,7 @@ def aioinfer_app(model: Path, batching: bool) -> object:
         )
     else:
         config = ModelConfig(hint="THROUGHPUT", batching=False)
-    return create_app(model, configs={model.stem: config})
+    return {model.stem: config}
 
 
 def onnxruntime_app(model: Path) -> object:
@@ -100,13 +100,22 @@ def onnxruntime_app(model: Path) -> object:
 
 
 def run_server(kind: str, model: Path, port: int) -> None:
+    """Serve with the process settings of ``aioinfer serve`` (uvicorn, no access log, the
+    switch interval, a frozen garbage collector), for every server alike."""
+    import gc
+
     import uvicorn
 
+    from aioinfer.serving import serve
     from aioinfer.serving.server import SWITCH_INTERVAL
 
-    sys.setswitchinterval(SWITCH_INTERVAL)  # as `aioinfer serve` does; for every server
-
-    app = onnxruntime_app(model) if kind == "c" else aioinfer_app(model, batching=kind == "a")
+    if kind != "c":
+        serve(model, port=port, configs=aioinfer_configs(model, kind == "a"), log_level="warning")
+        return
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    app = onnxruntime_app(model)
+    gc.collect()
+    gc.freeze()
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)  # type: ignore[arg-type]
 
 

@@ -8,6 +8,7 @@ calls driven by hand to control ``receive``), on asyncio and on trio.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import threading
@@ -30,8 +31,8 @@ from starlette.routing import Match, Mount, Route, get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aioinfer.cli import main
+from aioinfer.serving import ModelServer, create_app, serve
 from aioinfer.serving import app as app_module
-from aioinfer.serving import create_app, serve
 from aioinfer.serving import disconnect as disconnect_module
 from aioinfer.serving.app import infer_target
 from aioinfer.serving.metrics import LATENCY_BUCKETS, Histogram
@@ -554,6 +555,7 @@ def switch_interval(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator
         seen.append(sys.getswitchinterval())
 
     monkeypatch.setattr(uvicorn.Server, "serve", serve_nothing)
+    monkeypatch.setattr(gc, "freeze", lambda: None)  # the test process keeps collecting
     onnx.save(two_input_model(), tmp_path / "model.onnx")
     original = sys.getswitchinterval()
     sys.setswitchinterval(0.004)
@@ -590,6 +592,37 @@ def test_serve_sets_the_switch_interval(switch_interval: list[float], tmp_path: 
     assert switch_interval == [SWITCH_INTERVAL, 0.002]
     in_thread(lambda: serve(model, port=0, log_level="warning", switch_interval=None))
     assert switch_interval[-1] == 0.002 == sys.getswitchinterval()  # left as it was
+
+
+def test_serve_freezes_the_collector_after_loading_and_has_no_access_log(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    events: list[Any] = []
+
+    async def serve_nothing(self: uvicorn.Server, sockets: Any = None) -> None:
+        events.append(("serve", self.config.access_log))
+
+    monkeypatch.setattr(uvicorn.Server, "serve", serve_nothing)
+    monkeypatch.setattr(gc, "freeze", lambda: events.append("freeze"))
+    loaded = ModelServer.load
+
+    async def load(self: ModelServer) -> None:
+        await loaded(self)
+        events.append("loaded")
+
+    monkeypatch.setattr(ModelServer, "load", load)
+    model = tmp_path / "model.onnx"
+    onnx.save(two_input_model(), model)
+    original = sys.getswitchinterval()
+    try:
+        in_thread(lambda: serve(model, port=0, log_level="warning"))
+        assert events == ["loaded", "freeze", ("serve", False)]
+        events.clear()
+        options = {"freeze_gc": False, "access_log": True}
+        in_thread(lambda: serve(model, port=0, log_level="warning", **options))
+        assert events == ["loaded", ("serve", True)]
+    finally:
+        sys.setswitchinterval(original)
 
 
 def test_cli_switch_interval(
