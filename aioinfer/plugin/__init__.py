@@ -3,7 +3,7 @@
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
-from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.plugin import Plugin, VirtualPlugin
 from aioinfer.plugin.sync_request import SyncInferRequest
 
 __all__ = [
@@ -14,4 +14,5 @@ __all__ = [
     "Plugin",
     "SyncInferRequest",
     "ThreadExecutor",
+    "VirtualPlugin",
 ]

@@ -6,10 +6,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from aioinfer.errors import ImportModelError
+from aioinfer.errors import ImportModelError, UnknownDeviceError
 from aioinfer.properties import check_readable, num_cores
 
 if TYPE_CHECKING:
+    from aioinfer.core import Core
     from aioinfer.model import Model
     from aioinfer.plugin.compiled_model import CompiledModel
 
@@ -59,3 +60,27 @@ class Plugin(ABC):
         if name == "DEVICE_NAME":
             return self.device_name
         return num_cores()
+
+
+class VirtualPlugin(Plugin):
+    """A device that runs models on another device, its target (``BATCH:CPU``,
+    ``PROCESS:CPU``): the Core that loads it hands itself over (:meth:`set_core`), and
+    the target devices are found there."""
+
+    def __init__(self) -> None:
+        self._core: Core | None = None
+
+    def set_core(self, core: Core) -> None:
+        """Called by the Core that loads this plugin."""
+        self._core = core
+
+    @property
+    def core(self) -> Core:
+        """The Core this plugin finds and compiles its target devices with.
+
+        Raises:
+            UnknownDeviceError: no Core loaded this plugin (it was never given one).
+        """
+        if self._core is None:
+            raise UnknownDeviceError(f"the {self.device_name} device works only through a Core")
+        return self._core

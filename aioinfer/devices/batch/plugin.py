@@ -19,12 +19,11 @@ from aioinfer.errors import NotBatchableError, RequestClosedError, UnknownDevice
 from aioinfer.model import Model, Port
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.executors import Executor
-from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.plugin import Plugin, VirtualPlugin
 from aioinfer.properties import PROPERTIES, parse_config
 from aioinfer.results import InferResults
 
 if TYPE_CHECKING:
-    from aioinfer.core import Core
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
 
 BATCH_PROPERTIES = ("TARGET_DEVICE", "MAX_BATCH_SIZE", "BATCH_TIMEOUT_MS")
@@ -83,7 +82,7 @@ def auto_batching(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> bo
     )
 
 
-class BatchPlugin(Plugin):
+class BatchPlugin(VirtualPlugin):
     """The ``"BATCH"`` device; ``"BATCH:CPU"`` names its target device.
 
     The Core hands it to itself (:meth:`set_core`), since it compiles through other
@@ -92,24 +91,6 @@ class BatchPlugin(Plugin):
 
     device_name = "BATCH"
     supported_properties = (*BATCH_PROPERTIES, "SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
-
-    def __init__(self) -> None:
-        self._core: Core | None = None
-
-    def set_core(self, core: Core) -> None:
-        """Called by the Core that loads this plugin; the target devices come from it."""
-        self._core = core
-
-    @property
-    def core(self) -> Core:
-        """The Core this plugin compiles target models with.
-
-        Raises:
-            UnknownDeviceError: no Core loaded this plugin (it was never given one).
-        """
-        if self._core is None:
-            raise UnknownDeviceError("the BATCH device works only through a Core")
-        return self._core
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> BatchCompiledModel:
         """Compile ``model`` for the target device and wrap it for batching.

@@ -24,18 +24,17 @@ from aioinfer.errors import InvalidPropertyValueError, UnknownDeviceError
 from aioinfer.model import Model
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.executors import Executor
-from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.plugin import VirtualPlugin
 from aioinfer.properties import check_readable, parse_config
 
 if TYPE_CHECKING:
-    from aioinfer.core import Core
     from aioinfer.plugin.sync_request import SyncInferRequest
 
 PROCESS_PROPERTIES = ("TARGET_DEVICE",)
 """The properties the PROCESS device itself reads; every other one goes to the target."""
 
 
-class ProcessPlugin(Plugin):
+class ProcessPlugin(VirtualPlugin):
     """The ``"PROCESS"`` device; ``"PROCESS:CPU"`` names its target device.
 
     The Core hands it to itself (:meth:`set_core`): the target device is looked up there.
@@ -43,24 +42,6 @@ class ProcessPlugin(Plugin):
 
     device_name = "PROCESS"
     supported_properties = (*PROCESS_PROPERTIES, "SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
-
-    def __init__(self) -> None:
-        self._core: Core | None = None
-
-    def set_core(self, core: Core) -> None:
-        """Called by the Core that loads this plugin."""
-        self._core = core
-
-    @property
-    def core(self) -> Core:
-        """The Core this plugin finds target devices with.
-
-        Raises:
-            UnknownDeviceError: no Core loaded this plugin.
-        """
-        if self._core is None:
-            raise UnknownDeviceError("the PROCESS device works only through a Core")
-        return self._core
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> ProcessCompiledModel:
         """Start a worker process that compiles ``model`` on the target device.
