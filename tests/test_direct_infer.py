@@ -475,3 +475,18 @@ async def test_compiled_model_infer_starts_a_stateful_model_from_its_initial_sta
     results = await kept.infer(feeds)
     np.testing.assert_array_equal(results["y"], 2 * x.reshape(1, 2))
     await compiled.close()
+
+
+async def test_infer_timed_on_any_device_reports_its_queue_wait(core, exact_plain) -> None:
+    """The server calls ``infer_timed`` on every compiled model: a pooled request on the
+    CPU (it computes at once: 0 s queued), the batch queue on BATCH (the timeout)."""
+    (feed,) = single_rows(1)
+    want = exact_plain.create_infer_request().infer_sync(feed)
+    results, queued = await exact_plain.infer_timed(feed)
+    assert queued == 0.0
+    np.testing.assert_array_equal(results[0], want[0])
+    batched = batch_model(core, MAX_BATCH_SIZE=8, BATCH_TIMEOUT_MS=20)
+    results, queued = await batched.infer_timed(feed)
+    assert queued >= 0.02
+    np.testing.assert_array_equal(results[0], want[0])
+    await batched.close()

@@ -100,10 +100,22 @@ class CompiledModel(HasPorts, ABC):
             InferCancelledError: the compiled model was closed meanwhile.
             RequestClosedError: the compiled model is closed.
         """
+        results, _ = await self.infer_timed(inputs)
+        return results
+
+    async def infer_timed(self, inputs: Inputs) -> tuple[InferResults, float]:
+        """:meth:`infer`, and the seconds the inference waited in the device's queue
+        before it computed (``queued_seconds``: 0 on a device that computes at once; the
+        wait for the batch on BATCH).
+
+        Raises:
+            The errors of :meth:`infer`.
+        """
         request = self._pool.pop() if self._pool else self.create_infer_request()
         try:
             request.reset_state()
-            return await request.infer(inputs)
+            results = await request.infer(inputs)
+            return results, request.queued_seconds
         finally:
             # The next caller must not run on this one's inputs (one it leaves out must
             # fail as on a new request), and the pool must not keep them alive.

@@ -114,7 +114,6 @@ class ServedModel:
         self.input_datatypes = {port.name: datatype(port.dtype) for port in compiled.inputs}
         """The protocol datatype of each input, by name."""
         self._slots = _Admission(self.max_concurrency)
-        self._idle: list[AsyncInferRequest] = []
         self._sequences: dict[int | str, _Sequence] = {}
         self._executed: Counter[int] = Counter()
         self._batched = compiled if isinstance(compiled, BatchCompiledModel) else None
@@ -137,8 +136,8 @@ class ServedModel:
     def batch_sizes(self) -> dict[int, int]:
         """Executions so far by number of rows: the BATCH device's batches, or else each
         inference's first-dimension size."""
-        if isinstance(self.compiled, BatchCompiledModel):
-            return self.compiled.batch_statistics()
+        if self._batched is not None:
+            return self._batched.batch_statistics()
         return dict(self._executed)
 
     async def infer(
@@ -162,18 +161,11 @@ class ServedModel:
         try:
             if sequence is not None:
                 return await self._infer_in_sequence(inputs, sequence, arrived)
-            if self._batched is not None:  # straight into the batch queue, no request
-                waited = time.perf_counter() - arrived
-                results, queued = await self._batched.infer_timed(inputs)
-                return results, waited + queued
-            request = self._idle.pop() if self._idle else self.compiled.create_infer_request()
-            try:
-                waited = time.perf_counter() - arrived
-                results = await request.infer(inputs)
-            finally:
-                self._idle.append(request)
+            waited = time.perf_counter() - arrived
+            # BATCH: straight into the batch queue; other devices: a pooled request.
+            results, queued = await self.compiled.infer_timed(inputs)
             self._count(inputs)
-            return results, waited + request.queued_seconds
+            return results, waited + queued
         finally:
             self._slots.release()
 
@@ -216,7 +208,7 @@ class ServedModel:
                 await self._drop(key, sequence)
 
     def _count(self, inputs: dict[str, np.ndarray]) -> None:
-        if not isinstance(self.compiled, BatchCompiledModel):
+        if self._batched is None:
             first = next(iter(inputs.values()))
             self._executed[int(first.shape[0]) if first.ndim else 1] += 1
 

@@ -177,14 +177,9 @@ class BatchCompiledModel(CompiledModel):
             (self.loop_executor, request.infer_postprocess),
         ]
 
-    async def infer(self, inputs: Inputs) -> InferResults:
-        """Run one inference in a batch, without an infer request of its own (see
-        :meth:`infer_timed`)."""
-        results, _ = await self.infer_timed(inputs)
-        return results
-
     async def infer_timed(self, inputs: Inputs) -> tuple[InferResults, float]:
-        """Run one inference in a batch; return its results and the seconds its rows
+        """Run one inference in a batch, without an infer request of its own (the cheapest
+        way in, and what :meth:`infer` runs); return its results and the seconds its rows
         waited for their batch.
 
         The inputs are checked on their own first; cancelling the awaiting task takes
