@@ -297,6 +297,13 @@ def test_a_sequence_keeps_its_state_in_its_own_request(server: LiveServer):
     assert accumulate(client, [5, 5], 12, sequence_start=True) == [5, 5]  # a restart
 
 
+def test_requests_outside_a_sequence_start_from_the_initial_state(server: LiveServer):
+    """A stateful model's request that names no sequence shares no state with others."""
+    client = httpclient.InferenceServerClient(server.url)
+    for _ in range(3):
+        assert accumulate(client, [1, 2], 0) == [1, 2]  # sequence_id 0: none
+
+
 def test_an_idle_sequence_times_out(server: LiveServer):
     client = httpclient.InferenceServerClient(server.url)
     assert accumulate(client, [1, 1], 13, sequence_start=True) == [1, 1]
