@@ -187,6 +187,26 @@ async def test_batch_on_process_batches_and_matches(batched: BatchCompiledModel)
     assert isinstance(batched.target, ProcessCompiledModel)
 
 
+async def test_queued_seconds_is_the_wait_in_the_worker(core: ai.Core) -> None:
+    compiled = core.compile_model(lab_model(), "PROCESS:CPU", {"NUM_STREAMS": 1})
+    try:
+        assert compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") == 2
+        first, second = compiled.create_infer_request(), compiled.create_infer_request()
+        slow = feeds(LONG_ROWS)
+        start = time.perf_counter()
+        await first.infer(slow)
+        alone = time.perf_counter() - start
+        assert first.queued_seconds < alone / 2
+        async with anyio.create_task_group() as group:
+            group.start_soon(first.infer, slow)
+            await anyio.sleep(alone / 5)  # sent first
+            group.start_soon(second.infer, slow)
+        # One stream in the worker: the second waited there for the first one's compute.
+        assert second.queued_seconds > alone / 4, (alone, second.queued_seconds)
+    finally:
+        await compiled.close()
+
+
 def test_large_replies_on_uvloop_arrive_whole(core: ai.Core) -> None:
     """uvloop makes a socket it watched non-blocking: a reply of several hundred KB that
     has only partly arrived must still be read whole, not fail as a dead worker."""

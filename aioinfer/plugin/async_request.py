@@ -129,8 +129,9 @@ class AsyncInferRequest:
 
     @property
     def queued_seconds(self) -> float:
-        """Seconds the last inference waited in the device's queue before it computed
-        (the batch queue of the BATCH device; 0 for a device that computes at once)."""
+        """Seconds the last inference waited before it computed: for a free thread of the
+        device's task executor, in the BATCH device's batch queue, in a PROCESS worker for a
+        free stream (0 when it computed at once)."""
         return self._request.queued_seconds
 
     # -- variable state -------------------------------------------------------------------
@@ -307,6 +308,7 @@ class AsyncInferRequest:
         self._request.set_inputs(inputs)
         self._state = RequestState.BUSY
         self._request.cancel_token.requested = False
+        self._request.queued_seconds = 0.0
         self._userdata = self._callback_userdata if userdata is None else userdata
         self.error = None
         self._callback_error = None
@@ -323,7 +325,8 @@ class AsyncInferRequest:
                         raise InferCancelledError("the inference was cancelled")
                     start = time.perf_counter()
                     try:
-                        await executor.run(stage, request.cancel)
+                        _, waited = await executor.run_timed(stage, request.cancel)
+                        request.queued_seconds += waited
                     finally:
                         request.stage_durations[name] = time.perf_counter() - start
             except anyio.get_cancelled_exc_class():

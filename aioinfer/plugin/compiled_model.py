@@ -105,8 +105,8 @@ class CompiledModel(HasPorts, ABC):
 
     async def infer_timed(self, inputs: Inputs) -> tuple[InferResults, float]:
         """:meth:`infer`, and the seconds the inference waited in the device's queue
-        before it computed (``queued_seconds``: 0 on a device that computes at once; the
-        wait for the batch on BATCH).
+        before it computed (``queued_seconds``: the wait for a thread of the task
+        executor, for the batch on BATCH, for a stream of the PROCESS worker).
 
         Raises:
             The errors of :meth:`infer`.

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -38,6 +39,13 @@ class Executor(ABC):
         never runs.
         """
 
+    async def run_timed(
+        self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None
+    ) -> tuple[T, float]:
+        """:meth:`run`, and the seconds the stage waited in this executor's queue before it
+        started (0 for an executor that starts it at once)."""
+        return await self.run(stage, on_cancel), 0.0
+
     def close(self) -> None:
         """Release the executor's resources; stages already running finish."""
 
@@ -50,6 +58,11 @@ class LoopExecutor(Executor):
     async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
         return stage()
 
+    async def run_timed(
+        self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None
+    ) -> tuple[T, float]:
+        return stage(), 0.0
+
 
 _STOP = object()
 
@@ -57,7 +70,7 @@ _STOP = object()
 class _Job:
     """A stage handed to a worker thread, and how it ended."""
 
-    __slots__ = ("done", "lock", "ok", "stage", "started", "token", "value")
+    __slots__ = ("done", "lock", "ok", "stage", "started", "submitted", "token", "value", "waited")
 
     def __init__(self, stage: Callable[[], Any], token: anyio.lowlevel.EventLoopToken) -> None:
         self.stage: Callable[[], Any] | None = stage
@@ -67,6 +80,9 @@ class _Job:
         self.started = False
         self.ok = False
         self.value: Any = None
+        self.submitted = time.perf_counter()
+        self.waited = 0.0
+        """Seconds from submission until a worker thread started the stage."""
 
     def __call__(self) -> None:
         with self.lock:
@@ -74,6 +90,7 @@ class _Job:
             if stage is None:  # abandoned before it started
                 return
             self.started = True
+        self.waited = time.perf_counter() - self.submitted
         try:
             self.value, self.ok = stage(), True
         except BaseException as exc:  # handed back to the awaiting task
@@ -130,6 +147,11 @@ class ThreadExecutor(Executor):
             job()
 
     async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
+        return (await self.run_timed(stage, on_cancel))[0]
+
+    async def run_timed(
+        self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None
+    ) -> tuple[T, float]:
         job = _Job(stage, anyio.lowlevel.current_token())
         self.submit(job)
         try:
@@ -142,7 +164,7 @@ class ThreadExecutor(Executor):
                     await job.done.wait()
             raise
         if job.ok:
-            return job.value
+            return job.value, job.waited
         raise job.value
 
     def close(self) -> None:

@@ -59,8 +59,10 @@ class SyncInferRequest(ABC):
         self.node_profile = NodeProfile()
         """Node timings of the last inference; a device fills it when profiling is on."""
         self.queued_seconds = 0.0
-        """Seconds the last inference waited in a device's queue before it computed (a
-        BATCH device's batch queue); 0 for a device that computes at once."""
+        """Seconds the last inference waited before it computed (for a free thread of the
+        task executor, in a BATCH device's batch queue, for a stream of a PROCESS worker);
+        0 when it computed at once. Devices with a queue of their own set it; the async
+        request adds the time its stages waited for an executor thread."""
 
     # -- tensors --------------------------------------------------------------------------
 

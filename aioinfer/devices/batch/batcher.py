@@ -1,9 +1,17 @@
 """The batcher: coalesces queued inferences along the first axis and runs them as one.
 
-Policy (the dynamic batcher of the established servers): while every target request is
-busy, items queue up; when a target request is free, the batcher waits until the rows
-queued for one input signature fill ``max_batch_size`` or the oldest item has waited
-``timeout`` seconds, then runs them as one batch and splits the outputs back.
+Policy (the dynamic batcher of the established servers): while every stream of the target
+is busy, items queue up; when a stream is free, the batcher waits until the rows queued
+for one input signature fill ``max_batch_size`` or the oldest item has waited ``timeout``
+seconds, then runs them as one batch and splits the outputs back.
+
+A target whose ``OPTIMAL_NUMBER_OF_INFER_REQUESTS`` exceeds its streams queues work of its
+own (the PROCESS worker does): full batches, and only those, are then handed to it while
+its streams are busy, up to that many batches in all, so that the next batch starts the
+moment a stream frees up instead of after the event loop has noticed and dispatched it.
+Partial batches still wait for a free stream: under load they would only run smaller
+batches sooner. An item's queue time includes the time its batch waited in the target
+(the target request's ``queued_seconds``).
 
 Everything here runs on the event loop's thread, except :meth:`Batcher.cancel`, which may
 be called from any thread.
@@ -112,19 +120,26 @@ class Batcher:
     """The queue and dispatcher of one BATCH compiled model.
 
     ``target`` is the compiled model that runs the batches; up to ``target.streams``
-    batches run at once, each on one of the target's infer requests.
+    batches run at once, each on one of the target's infer requests, and full batches
+    more wait in the target up to its ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
     """
 
     def __init__(self, target: CompiledModel, max_batch_size: int, timeout: float) -> None:
         self.target = target
         self.max_batch_size = max_batch_size
         self.timeout = timeout
+        self.depth = max(
+            target.streams, int(target.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        )
+        """Batches handed to the target at most (running or waiting there)."""
         self.statistics: Counter[int] = Counter()
         """Batches run so far, by number of rows."""
         self._queue: deque[BatchItem] = deque()
         self._queued_rows = 0
         self._idle: list[AsyncInferRequest] = []
         self._created = 0
+        self._running = 0
+        """Batches handed to the target and not yet answered."""
         self._changed: anyio.Event | None = None
         self._dispatcher: object | None = None
         """Identifies the dispatcher task that forms batches (None: none does)."""
@@ -188,19 +203,16 @@ class Batcher:
         """Form and start batches while items are queued (one dispatcher at a time)."""
         try:
             async with anyio.create_task_group() as group:
-                while self._queue:
+                while await self._until_ready():
                     try:
-                        request = await self._idle_request()
+                        request = self._request()
                     except RequestClosedError as exc:  # the target was closed under us
                         for item in self._queue:
                             item.resolve(None, RequestClosedError(str(exc)))
                         self._queue.clear()
                         self._queued_rows = 0
                         break
-                    await self._until_ready()
-                    if not self._queue:
-                        self._idle.append(request)
-                        break
+                    self._running += 1
                     group.start_soon(self._run, self._take(request), request)
                 # A new item from now on starts a new dispatcher; batches still running
                 # finish in this task group.
@@ -209,24 +221,31 @@ class Batcher:
             if self._dispatcher is dispatcher:  # cancelled (its event loop is ending)
                 self._dispatcher = None
 
-    async def _idle_request(self) -> AsyncInferRequest:
-        while not self._idle:
-            if self._created < self.target.streams:
-                self._created += 1
-                return self.target.create_infer_request()
-            await self._changes()
-        return self._idle.pop()
+    def _request(self) -> AsyncInferRequest:
+        """An idle target request, or a new one (at most ``depth`` are made)."""
+        if self._idle:
+            return self._idle.pop()
+        self._created += 1
+        return self.target.create_infer_request()
 
-    async def _until_ready(self) -> None:
-        """Return when the head's batch is full, the head waited long enough, or the queue
-        is empty."""
+    async def _until_ready(self) -> bool:
+        """Wait until the head's batch may start: it is full and fewer than ``depth``
+        batches are in the target, or a stream is free and the batch is full or its head
+        waited ``timeout``. False when the queue ran empty."""
+        streams = self.target.streams
         while self._queue:
             head = self._queue[0]
+            if self._running < self.depth and self._rows_like(head) >= self.max_batch_size:
+                return True
+            if self._running >= streams:
+                await self._changes()  # a batch ends, or the queue fills a batch
+                continue
             remaining = head.enqueued + self.timeout - time.perf_counter()
-            if remaining <= 0 or self._rows_like(head) >= self.max_batch_size:
-                return
+            if remaining <= 0:
+                return True
             with anyio.move_on_after(remaining):
                 await self._changes()
+        return False
 
     def _rows_like(self, head: BatchItem) -> int:
         if self._queued_rows < self.max_batch_size:
@@ -261,6 +280,7 @@ class Batcher:
             nonlocal released
             if not released:
                 released = True
+                self._running -= 1
                 self._idle.append(request)
                 self._notify()
 
@@ -283,6 +303,9 @@ class Batcher:
                     await self._run_alone(live, request)
                 return
             outputs = results.to_tuple()  # owned arrays: the request may run again now
+            if request.queued_seconds:  # the batch waited in the target for a stream
+                for item in live:
+                    item.dispatched += request.queued_seconds
             # Free the request, and let the dispatcher start the next batch before this
             # batch's inferences resume and answer: compute and answering then overlap.
             release()

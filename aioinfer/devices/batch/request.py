@@ -30,6 +30,11 @@ class AwaitExecutor(Executor):
     async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
         return cast("T", await cast("Any", stage()))
 
+    async def run_timed(
+        self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None
+    ) -> tuple[T, float]:
+        return cast("T", await cast("Any", stage())), 0.0
+
 
 class BatchInferRequest(SyncInferRequest):
     """One inference of a BATCH compiled model.

@@ -105,7 +105,9 @@ class ProcessCompiledModel(CompiledModel):
     inferences at once; more wait there for a stream). Properties: ``TARGET_DEVICE`` is
     its own; every other one is the target's, read in the worker at compile time
     (``ACTIVATION_MEMORY_BYTES``, which changes as it runs, is read from the worker each
-    time). ``DEVICE_NAME`` is ``"PROCESS:<target>"``.
+    time). ``DEVICE_NAME`` is ``"PROCESS:<target>"``. ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``
+    is twice the streams: an inference that waits in the worker starts the moment a
+    stream is free, without a round trip through the application's event loop.
 
     Attributes:
         worker: the handle of the worker process (``worker.pid``, ``worker.process``).
@@ -163,6 +165,8 @@ class ProcessCompiledModel(CompiledModel):
             return self.supported_properties()
         if name == "DEVICE_NAME":
             return f"{self.plugin.device_name}:{self._properties[name]}"
+        if name == "OPTIMAL_NUMBER_OF_INFER_REQUESTS":
+            return 2 * self.streams
         if name in self._properties and name not in LIVE_PROPERTIES:
             return self._properties[name]
         return self.worker.read_property(name)

@@ -24,7 +24,8 @@ class ProcessInferRequest(SyncInferRequest):
     (base class), before anything is sent; ``start_pipeline`` sends them (on the event
     loop); ``wait_async`` awaits the reply on the loop, which watches the connection like
     any socket, so no thread of the application takes part; ``infer_postprocess``
-    publishes the outputs (arrays made by unpickling: the caller owns them). The
+    publishes the outputs (arrays made by unpickling: the caller owns them);
+    ``queued_seconds`` is how long the inference waited in the worker for a stream. The
     synchronous path waits with :meth:`wait_pipeline` instead. :meth:`cancel` reaches the
     worker, whose compute stops at its next kernel.
     """
@@ -92,7 +93,7 @@ class ProcessInferRequest(SyncInferRequest):
             raise InferCancelledError("the inference was cancelled")
         if reply[0] == "error":
             raise error_from(reply)
-        _, self._outputs, self.node_profile.timings = reply
+        _, self._outputs, self.node_profile.timings, self.queued_seconds = reply
 
     def infer_postprocess(self) -> None:
         """Publish the outputs received from the worker."""

@@ -11,9 +11,10 @@ over authenticated ``multiprocessing.connection`` sockets):
   worker to parent: ``("ok", value)`` or ``("error", class name, message)``, once for the
   compile and once per ``"property"``.
 - one connection per infer request of the parent, which first sends its number, then
-  ``(seq, inputs)`` per inference; worker to parent: ``("ok", outputs, node timings)``,
-  ``("cancelled",)`` or ``("error", class name, message)``. Each inference computes on
-  one of the target's NUM_STREAMS requests (it waits while all are busy).
+  ``(seq, inputs)`` per inference; worker to parent: ``("ok", outputs, node timings,
+  seconds waited for a stream)``, ``("cancelled",)`` or ``("error", class name,
+  message)``. Each inference computes on one of the target's NUM_STREAMS requests (it
+  waits while all are busy).
 
 The worker exits on ``"close"`` and when the control connection reaches its end (the
 parent closed it or died).
@@ -26,6 +27,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from typing import TYPE_CHECKING, Any
@@ -142,7 +144,9 @@ class ConnectionServer:
 
     def run(self, seq: int, inputs: list[Any]) -> Reply:
         """Run one inference on a free stream, through its request's four stages."""
+        arrived = time.perf_counter()
         request = self.streams.get()
+        waited = time.perf_counter() - arrived
         try:
             request.set_inputs(inputs)
             with self._lock:
@@ -156,7 +160,8 @@ class ConnectionServer:
                     self._request, self._current = None, -1
             results = request.results
             assert results is not None
-            return ("ok", list(results.to_tuple()), list(request.node_profile.timings))
+            timings = list(request.node_profile.timings)
+            return ("ok", list(results.to_tuple()), timings, waited)
         except InferCancelledError:
             return ("cancelled",)
         except Exception as exc:
