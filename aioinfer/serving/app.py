@@ -34,7 +34,6 @@ from aioinfer.serving.protocol import (
     InferRequestBody,
     ProtocolError,
     encode_infer_response,
-    parse_infer_request,
     port_metadata,
 )
 from aioinfer.serving.repository import ModelConfig, ModelRepository
@@ -220,9 +219,7 @@ class ModelServer:
             if self.closing:
                 raise ProtocolError("the server is shutting down", status=503)
             length, json_length = _lengths(scope)
-            body = parse_infer_request(
-                await self._read_body(receive, length), json_length, model.input_datatypes
-            )
+            body = model.decoder.decode(await self._read_body(receive, length), json_length)
             sequence = SequenceFlags.from_parameters(body.parameters)
             wanted = _wanted_outputs(model, body)
             results, waited = await unless_disconnected(

@@ -15,7 +15,7 @@ from aioinfer.devices.batch import BatchCompiledModel
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.results import InferResults
-from aioinfer.serving.protocol import ProtocolError, datatype
+from aioinfer.serving.protocol import ProtocolError, RequestDecoder, datatype
 from aioinfer.serving.repository import ModelConfig
 
 
@@ -113,6 +113,8 @@ class ServedModel:
         self.max_concurrency = config.max_concurrency or _default_concurrency(compiled)
         self.input_datatypes = {port.name: datatype(port.dtype) for port in compiled.inputs}
         """The protocol datatype of each input, by name."""
+        self.decoder = RequestDecoder(self.input_datatypes)
+        """Decodes this model's infer request bodies."""
         self._slots = _Admission(self.max_concurrency)
         self._sequences: dict[int | str, _Sequence] = {}
         self._executed: Counter[int] = Counter()

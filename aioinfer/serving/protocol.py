@@ -10,6 +10,7 @@ the whole request).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -106,6 +107,78 @@ def parse_infer_request(
         ProtocolError: malformed JSON, an unknown or missing input, a datatype or shape
             that disagrees with the data or the model, or binary sizes that do not add up.
     """
+    return _parse(body, header_length, inputs)[0]
+
+
+@dataclass(frozen=True)
+class _BinaryLayout:
+    """What a JSON header says, for a request whose inputs are all fixed-size binary
+    tensors: everything but the tensor bytes, which each request brings anew."""
+
+    request: InferRequestBody
+    """The header's fields (its ``inputs`` are not used)."""
+    inputs: tuple[tuple[str, np.dtype, np.dtype, tuple[int, ...], int], ...]
+    """Per input, in body order: name, wire dtype, numpy dtype, shape, byte size."""
+    size: int
+    """The bytes that follow the header."""
+
+    def decode(self, body: bytes, offset: int) -> InferRequestBody:
+        arrays: dict[str, np.ndarray] = {}
+        for name, wire, native, shape, size in self.inputs:
+            array = np.frombuffer(body, wire, size // wire.itemsize, offset)
+            arrays[name] = array.astype(native, copy=False).reshape(shape)
+            offset += size
+        request = self.request
+        return InferRequestBody(
+            request.id, request.parameters, arrays, request.outputs, request.binary_output
+        )
+
+
+class RequestDecoder:
+    """Decodes one model's infer requests (as :func:`parse_infer_request`), remembering
+    the JSON headers of recent requests whose inputs are all binary: a client sends the
+    same header with new tensor bytes each time, and a header seen before is neither
+    parsed nor checked again. Only the tensor bytes are read anew (their sizes still
+    have to add up)."""
+
+    MAX_HEADER_BYTES = 4096
+    """Longer headers are not remembered."""
+
+    def __init__(self, inputs: Mapping[str, str], size: int = 64) -> None:
+        self.inputs = dict(inputs)
+        """The model's inputs: name -> protocol datatype."""
+        self.size = size
+        self._layouts: dict[bytes, _BinaryLayout] = {}
+
+    def decode(self, body: bytes, header_length: str | None) -> InferRequestBody:
+        """Decode ``body``; raises as :func:`parse_infer_request`."""
+        if header_length is not None and header_length.isascii() and header_length.isdigit():
+            length = int(header_length)
+            layout = self._layouts.get(body[:length])
+            if layout is not None and len(body) - length == layout.size:
+                return layout.decode(body, length)
+        request, binary = _parse(body, header_length, self.inputs)
+        if binary and header_length is not None:
+            self._remember(body[: int(header_length)], request)
+        return request
+
+    def _remember(self, header: bytes, request: InferRequestBody) -> None:
+        if len(header) > self.MAX_HEADER_BYTES:
+            return
+        inputs = []
+        for name, array in request.inputs.items():
+            kind = self.inputs[name]
+            inputs.append((name, _LITTLE_ENDIAN[kind], DATATYPES[kind], array.shape, array.nbytes))
+        if len(self._layouts) >= self.size:
+            del self._layouts[next(iter(self._layouts))]  # the oldest
+        size = sum(entry[-1] for entry in inputs)
+        self._layouts[header] = _BinaryLayout(request, tuple(inputs), size)
+
+
+def _parse(
+    body: bytes, header_length: str | None, inputs: Mapping[str, str]
+) -> tuple[InferRequestBody, bool]:
+    """The decoded request, and whether all its inputs were fixed-size binary tensors."""
     if header_length is None:
         header, binary = body, b""
     else:
@@ -130,11 +203,14 @@ def parse_infer_request(
     parameters = _parameters(request, "the request")
     arrays: dict[str, np.ndarray] = {}
     offset = 0
+    all_binary = True
     for spec in specs:
+        start = offset
         name, array, offset = _decode_input(spec, inputs, binary, offset)
         if name in arrays:
             raise ProtocolError(f"input {name!r} is given twice")
         arrays[name] = array
+        all_binary = all_binary and offset > start and inputs[name] != "BYTES"
     if offset != len(binary):
         raise ProtocolError(
             f"the binary inputs take {offset} bytes, but {len(binary)} follow the JSON header"
@@ -155,9 +231,10 @@ def parse_infer_request(
                 )
             outputs.append(RequestedOutput(name, bool(wants.get("binary_data", binary_output))))
     request_id = request.get("id")
-    return InferRequestBody(
+    decoded = InferRequestBody(
         None if request_id is None else str(request_id), parameters, arrays, outputs, binary_output
     )
+    return decoded, all_binary
 
 
 def _list(request: Mapping[str, Any], key: str, required: bool) -> list[Any]:
@@ -286,8 +363,18 @@ def encode_infer_response(
 ) -> tuple[bytes, int | None]:
     """The response body for ``outputs`` (name, array, binary) and the JSON part's length
     when some output is binary (for ``Inference-Header-Content-Length``), else None."""
+    if not parameters and all(
+        binary and array.dtype.kind not in "OSU" for _, array, binary in outputs
+    ):
+        chunks = [_to_bytes(array) for _, array, _ in outputs]
+        layout = tuple(
+            (name, array.dtype, array.shape, len(chunk))
+            for (name, array, _), chunk in zip(outputs, chunks)
+        )
+        header = _binary_header(model, version, request_id, layout)
+        return b"".join([header, *chunks]), len(header)
     entries: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
+    chunks = []
     for name, array, binary in outputs:
         entry: dict[str, Any] = {
             "name": name,
@@ -311,6 +398,30 @@ def encode_infer_response(
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+@functools.lru_cache(maxsize=256)
+def _binary_header(
+    model: str,
+    version: str,
+    request_id: str | None,
+    layout: tuple[tuple[str, np.dtype, tuple[int, ...], int], ...],
+) -> bytes:
+    """The JSON header of a response whose outputs (name, dtype, shape, byte size) are
+    all binary; cached: a client asking again gets the same header."""
+    response: dict[str, Any] = {"model_name": model, "model_version": version}
+    if request_id is not None:
+        response["id"] = request_id
+    response["outputs"] = [
+        {
+            "name": name,
+            "datatype": datatype(dtype),
+            "shape": list(shape),
+            "parameters": {"binary_data_size": size},
+        }
+        for name, dtype, shape, size in layout
+    ]
+    return _ENCODER.encode(response).encode()
 
 
 def _to_bytes(array: np.ndarray) -> bytes:

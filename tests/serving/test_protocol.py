@@ -16,6 +16,7 @@ from aioinfer.model import Port
 from aioinfer.serving.protocol import (
     DATATYPES,
     ProtocolError,
+    RequestDecoder,
     encode_infer_response,
     parse_infer_request,
     port_metadata,
@@ -158,3 +159,85 @@ def test_binary_sizes_must_add_up() -> None:
     body, length = request([truncated], struct.pack("<I", 9) + b"ab")
     with pytest.raises(ProtocolError, match="truncated BYTES element"):
         parse_infer_request(body, length, {"x": "BYTES"})
+
+
+# -- RequestDecoder: remembered headers ----------------------------------------------------
+
+
+def two_binary_inputs(a: np.ndarray, b: np.ndarray, **extra: Any) -> tuple[bytes, str]:
+    specs = [
+        {"name": "a", "shape": list(a.shape), "datatype": "FP32",
+         "parameters": {"binary_data_size": a.nbytes}},
+        {"name": "b", "shape": list(b.shape), "datatype": "INT64",
+         "parameters": {"binary_data_size": b.nbytes}},
+    ]  # fmt: skip
+    return request(specs, a.tobytes() + b.tobytes(), **extra)
+
+
+def test_a_remembered_header_decodes_each_requests_own_tensor_bytes() -> None:
+    decoder = RequestDecoder({"a": "FP32", "b": "INT64"})
+    rng = np.random.default_rng(0)
+    decoded = []
+    for _ in range(3):  # the same header each time, new tensor bytes
+        a = rng.standard_normal((2, 3)).astype(np.float32)
+        b = rng.integers(-9, 9, (2,)).astype(np.int64)
+        body, length = two_binary_inputs(a, b, id="same", parameters={"binary_data_output": True})
+        got = decoder.decode(body, length)
+        want = parse_infer_request(body, length, decoder.inputs)
+        np.testing.assert_array_equal(got.inputs["a"], a)
+        np.testing.assert_array_equal(got.inputs["b"], b)
+        assert got.inputs["a"].dtype == np.float32 and got.inputs["b"].dtype == np.int64
+        assert (got.id, got.parameters, got.outputs, got.binary_output) == (
+            want.id, want.parameters, want.outputs, want.binary_output,
+        )  # fmt: skip
+        decoded.append(got)
+    assert len(decoder._layouts) == 1  # one header, remembered once
+    assert not np.shares_memory(decoded[0].inputs["a"], decoded[1].inputs["a"])
+
+
+def test_a_remembered_header_with_the_wrong_number_of_bytes_is_refused() -> None:
+    decoder = RequestDecoder({"a": "FP32", "b": "INT64"})
+    a, b = np.zeros((2, 3), np.float32), np.zeros(2, np.int64)
+    body, length = two_binary_inputs(a, b)
+    decoder.decode(body, length)
+    with pytest.raises(ProtocolError, match="binary_data_size 16 does not fit the 8"):
+        decoder.decode(body[:-8], length)
+    with pytest.raises(ProtocolError, match="take 40 bytes, but 44 follow"):
+        decoder.decode(body + b"more", length)
+    np.testing.assert_array_equal(decoder.decode(body, length).inputs["b"], b)  # still fine
+
+
+def test_json_tensors_and_long_headers_are_not_remembered() -> None:
+    decoder = RequestDecoder({"x": "FP32"})
+    body, length = request([{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}])
+    np.testing.assert_array_equal(decoder.decode(body, length).inputs["x"], [[1, 2]])
+    long_id = "i" * RequestDecoder.MAX_HEADER_BYTES
+    x = np.ones((1, 2), np.float32)
+    spec = {"name": "x", "shape": [1, 2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}
+    body, length = request([spec], x.tobytes(), id=long_id)
+    assert decoder.decode(body, length).id == long_id
+    assert not decoder._layouts
+
+
+def test_the_decoder_remembers_a_bounded_number_of_headers() -> None:
+    decoder = RequestDecoder({"x": "FP32"}, size=4)
+    x = np.ones((1, 2), np.float32)
+    spec = {"name": "x", "shape": [1, 2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}
+    for index in range(10):
+        body, length = request([spec], x.tobytes(), id=str(index))
+        assert decoder.decode(body, length).id == str(index)
+    assert len(decoder._layouts) == 4
+
+
+def test_binary_responses_with_a_cached_header_carry_their_own_data() -> None:
+    for value in (1.0, 2.0):
+        y = np.full((2, 2), value, np.float32)
+        labels = np.arange(2, dtype=np.int64)
+        content, header = encode_infer_response(
+            "m", "1", "r", [("y", y, True), ("labels", labels, True)]
+        )
+        result = InferResult.from_response_body(content, header_length=header)
+        np.testing.assert_array_equal(result.as_numpy("y"), y)
+        np.testing.assert_array_equal(result.as_numpy("labels"), labels)
+        assert result.get_response()["id"] == "r"
+        assert result.get_response()["model_name"] == "m"
