@@ -254,9 +254,14 @@ class ModelServer:
             raise ProtocolError(
                 f"the request body has {int(declared)} bytes; the limit is {limit}", status=413
             )
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            body: bytes = message.get("body", b"")  # the whole body at once (usual)
+            if len(body) > limit:
+                raise ProtocolError(f"the request body exceeds the limit of {limit} bytes", 413)
+            return body
+        chunks, size = [], 0
+        while True:
             if message["type"] == "http.disconnect":
                 raise ClientDisconnectedError("the client disconnected while sending")
             chunk = message.get("body", b"")
@@ -264,8 +269,9 @@ class ModelServer:
             if size > limit:
                 raise ProtocolError(f"the request body exceeds the limit of {limit} bytes", 413)
             chunks.append(chunk)
-            more = message.get("more_body", False)
-        return b"".join(chunks)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+            message = await receive()
 
 
 _JSON = [(b"content-type", b"application/json")]
@@ -302,7 +308,7 @@ async def _respond(
 
 
 def _wanted_outputs(model: ServedModel, body: InferRequestBody) -> list[tuple[str, bool]]:
-    names = [port.name for port in model.outputs]
+    names = model.output_names
     if body.outputs is None:
         return [(name, body.binary_output) for name in names]
     for output in body.outputs:

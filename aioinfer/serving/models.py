@@ -62,9 +62,15 @@ class _Admission:
         """How many wait for a slot."""
         return len(self._waiters)
 
-    async def acquire(self) -> None:
+    def try_acquire(self) -> bool:
+        """Take a free slot if one is free and nobody waits; else False."""
         if self.free > 0 and not self._waiters:
             self.free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        if self.try_acquire():
             return
         event = anyio.Event()
         self._waiters.append(event)
@@ -111,6 +117,8 @@ class ServedModel:
         self.compiled = compiled
         self.config = config
         self.max_concurrency = config.max_concurrency or _default_concurrency(compiled)
+        self.output_names = [port.name for port in compiled.outputs]
+        """The compiled model's output names, in order."""
         self.input_datatypes = {port.name: datatype(port.dtype) for port in compiled.inputs}
         """The protocol datatype of each input, by name."""
         self.decoder = RequestDecoder(self.input_datatypes)
@@ -152,18 +160,20 @@ class ServedModel:
                 active and has no ``sequence_start``.
             The errors of ``AsyncInferRequest.infer`` (bad input, failed kernel).
         """
-        arrived = time.perf_counter()
-        if self._slots.free == 0 and self._slots.waiting >= self.config.max_queue:
-            raise ProtocolError(
-                f"model {self.name!r} is at capacity: {self.max_concurrency} inferences "
-                f"running and {self.config.max_queue} waiting (the queue limit)",
-                status=503,
-            )
-        await self._slots.acquire()
+        arrived = 0.0
+        if not self._slots.try_acquire():
+            if self._slots.waiting >= self.config.max_queue:
+                raise ProtocolError(
+                    f"model {self.name!r} is at capacity: {self.max_concurrency} inferences "
+                    f"running and {self.config.max_queue} waiting (the queue limit)",
+                    status=503,
+                )
+            arrived = time.perf_counter()
+            await self._slots.acquire()
         try:
             if sequence is not None:
                 return await self._infer_in_sequence(inputs, sequence, arrived)
-            waited = time.perf_counter() - arrived
+            waited = time.perf_counter() - arrived if arrived else 0.0
             # BATCH: straight into the batch queue; other devices: a pooled request.
             results, queued = await self.compiled.infer_timed(inputs)
             self._count(inputs)
@@ -186,8 +196,9 @@ class ServedModel:
                 f"request must set sequence_start (or it ended, or was idle for more than "
                 f"{self.config.sequence_idle_timeout_s:g} s)"
             )
+        locked = time.perf_counter()
         async with sequence.lock:
-            waited = time.perf_counter() - arrived
+            waited = time.perf_counter() - (arrived or locked)
             try:
                 results = await sequence.request.infer(inputs)
             finally:

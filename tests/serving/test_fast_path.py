@@ -639,3 +639,66 @@ def test_cli_switch_interval(
         error = capsys.readouterr().err
         assert f"--switch-interval: expected a number of seconds above 0, got {bad!r}" in error
     assert switch_interval == [SWITCH_INTERVAL, 0.003] and sys.getswitchinterval() == 0.003
+
+
+async def send_in_chunks(
+    app: ASGIApp, body: bytes, headers: dict[str, str], pieces: int, *, declare: bool = True
+) -> tuple[int, bytes]:
+    """POST ``body`` to the mlp model's infer path in ``pieces`` ASGI messages (as a
+    server hands over a body that arrives in parts); without a Content-Length when not
+    ``declare``. A ``pieces`` of 0 disconnects after the first part."""
+    step = max(1, -(-len(body) // max(pieces, 2)))
+    parts = [body[i : i + step] for i in range(0, len(body), step)]
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": part, "more_body": i < len(parts) - 1}
+        for i, part in enumerate(parts)
+    ]
+    if pieces == 0:
+        messages = [{**messages[0], "more_body": True}, {"type": "http.disconnect"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    listed = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    if declare:
+        listed.append((b"content-length", str(len(body)).encode()))
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v2/models/mlp/infer", "raw_path": b"/v2/models/mlp/infer",
+        "root_path": "", "query_string": b"", "headers": listed,
+        "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+    }  # fmt: skip
+    await app(scope, receive, send)  # type: ignore[arg-type]
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+async def test_a_body_in_several_parts_is_joined_and_limited(app):
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    body, headers = binary_body({"x": x}, parameters={"binary_data_output": True})
+    status, whole = await send_in_chunks(app, body, headers, 1)
+    assert status == 200
+    for pieces in (3, 7):
+        assert await send_in_chunks(app, body, headers, pieces) == (200, whole)
+    y, z = reference_outputs(mlp_model(seed=1), {"x": x})  # binary, in this order, last
+    tail = np.frombuffer(whole[-(y.nbytes + z.nbytes) :], np.float32)
+    np.testing.assert_allclose(tail[: y.size].reshape(y.shape), y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tail[y.size :].reshape(z.shape), z, rtol=1e-5, atol=1e-6)
+    server: ModelServer = app.state.server
+    limit, server.max_request_bytes = server.max_request_bytes, len(body) - 1
+    try:  # no Content-Length: the limit is checked as the parts arrive
+        status, answer = await send_in_chunks(app, body, headers, 3, declare=False)
+        assert status == 413 and b"exceeds the limit" in answer
+        status, answer = await send_in_chunks(app, body, headers, 1, declare=False)
+        assert status == 413 and b"exceeds the limit" in answer
+    finally:
+        server.max_request_bytes = limit
+    status, answer = await send_in_chunks(app, body, headers, 0)  # gone while sending
+    assert status == 499 and b"disconnected while sending" in answer
+    assert await send_in_chunks(app, body, headers, 3) == (200, whole)  # still serving

@@ -60,6 +60,25 @@ class _Batch:
         self.live = live
 
 
+class _FutureDone:
+    """``set()`` and ``await wait()`` of an event with one waiter, on an asyncio future.
+
+    Cancelling the waiter cancels the future; a later ``set()`` then does nothing.
+    """
+
+    __slots__ = ("future",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def set(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
+
+    def wait(self) -> asyncio.Future[None]:
+        return self.future
+
+
 class BatchItem:
     """The rows of one inference, waiting for (or taking part in) a batch."""
 
@@ -87,14 +106,14 @@ class BatchItem:
         self.signature = tuple([array.shape[1:] for array in self.inputs])
         self.enqueued = time.perf_counter()
         self.dispatched = self.enqueued
-        # The event loop's own primitives where it is asyncio: an item is made per
-        # inference, and anyio's are several times slower to create.
+        # A bare future where the loop is asyncio: an item is made per inference, and
+        # anyio's events are several times slower to create.
         self.loop: asyncio.AbstractEventLoop | None
-        self.done: asyncio.Event | anyio.Event
+        self.done: _FutureDone | anyio.Event
         self.token: anyio.lowlevel.EventLoopToken | None = None
         try:
             self.loop = asyncio.get_running_loop()
-            self.done = asyncio.Event()
+            self.done = _FutureDone(self.loop)
         except RuntimeError:  # not asyncio (trio)
             self.loop = None
             self.done = anyio.Event()
