@@ -1,5 +1,5 @@
 """The worker process of the PROCESS device: compiles the model on the target device and
-serves inferences, one thread and one connection per stream.
+serves inferences: a thread per connection of the parent, a compute thread per stream.
 
 The parent starts it with ``python -m aioinfer.devices.process`` (a fresh interpreter
 that does not import the application's ``__main__``), writes an authentication key to
@@ -100,19 +100,68 @@ def describe(compiled: CompiledModel) -> dict[str, Any]:
     }
 
 
+class Job:
+    """One inference handed from a connection's thread to a stream's compute thread."""
+
+    __slots__ = ("done", "inputs", "reply", "seq", "server", "submitted")
+
+    def __init__(self, server: ConnectionServer, seq: int, inputs: list[Any]) -> None:
+        self.server = server
+        self.seq = seq
+        self.inputs = inputs
+        self.reply: Reply = ("cancelled",)
+        self.submitted = time.perf_counter()
+        self.done = threading.Lock()
+        self.done.acquire()  # released when the reply is ready
+
+
+class Streams:
+    """One compute thread per stream of the compiled model, each with its own infer
+    request, taking jobs from one queue in arrival order.
+
+    A stream's thread goes from one inference to the next without sleeping while jobs
+    are queued: under load the compute never waits for a thread to wake up, and it
+    stays on one thread (one core's caches, one set of BLAS buffers).
+    """
+
+    def __init__(self, compiled: CompiledModel) -> None:
+        self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        for index in range(compiled.streams):
+            request = compiled.create_sync_infer_request()
+            threading.Thread(
+                target=self._compute,
+                args=(request,),
+                name=f"aioinfer-stream-{index}",
+                daemon=True,
+            ).start()
+
+    def run(self, job: Job) -> Reply:
+        """Queue ``job`` and wait for its reply."""
+        self.jobs.put(job)
+        job.done.acquire()
+        return job.reply
+
+    def _compute(self, request: SyncInferRequest) -> None:
+        while True:
+            job = self.jobs.get()
+            waited = time.perf_counter() - job.submitted
+            try:
+                job.reply = job.server.run(request, job.seq, job.inputs, waited)
+            finally:
+                job.done.release()
+
+
 class ConnectionServer:
     """Serves one connection (one infer request of the parent) on a thread of its own;
-    each inference takes one of the compiled model's stream requests while it computes,
-    so at most NUM_STREAMS inferences compute at once.
+    its inferences compute on the streams' threads, so at most NUM_STREAMS compute at
+    once.
 
     Inferences are numbered (``seq``) by the parent; a cancel names the inference it
     means, so that one arriving late never stops the next inference, and one arriving
     before its inference stops it as soon as it starts.
     """
 
-    def __init__(
-        self, streams: queue.SimpleQueue[SyncInferRequest], connection: Connection
-    ) -> None:
+    def __init__(self, streams: Streams, connection: Connection) -> None:
         self.streams = streams
         self.connection = connection
         self._lock = threading.Lock()
@@ -136,17 +185,15 @@ class ConnectionServer:
                     seq, inputs = self.connection.recv()
                 except (EOFError, OSError):
                     return
-                reply = self.run(seq, inputs)
+                reply = self.streams.run(Job(self, seq, inputs))
                 try:
                     self.connection.send(reply)
                 except OSError:
                     return
 
-    def run(self, seq: int, inputs: list[Any]) -> Reply:
-        """Run one inference on a free stream, through its request's four stages."""
-        arrived = time.perf_counter()
-        request = self.streams.get()
-        waited = time.perf_counter() - arrived
+    def run(self, request: SyncInferRequest, seq: int, inputs: list[Any], waited: float) -> Reply:
+        """Run one inference on a stream's ``request``, through its four stages (on the
+        stream's thread); ``waited`` is the time it waited for the stream."""
         try:
             request.set_inputs(inputs)
             with self._lock:
@@ -168,7 +215,6 @@ class ConnectionServer:
             return error_reply(exc, "InferenceError")
         finally:
             request.clear_inputs()
-            self.streams.put(request)
 
 
 def main() -> None:
@@ -199,9 +245,7 @@ def main() -> None:
     except Exception as exc:
         control.send(error_reply(exc, "CompileError"))
         return
-    streams: queue.SimpleQueue[SyncInferRequest] = queue.SimpleQueue()
-    for _ in range(compiled.streams):
-        streams.put(compiled.create_sync_infer_request())
+    streams = Streams(compiled)
     servers: dict[int, ConnectionServer] = {}
     threading.Thread(
         target=_accept, args=(listener, streams, servers), name="aioinfer-accept", daemon=True
@@ -212,7 +256,7 @@ def main() -> None:
 
 def _accept(
     listener: Listener,
-    streams: queue.SimpleQueue[SyncInferRequest],
+    streams: Streams,
     servers: dict[int, ConnectionServer],
 ) -> None:
     """Accept the connections of the parent's infer requests, one thread each."""
