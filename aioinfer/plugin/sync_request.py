@@ -53,6 +53,16 @@ class SyncInferRequest(ABC):
         self._input_ports = compiled_model.inputs
         self._output_ports = compiled_model.outputs
         self._inputs: list[np.ndarray | None] = [None] * len(self._input_ports)
+        self._input_by_name = {port.name: port for port in self._input_ports}
+        self._required = [p for p in self._input_ports if not p.kind.startswith("optional")]
+        self._symbolic = [
+            (port, axis, dim)
+            for port in self._input_ports
+            if port.shape is not None
+            for axis, dim in enumerate(port.shape)
+            if isinstance(dim, str)
+        ]
+        """Every symbolic dimension of an input: (port, axis, name)."""
         self._results: InferResults | None = None
         self.cancel_token = CancelToken()
         self.stage_durations: dict[str, float] = {}
@@ -74,7 +84,9 @@ class SyncInferRequest(ABC):
             InputTypeError: wrong element type.
             InputShapeError: wrong rank, or a dimension that disagrees with the model.
         """
-        port = find_port(self._input_ports, key, "input")
+        port = self._input_by_name.get(key) if type(key) is str else None
+        if port is None:
+            port = find_port(self._input_ports, key, "input")
         self._inputs[port.index] = check_input(port, value)
 
     def set_tensors(self, key: str | int | Port, values: Sequence[Any]) -> None:
@@ -123,7 +135,7 @@ class SyncInferRequest(ABC):
         """Set several inputs at once: a mapping by name/index/Port, or a list by position."""
         if inputs is None:
             return
-        if isinstance(inputs, Mapping):
+        if type(inputs) is dict or isinstance(inputs, Mapping):
             for key, value in inputs.items():
                 self.set_tensor(key, value)
             return
@@ -199,29 +211,23 @@ class SyncInferRequest(ABC):
             InputShapeError: two inputs give different sizes to one symbolic dimension.
         """
         # An optional input that was not set is the empty optional (None).
-        missing = [
-            p.name
-            for p in self._input_ports
-            if self._inputs[p.index] is None and not p.kind.startswith("optional")
-        ]
+        inputs = self._inputs
+        missing = [p.name for p in self._required if inputs[p.index] is None]
         if missing:
             raise MissingInputError(f"no value for input(s) {', '.join(map(repr, missing))}")
+        if len(self._symbolic) < 2:
+            return  # nothing to agree with
         seen: dict[str, tuple[int, str]] = {}
-        for port in self._input_ports:
-            if port.shape is None:
-                continue
-            array = self._inputs[port.index]
+        for port, axis, dim in self._symbolic:
+            array = inputs[port.index]
             assert array is not None
-            for axis, dim in enumerate(port.shape):
-                if not isinstance(dim, str):
-                    continue
-                size = array.shape[axis]
-                first = seen.setdefault(dim, (size, port.name))
-                if first[0] != size:
-                    raise InputShapeError(
-                        f"input {port.name!r} dimension {axis} ({dim!r}) is {size}, but "
-                        f"input {first[1]!r} gives {dim!r} = {first[0]}"
-                    )
+            size = array.shape[axis]
+            first = seen.setdefault(dim, (size, port.name))
+            if first[0] != size:
+                raise InputShapeError(
+                    f"input {port.name!r} dimension {axis} ({dim!r}) is {size}, but "
+                    f"input {first[1]!r} gives {dim!r} = {first[0]}"
+                )
 
     @abstractmethod
     def start_pipeline(self) -> None:

@@ -4,12 +4,15 @@ ASGI tells an app about a disconnect only through ``receive()``, so something mu
 on it while the work runs. Under asyncio that is a bare task that cancels the handler's
 task, started only once the work has run for :data:`WATCH_AFTER` seconds: most
 inferences end sooner, and a watcher per request costs about a tenth of the server's
-time per request. Under other backends, an anyio task group watches from the start.
+time per request. One timer per event loop (not one per request) starts the watchers
+that are due, every half :data:`WATCH_AFTER`. Under other backends, an anyio task group
+watches from the start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -20,7 +23,7 @@ T = TypeVar("T")
 
 WATCH_AFTER = 0.05
 """Seconds of work after which (under asyncio) a disconnect is watched for: the work of
-a client that went away stops at most this long after it went."""
+a client that went away stops at most one and a half times this long after it went."""
 
 
 class ClientDisconnectedError(Exception):
@@ -35,11 +38,11 @@ async def unless_disconnected(receive: Receive, work: Callable[[], Awaitable[T]]
         Whatever ``work()`` raises.
     """
     try:
-        asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
     except RuntimeError:  # not asyncio (trio)
         pass
     else:
-        return await _on_asyncio(receive, work)
+        return await _on_asyncio(loop, receive, work)
     outcome: list[Any] = []
 
     async def watch() -> None:
@@ -86,11 +89,52 @@ class _Watch:
             self.watcher.cancel()
 
 
-async def _on_asyncio(receive: Receive, work: Callable[[], Awaitable[T]]) -> T:
-    task = asyncio.current_task()
+class _Sweeper:
+    """Starts the watches of one event loop that are due: one timer, every half
+    :data:`WATCH_AFTER`, while any work is in progress."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: dict[_Watch, float] = {}
+        """Watches not started yet, and when each is due (in arrival order)."""
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, watch: _Watch) -> None:
+        self.pending[watch] = self.loop.time() + WATCH_AFTER
+        if self.timer is None:
+            self.timer = self.loop.call_later(WATCH_AFTER / 2, self.sweep)
+
+    def sweep(self) -> None:
+        self.timer = None
+        now = self.loop.time()
+        for watch, due in list(self.pending.items()):
+            if due > now:
+                break  # the rest came later
+            del self.pending[watch]
+            watch.start()
+        if self.pending:
+            self.timer = self.loop.call_later(WATCH_AFTER / 2, self.sweep)
+
+
+_local = threading.local()
+
+
+def _sweeper(loop: asyncio.AbstractEventLoop) -> _Sweeper:
+    """The sweeper of ``loop`` (one event loop runs in a thread at a time)."""
+    sweeper: _Sweeper | None = getattr(_local, "sweeper", None)
+    if sweeper is None or sweeper.loop is not loop:
+        sweeper = _local.sweeper = _Sweeper(loop)
+    return sweeper
+
+
+async def _on_asyncio(
+    loop: asyncio.AbstractEventLoop, receive: Receive, work: Callable[[], Awaitable[T]]
+) -> T:
+    task = asyncio.current_task(loop)
     assert task is not None
     watch = _Watch(task, receive)
-    timer = asyncio.get_running_loop().call_later(WATCH_AFTER, watch.start)
+    sweeper = _sweeper(loop)
+    sweeper.add(watch)
     try:
         return await work()
     except asyncio.CancelledError:
@@ -101,7 +145,7 @@ async def _on_asyncio(receive: Receive, work: Callable[[], Awaitable[T]]) -> T:
             uncancel()
         raise _disconnected() from None
     finally:
-        timer.cancel()
+        sweeper.pending.pop(watch, None)
         watch.stop()
 
 

@@ -702,3 +702,34 @@ async def test_a_body_in_several_parts_is_joined_and_limited(app):
     status, answer = await send_in_chunks(app, body, headers, 0)  # gone while sending
     assert status == 499 and b"disconnected while sending" in answer
     assert await send_in_chunks(app, body, headers, 3) == (200, whole)  # still serving
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio watches with a task group
+async def test_one_timer_starts_the_due_watches_of_a_loop(anyio_backend):
+    """Under asyncio, watches wait in one sweeper per event loop: one timer while any is
+    pending, each started once it is WATCH_AFTER old, none left behind."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    sweeper = disconnect_module._sweeper(loop)
+    assert disconnect_module._sweeper(loop) is sweeper  # one per loop
+    started: list[int] = []
+    after = disconnect_module.WATCH_AFTER
+
+    class Probe:
+        def __init__(self, number: int) -> None:
+            self.number = number
+
+        def start(self) -> None:
+            started.append(self.number)
+
+    sweeper.add(Probe(1))  # type: ignore[arg-type]
+    timer = sweeper.timer
+    await anyio.sleep(after / 4)
+    sweeper.add(Probe(2))  # type: ignore[arg-type]
+    assert timer is not None and sweeper.timer is timer  # no timer of its own
+    await anyio.sleep(after / 2)
+    assert started == []  # neither has worked WATCH_AFTER yet
+    await anyio.sleep(1.5 * after)
+    assert started == [1, 2]
+    assert not sweeper.pending and sweeper.timer is None  # nothing pending: no timer
