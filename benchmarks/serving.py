@@ -160,16 +160,41 @@ async def exchange(
     return body
 
 
+class Phase:
+    """The timed part of a load: it starts once every client has connected and had its
+    untimed warm-up answers, so that connecting and warming up count for no server, and
+    it ends when every client has its answers, or ``seconds`` after the start."""
+
+    def __init__(self, clients: int, seconds: float) -> None:
+        self.clients = clients
+        self.seconds = seconds
+        self.ready: list[Client] = []
+        self.started = 0.0
+        self.deadline = float("inf")
+
+    def warmed_up(self, client: Client) -> None:
+        """``client`` is ready; when all are, start the clock and send their requests."""
+        self.ready.append(client)
+        if len(self.ready) == self.clients:
+            self.started = time.perf_counter()
+            self.deadline = self.started + self.seconds
+            for waiting in self.ready:
+                waiting.send()
+
+
 class Client(asyncio.Protocol):
     """One connection sending ``payload`` back to back. Each answer sends the next request
     from the protocol's own callback (no task, no stream reader per request): the load
     shares the cores with the server, so it must cost as little as possible."""
 
-    def __init__(self, payload: bytes, count: int, deadline: float, latencies: list[float]) -> None:
+    WARM_UP = 5
+    """Untimed requests of each client before the phase starts."""
+
+    def __init__(self, payload: bytes, count: int, phase: Phase, latencies: list[float]) -> None:
         self.payload = payload
-        self.warm_up = 5  # untimed
+        self.warm_up = self.WARM_UP
         self.count = count
-        self.deadline = deadline
+        self.phase = phase
         self.latencies = latencies
         self.done = asyncio.get_running_loop().create_future()
         self.buffer = bytearray()
@@ -214,10 +239,14 @@ class Client(asyncio.Protocol):
         now = time.perf_counter()
         if self.warm_up:
             self.warm_up -= 1
-        else:
-            self.latencies.append(now - self.start)
-            self.count -= 1
-        if self.count == 0 or now > self.deadline:
+            if self.warm_up:
+                self.send()
+            else:
+                self.phase.warmed_up(self)  # waits for the others, then sends
+            return
+        self.latencies.append(now - self.start)
+        self.count -= 1
+        if self.count == 0 or now > self.phase.deadline:
             self.finish(None)
         else:
             self.send()
@@ -235,18 +264,21 @@ class Client(asyncio.Protocol):
         self.finish(exc or ConnectionError("the server closed the connection"))
 
 
-async def load(port: int, payload: bytes, clients: int, count: int, seconds: float) -> list[float]:
+async def load(
+    port: int, payload: bytes, clients: int, count: int, seconds: float
+) -> tuple[list[float], float]:
+    """Run the load; return each timed request's latency and the timed phase's length."""
     latencies: list[float] = []
-    deadline = time.perf_counter() + seconds
+    phase = Phase(clients, seconds)
     loop = asyncio.get_running_loop()
     connections = [
         await loop.create_connection(
-            lambda: Client(payload, count, deadline, latencies), "127.0.0.1", port
+            lambda: Client(payload, count, phase, latencies), "127.0.0.1", port
         )
         for _ in range(clients)
     ]
     await asyncio.gather(*(protocol.done for _, protocol in connections))
-    return latencies
+    return latencies, time.perf_counter() - phase.started
 
 
 def measure(
@@ -263,9 +295,7 @@ def measure(
         answer = run(one(port, payload))
         y = np.frombuffer(answer if kind == "c" else answer[-expected.nbytes :], np.float32)
         np.testing.assert_allclose(y.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
-        start = time.perf_counter()
-        latencies = run(load(port, payload, args.clients, args.requests, args.seconds))
-        elapsed = time.perf_counter() - start
+        latencies, elapsed = run(load(port, payload, args.clients, args.requests, args.seconds))
     finally:
         server.terminate()
         server.wait(60)
