@@ -1,6 +1,6 @@
 """Serving under load: 64 concurrent clients sending single-row requests over loopback.
 
-    python -m benchmarks.serving [--clients 64] [--requests 60] [--seconds 20] [--rounds 3]
+    python -m benchmarks.serving [--clients 64] [--requests 300] [--seconds 20] [--rounds 5]
 
 Three servers, one after the other in the same run, each in its own process under the
 same uvicorn settings (uvloop and httptools when installed) and the same interpreter
@@ -11,21 +11,23 @@ switch interval (the one ``aioinfer serve`` sets), on the MLP of ``benchmarks/mo
     (``BATCH:PROCESS:CPU``: batches computed in a worker process, so that the compute
     never waits for the GIL while the event loop runs Python; up to 32 rows, 1 ms; one
     compute stream with one BLAS thread, so that the other core serves HTTP; 32 rows,
-    half the clients, so that one half computes while the loop answers the other);
+    half the clients, so that one half computes while the loop answers the other, and
+    the next full batch already waits in the worker);
 (b) the same app without batching (THROUGHPUT hint: one stream per core);
 (c) a minimal Starlette endpoint calling onnxruntime through ``anyio.to_thread.run_sync``
     with one shared session (thread spinning off): the glue users write by hand. It takes
     the raw float32 row and answers raw bytes, so it parses less than (a) and (b), which
     speak the protocol (binary tensor extension: a JSON header plus the row).
 
-Each client keeps one HTTP/1.1 connection and sends ``--requests`` requests one after the
-other (after 5 untimed ones); every phase stops after ``--seconds`` at the latest. The
-clients run in this process, as bare asyncio protocols on uvloop when installed, so that
-they take as little of the shared cores as they can. Only
-127.0.0.1 is contacted. Throughput is completed requests per second of the phase; latency
+Each client keeps one HTTP/1.1 connection and sends 5 untimed requests; once every client
+has, the timed phase starts (connecting and warming up count for no server), and each
+sends ``--requests`` more, one after the other; a phase stops after ``--seconds`` at the
+latest. The clients run in this process, as bare asyncio protocols on uvloop when
+installed, so that they take as little of the shared cores as they can. Only 127.0.0.1
+is contacted. Throughput is completed requests per second of the timed phase; latency
 percentiles are per request. The servers take turns for ``--rounds`` rounds, and the
-medians over the rounds are reported: on a shared, noisy machine a change of load then
-hits every server alike.
+medians over the rounds are reported, with the ratio of the medians and each round's
+ratio: on a shared, noisy machine a change of load then hits every server alike.
 """
 
 from __future__ import annotations
@@ -345,11 +347,11 @@ def wait_ready(port: int, path: str, timeout: float = 120) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=60, help="timed requests per client")
+    parser.add_argument("--requests", type=int, default=300, help="timed requests per client")
     parser.add_argument("--seconds", type=float, default=20, help="time limit of each phase")
     parser.add_argument("--only", default="abc", help="which servers to run (default: abc)")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="rounds of every server, interleaved (medians)"
+        "--rounds", type=int, default=5, help="rounds of every server, interleaved (medians)"
     )
     parser.add_argument(
         "--serve", nargs=3, metavar=("KIND", "MODEL", "PORT"), help=argparse.SUPPRESS

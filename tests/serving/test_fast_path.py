@@ -704,17 +704,14 @@ async def test_a_body_in_several_parts_is_joined_and_limited(app):
     assert await send_in_chunks(app, body, headers, 3) == (200, whole)  # still serving
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio watches with a task group
-async def test_one_timer_starts_the_due_watches_of_a_loop(anyio_backend):
+def test_one_timer_starts_the_due_watches_of_a_loop():
     """Under asyncio, watches wait in one sweeper per event loop: one timer while any is
-    pending, each started once it is WATCH_AFTER old, none left behind."""
+    pending, each started once it is WATCH_AFTER old, none left behind. (Trio watches
+    with a task group: this is asyncio's alone, run on a loop of its own.)"""
     import asyncio
 
-    loop = asyncio.get_running_loop()
-    sweeper = disconnect_module._sweeper(loop)
-    assert disconnect_module._sweeper(loop) is sweeper  # one per loop
-    started: list[int] = []
     after = disconnect_module.WATCH_AFTER
+    started: list[int] = []
 
     class Probe:
         def __init__(self, number: int) -> None:
@@ -723,13 +720,19 @@ async def test_one_timer_starts_the_due_watches_of_a_loop(anyio_backend):
         def start(self) -> None:
             started.append(self.number)
 
-    sweeper.add(Probe(1))  # type: ignore[arg-type]
-    timer = sweeper.timer
-    await anyio.sleep(after / 4)
-    sweeper.add(Probe(2))  # type: ignore[arg-type]
-    assert timer is not None and sweeper.timer is timer  # no timer of its own
-    await anyio.sleep(after / 2)
-    assert started == []  # neither has worked WATCH_AFTER yet
-    await anyio.sleep(1.5 * after)
-    assert started == [1, 2]
-    assert not sweeper.pending and sweeper.timer is None  # nothing pending: no timer
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        sweeper = disconnect_module._sweeper(loop)
+        assert disconnect_module._sweeper(loop) is sweeper  # one per loop
+        sweeper.add(Probe(1))  # type: ignore[arg-type]
+        timer = sweeper.timer
+        await asyncio.sleep(after / 4)
+        sweeper.add(Probe(2))  # type: ignore[arg-type]
+        assert timer is not None and sweeper.timer is timer  # no timer of its own
+        await asyncio.sleep(after / 2)
+        assert started == []  # neither has worked WATCH_AFTER yet
+        await asyncio.sleep(1.5 * after)
+        assert started == [1, 2]
+        assert not sweeper.pending and sweeper.timer is None  # nothing pending: no timer
+
+    asyncio.run(scenario())
