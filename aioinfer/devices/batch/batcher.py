@@ -156,7 +156,6 @@ class Batcher:
         self._queue: deque[BatchItem] = deque()
         self._queued_rows = 0
         self._idle: list[AsyncInferRequest] = []
-        self._created = 0
         self._running = 0
         """Batches handed to the target and not yet answered."""
         self._changed: anyio.Event | None = None
@@ -241,10 +240,10 @@ class Batcher:
                 self._dispatcher = None
 
     def _request(self) -> AsyncInferRequest:
-        """An idle target request, or a new one (at most ``depth`` are made)."""
+        """An idle target request, or a new one (``_until_ready`` lets at most ``depth``
+        batches run, so at most that many are made)."""
         if self._idle:
             return self._idle.pop()
-        self._created += 1
         return self.target.create_infer_request()
 
     async def _until_ready(self) -> bool:
