@@ -112,11 +112,6 @@ async def infer_all(
 
 
 @pytest.fixture(scope="module")
-def core() -> ai.Core:
-    return ai.Core()
-
-
-@pytest.fixture(scope="module")
 def exact_plain(core: ai.Core) -> ai.CompiledModel:
     return core.compile_model(exact_model(), "CPU")
 

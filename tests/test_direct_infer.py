@@ -34,11 +34,6 @@ WIDE = 256
 
 
 @pytest.fixture(scope="module")
-def core() -> ai.Core:
-    return ai.Core()
-
-
-@pytest.fixture(scope="module")
 def exact_plain(core: ai.Core) -> ai.CompiledModel:
     return core.compile_model(exact_model(), "CPU")
 

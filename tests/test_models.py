@@ -132,11 +132,6 @@ def run_case(core: aioinfer.Core, case: ModelCase) -> None:
                 )
 
 
-@pytest.fixture(scope="module")
-def core() -> aioinfer.Core:
-    return aioinfer.Core()
-
-
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_model(core: aioinfer.Core, case: ModelCase) -> None:
     reason = EXPECTED_FAILURES.get(case.name)

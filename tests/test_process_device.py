@@ -73,11 +73,6 @@ def close(compiled: ai.CompiledModel) -> None:
 
 
 @pytest.fixture(scope="module")
-def core() -> ai.Core:
-    return ai.Core()
-
-
-@pytest.fixture(scope="module")
 def lab(core: ai.Core) -> Iterator[ProcessCompiledModel]:
     """The lab model on PROCESS:CPU, two streams, node timings on."""
     compiled = core.compile_model(lab_model(), "PROCESS:CPU", {**CONFIG, "PERF_COUNT": True})
