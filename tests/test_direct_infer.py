@@ -301,6 +301,21 @@ def test_validated_checks_like_an_inference_and_keeps_nothing(core):
         request.infer({})
 
 
+async def test_an_async_request_forgets_its_inputs_when_idle(exact_plain):
+    request = exact_plain.create_infer_request()
+    feed = exact_feeds(1)[0]
+    first = await request.infer(feed)
+    np.testing.assert_array_equal((await request.infer({}))["y"], first["y"])  # kept
+    request.clear_inputs()
+    with pytest.raises(ai.MissingInputError, match="'xi', 'xf'"):
+        await request.infer({})
+    request.start_async(feed)
+    with pytest.raises(ai.RequestBusyError):
+        request.clear_inputs()  # a running inference keeps its inputs
+    await request.wait()
+    np.testing.assert_array_equal(request.get_tensor("y"), first["y"])
+
+
 # -- queued_seconds -------------------------------------------------------------------------
 
 

@@ -114,6 +114,15 @@ class AsyncInferRequest:
         self._check_idle()
         self._request.set_tensors(key, values)
 
+    def clear_inputs(self) -> None:
+        """Forget every input set so far: the next inference needs all of them again.
+
+        Raises:
+            RequestBusyError: an inference is running on this request.
+        """
+        self._check_idle()
+        self._request.clear_inputs()
+
     def get_tensor(self, key: str | int | Port) -> Any:
         """The input set for ``key`` or the output ``key`` of the last inference."""
         return self._request.get_tensor(key)

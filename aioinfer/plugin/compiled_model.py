@@ -119,7 +119,7 @@ class CompiledModel(HasPorts, ABC):
         finally:
             # The next caller must not run on this one's inputs (one it leaves out must
             # fail as on a new request), and the pool must not keep them alive.
-            request._request.clear_inputs()
+            request.clear_inputs()
             if not self._closed:
                 self._pool.append(request)
 
