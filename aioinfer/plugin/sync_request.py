@@ -255,6 +255,11 @@ class SyncInferRequest(ABC):
         """Run one inference in the calling thread: the same four stages, timed."""
         self.set_inputs(inputs)
         self.cancel_token.requested = False
+        return self.run_stages()
+
+    def run_stages(self) -> InferResults:
+        """Run the four stages on the inputs set, timed, and return the results (a
+        cancel requested before the call stops the inference at its first kernel)."""
         for name, stage in zip(STAGES, self.stages()):
             self.run_stage(name, stage)
         assert self._results is not None

@@ -37,7 +37,6 @@ import onnx_ir as ir
 
 import aioinfer.errors
 from aioinfer.errors import AioinferError, InferCancelledError
-from aioinfer.plugin.sync_request import STAGES
 
 if TYPE_CHECKING:
     from aioinfer.plugin.compiled_model import CompiledModel
@@ -200,13 +199,10 @@ class ConnectionServer:
                 self._request, self._current = request, seq
                 request.cancel_token.requested = self._cancelled >= seq
             try:
-                for name, stage in zip(STAGES, request.stages()):
-                    request.run_stage(name, stage)
+                results = request.run_stages()  # keeps a cancel that came before it
             finally:
                 with self._lock:
                     self._request, self._current = None, -1
-            results = request.results
-            assert results is not None
             timings = list(request.node_profile.timings)
             return ("ok", list(results.to_tuple()), timings, waited)
         except InferCancelledError:
