@@ -10,6 +10,7 @@ the whole request).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -116,7 +117,7 @@ class _BinaryLayout:
     tensors: everything but the tensor bytes, which each request brings anew."""
 
     request: InferRequestBody
-    """The header's fields (its ``inputs`` are not used)."""
+    """The header's fields (with no ``inputs``)."""
     inputs: tuple[tuple[str, np.dtype, np.dtype, tuple[int, ...], int], ...]
     """Per input, in body order: name, wire dtype, numpy dtype, shape, byte size."""
     size: int
@@ -172,7 +173,9 @@ class RequestDecoder:
         if len(self._layouts) >= self.size:
             del self._layouts[next(iter(self._layouts))]  # the oldest
         size = sum(entry[-1] for entry in inputs)
-        self._layouts[header] = _BinaryLayout(request, tuple(inputs), size)
+        # Without the tensors: a remembered header must not keep a request's data alive.
+        fields = dataclasses.replace(request, inputs={})
+        self._layouts[header] = _BinaryLayout(fields, tuple(inputs), size)
 
 
 def _parse(

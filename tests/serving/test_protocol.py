@@ -193,6 +193,8 @@ def test_a_remembered_header_decodes_each_requests_own_tensor_bytes() -> None:
         decoded.append(got)
     assert len(decoder._layouts) == 1  # one header, remembered once
     assert not np.shares_memory(decoded[0].inputs["a"], decoded[1].inputs["a"])
+    (layout,) = decoder._layouts.values()
+    assert layout.request.inputs == {}  # no request's tensors kept alive
 
 
 def test_a_remembered_header_with_the_wrong_number_of_bytes_is_refused() -> None:
