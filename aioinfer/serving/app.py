@@ -254,14 +254,9 @@ class ModelServer:
             raise ProtocolError(
                 f"the request body has {int(declared)} bytes; the limit is {limit}", status=413
             )
-        message = await receive()
-        if message["type"] == "http.request" and not message.get("more_body", False):
-            body: bytes = message.get("body", b"")  # the whole body at once (usual)
-            if len(body) > limit:
-                raise ProtocolError(f"the request body exceeds the limit of {limit} bytes", 413)
-            return body
         chunks, size = [], 0
         while True:
+            message = await receive()
             if message["type"] == "http.disconnect":
                 raise ClientDisconnectedError("the client disconnected while sending")
             chunk = message.get("body", b"")
@@ -270,8 +265,7 @@ class ModelServer:
                 raise ProtocolError(f"the request body exceeds the limit of {limit} bytes", 413)
             chunks.append(chunk)
             if not message.get("more_body", False):
-                return b"".join(chunks)
-            message = await receive()
+                return b"".join(chunks)  # of one part: that part itself, not a copy
 
 
 _JSON = [(b"content-type", b"application/json")]
