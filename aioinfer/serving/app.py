@@ -370,15 +370,15 @@ class OipApp(Starlette):
     ``api_key``, every request but the open ones must carry it (see ``serving/auth.py``).
     """
 
-    api_key: ApiKeyCheck | None = None
+    api_key_check: ApiKeyCheck | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
-            self.api_key is not None
+            self.api_key_check is not None
             and scope["type"] == "http"
-            and not self.api_key.allows(_route_path(scope), scope)
+            and not self.api_key_check.allows(_route_path(scope), scope)
         ):
-            await self.api_key.refuse(scope, send)
+            await self.api_key_check.refuse(scope, send)
             return
         if scope["type"] == "http" and scope["method"] == "POST" and not self.user_middleware:
             target = infer_target(_route_path(scope))
@@ -436,7 +436,7 @@ def create_app(
 
     Raises:
         RepositoryError: the repository or a config file is invalid.
-        ServingConfigError: ``api_key`` is empty.
+        ServingConfigError: ``api_key`` is empty, or ``max_sequences`` below 1.
     """
     repository = source if isinstance(source, ModelRepository) else ModelRepository(source, configs)
     server = ModelServer(
@@ -468,5 +468,5 @@ def create_app(
     app.state.server = server
     if api_key is not None:
         open_paths = HEALTH_PATHS | {"/metrics"} if public_metrics else HEALTH_PATHS
-        app.api_key = ApiKeyCheck(api_key, open_paths)
+        app.api_key_check = ApiKeyCheck(api_key, open_paths)
     return app
