@@ -4,7 +4,8 @@ aioinfer run [MODEL] [--device CPU] [--input NAME=FILE.npy] [--shape NAME=1,3,32
              [--hint LATENCY|THROUGHPUT] [--iterations N] [--seed S]
 aioinfer bench [MODEL] [--hint H] [--requests N] [--duration S | --iterations N] ...
 aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-log]
-               [--switch-interval S]
+               [--switch-interval S] [limits: --max-sequences N --header-timeout S ...]
+               [--ssl-certfile PEM --ssl-keyfile PEM] [--api-key KEY | $AIOINFER_API_KEY]
 aioinfer info
 aioinfer --version
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -30,6 +32,25 @@ from aioinfer.models import default_model_path
 
 _TOP1_ROWS = 8
 """How many rows of a 2-D output get their top-1 index printed."""
+
+API_KEY_VARIABLE = "AIOINFER_API_KEY"
+"""The environment variable ``aioinfer serve`` reads the API key from (unless
+``--api-key`` gives one): unlike an argument, it is not shown to other users by ``ps``."""
+
+_SERVE_OPTIONS = (
+    "switch_interval",
+    "max_request_bytes",
+    "max_sequences",
+    "header_timeout",
+    "max_header_count",
+    "max_header_bytes",
+    "limit_concurrency",
+    "backlog",
+    "timeout_keep_alive",
+    "ssl_certfile",
+    "ssl_keyfile",
+)
+"""``aioinfer serve`` options passed to ``serve()`` when given (else its defaults)."""
 
 
 class UsageError(Exception):
@@ -118,10 +139,78 @@ def _parser() -> argparse.ArgumentParser:
         help="the interpreter's thread switch interval: how long the event loop may keep "
         "the GIL from a compute thread that waits for it (default 0.0005)",
     )
+    _add_limit_options(serve)
     from aioinfer import bench
 
     bench.add_parser(commands)
     return parser
+
+
+def _add_limit_options(serve: argparse.ArgumentParser) -> None:
+    limits = serve.add_argument_group("limits (defaults in parentheses)")
+    limits.add_argument(
+        "--max-request-bytes",
+        type=_positive_int,
+        metavar="BYTES",
+        help="larger bodies get 413 (64 MiB)",
+    )
+    limits.add_argument(
+        "--max-sequences",
+        type=_positive_int,
+        metavar="N",
+        help="open sequences of a model whose config sets no max_sequences; beyond: 503 (1000)",
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="a request's headers must be complete this long after the connection opened "
+        "or the request's first byte came (10)",
+    )
+    limits.add_argument(
+        "--max-header-count",
+        type=_positive_int,
+        metavar="N",
+        help="header lines; beyond: 431 (100)",
+    )
+    limits.add_argument(
+        "--max-header-bytes",
+        type=_positive_int,
+        metavar="BYTES",
+        help="request line and headers; beyond: 431 (32768)",
+    )
+    limits.add_argument(
+        "--limit-concurrency",
+        type=_positive_int,
+        metavar="N",
+        help="once N connections are open or N requests run, a request gets 503 (no limit)",
+    )
+    limits.add_argument(
+        "--backlog",
+        type=_positive_int,
+        metavar="N",
+        help="connections queued to be accepted (2048)",
+    )
+    limits.add_argument(
+        "--timeout-keep-alive",
+        type=_positive_int,
+        metavar="SECONDS",
+        help="an idle connection is closed after this long (5)",
+    )
+    security = serve.add_argument_group("security (off by default)")
+    security.add_argument("--ssl-certfile", metavar="PEM", help="serve HTTPS: the certificate")
+    security.add_argument("--ssl-keyfile", metavar="PEM", help="the certificate's private key")
+    security.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"require this key (as 'Authorization: Bearer KEY' or 'X-API-Key: KEY') on "
+        f"every endpoint but health; default: ${API_KEY_VARIABLE} if set",
+    )
+    security.add_argument(
+        "--public-metrics",
+        action="store_true",
+        help="with an API key, leave /metrics open (for a scraper without the key)",
+    )
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -208,8 +297,17 @@ def _serve(args: argparse.Namespace) -> None:
             f"aioinfer serve needs the 'serve' extra ({exc.name} is missing): "
             "pip install 'aioinfer[serve]'"
         ) from None
-    options = {} if args.switch_interval is None else {"switch_interval": args.switch_interval}
-    serve(args.source, host=args.host, port=args.port, access_log=args.access_log, **options)
+    options = {name: getattr(args, name) for name in _SERVE_OPTIONS}
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE)
+    serve(
+        args.source,
+        host=args.host,
+        port=args.port,
+        access_log=args.access_log,
+        api_key=api_key,
+        public_metrics=args.public_metrics,
+        **{name: value for name, value in options.items() if value is not None},
+    )
 
 
 def _info() -> None:
@@ -266,6 +364,17 @@ def _positive_seconds(text: str) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
     return seconds
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}")
+    return value
 
 
 def _read_npy(name: str, file: str) -> np.ndarray:

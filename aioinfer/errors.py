@@ -132,3 +132,8 @@ class RequestClosedError(AioinferError):
 
 class RepositoryError(AioinferError):
     """A model repository (or one model's config file in it) cannot be served."""
+
+
+class ServingConfigError(AioinferError, ValueError):
+    """A server option that cannot be used: an empty API key, a limit out of range, a
+    TLS key without its certificate."""

@@ -25,10 +25,12 @@ from aioinfer.errors import (
     InferenceError,
     InputError,
     RequestClosedError,
+    ServingConfigError,
 )
+from aioinfer.serving.auth import HEALTH_PATHS, ApiKeyCheck
 from aioinfer.serving.disconnect import ClientDisconnectedError, unless_disconnected
 from aioinfer.serving.metrics import CONTENT_TYPE, ModelMetrics, ServerMetrics
-from aioinfer.serving.models import SequenceFlags, ServedModel
+from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, SequenceFlags, ServedModel
 from aioinfer.serving.protocol import (
     HEADER_LENGTH,
     InferRequestBody,
@@ -53,6 +55,7 @@ class ModelServer:
         max_request_bytes: larger request bodies are refused with HTTP 413.
         drain_timeout: at shutdown, how long in-flight inferences may still finish
             (seconds) before the models are closed and what still runs is cancelled.
+        max_sequences: open sequences per model, for models whose config sets none.
     """
 
     def __init__(
@@ -62,11 +65,15 @@ class ModelServer:
         core: Core | None = None,
         max_request_bytes: int = 64 * 2**20,
         drain_timeout: float = 30.0,
+        max_sequences: int = DEFAULT_MAX_SEQUENCES,
     ) -> None:
         self.repository = repository
         self.core = core or Core()
         self.max_request_bytes = max_request_bytes
         self.drain_timeout = drain_timeout
+        if max_sequences < 1:
+            raise ServingConfigError(f"max_sequences must be at least 1, got {max_sequences}")
+        self.max_sequences = max_sequences
         self.models: dict[str, dict[str, ServedModel]] = {}
         self.metrics = ServerMetrics(self._all_models)
         self.closing = False
@@ -96,7 +103,9 @@ class ModelServer:
                     compiled = await self.core.compile_model_async(str(path), device, config)
                 except AioinferError as exc:
                     raise type(exc)(f"model {entry.name!r} version {version}: {exc}") from exc
-                versions[version] = ServedModel(entry.name, version, compiled, entry.config)
+                versions[version] = ServedModel(
+                    entry.name, version, compiled, entry.config, self.max_sequences
+                )
             self.models[entry.name] = versions
 
     @asynccontextmanager
@@ -218,6 +227,7 @@ class ModelServer:
         try:
             if self.closing:
                 raise ProtocolError("the server is shutting down", status=503)
+            model.check_admission()  # before the body is read: a full model reads none
             length, json_length = _lengths(scope)
             body = model.decoder.decode(await self._read_body(receive, length), json_length)
             sequence = SequenceFlags.from_parameters(body.parameters)
@@ -356,9 +366,20 @@ def infer_target(path: str) -> tuple[str, str | None] | None:
 
 class OipApp(Starlette):
     """The server's Starlette app. Infer requests (most of the traffic) skip Starlette's
-    own middleware and the router, unless middleware was added to the app."""
+    own middleware and the router, unless middleware was added to the app. With an
+    ``api_key``, every request but the open ones must carry it (see ``serving/auth.py``).
+    """
+
+    api_key_check: ApiKeyCheck | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            self.api_key_check is not None
+            and scope["type"] == "http"
+            and not self.api_key_check.allows(_route_path(scope), scope)
+        ):
+            await self.api_key_check.refuse(scope, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST" and not self.user_middleware:
             target = infer_target(_route_path(scope))
             if target is not None:
@@ -395,6 +416,9 @@ def create_app(
     core: Core | None = None,
     max_request_bytes: int = 64 * 2**20,
     drain_timeout: float = 30.0,
+    max_sequences: int = DEFAULT_MAX_SEQUENCES,
+    api_key: str | None = None,
+    public_metrics: bool = False,
 ) -> Starlette:
     """An ASGI app (Starlette) serving the models of ``source`` over the Open Inference
     Protocol (KServe v2 REST), with Prometheus metrics at ``/metrics``.
@@ -405,12 +429,22 @@ def create_app(
     lifespan; ``app.state.server`` is the :class:`ModelServer`. To mount the app in
     another one, run its lifespan there: ``FastAPI(lifespan=app.router.lifespan_context)``.
 
+    ``max_sequences`` caps the open sequences of each model whose config sets none. With
+    an ``api_key``, every endpoint but ``/v2/health/live`` and ``/v2/health/ready`` (and
+    ``/metrics`` with ``public_metrics``) answers 401 unless the request carries the key
+    as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``.
+
     Raises:
         RepositoryError: the repository or a config file is invalid.
+        ServingConfigError: ``api_key`` is empty, or ``max_sequences`` below 1.
     """
     repository = source if isinstance(source, ModelRepository) else ModelRepository(source, configs)
     server = ModelServer(
-        repository, core=core, max_request_bytes=max_request_bytes, drain_timeout=drain_timeout
+        repository,
+        core=core,
+        max_request_bytes=max_request_bytes,
+        drain_timeout=drain_timeout,
+        max_sequences=max_sequences,
     )
     model = "/v2/models/{model}"
     version = model + "/versions/{version}"
@@ -432,4 +466,7 @@ def create_app(
         exception_handlers={HTTPException: _http_error, ProtocolError: _protocol_error},
     )
     app.state.server = server
+    if api_key is not None:
+        open_paths = HEALTH_PATHS | {"/metrics"} if public_metrics else HEALTH_PATHS
+        app.api_key_check = ApiKeyCheck(api_key, open_paths)
     return app

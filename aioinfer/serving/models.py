@@ -99,6 +99,10 @@ class _Sequence:
         self.last_used = time.monotonic()
 
 
+DEFAULT_MAX_SEQUENCES = 1000
+"""Open sequences a model keeps when neither its config nor the server says otherwise."""
+
+
 class ServedModel:
     """One version of a model as the server runs it.
 
@@ -106,17 +110,24 @@ class ServedModel:
     ``max_queue`` more wait in arrival order; beyond that :meth:`infer` refuses with 503.
     A request naming a sequence runs on that sequence's own request, which keeps its
     state between the sequence's inferences and is dropped at ``sequence_end`` or after
-    ``sequence_idle_timeout_s`` without use.
+    ``sequence_idle_timeout_s`` without use. At most ``max_sequences`` (the config's, else
+    the argument) are open at once: a new one beyond is refused with 503.
     """
 
     def __init__(
-        self, name: str, version: str, compiled: CompiledModel, config: ModelConfig
+        self,
+        name: str,
+        version: str,
+        compiled: CompiledModel,
+        config: ModelConfig,
+        max_sequences: int = DEFAULT_MAX_SEQUENCES,
     ) -> None:
         self.name = name
         self.version = version
         self.compiled = compiled
         self.config = config
         self.max_concurrency = config.max_concurrency or _default_concurrency(compiled)
+        self.max_sequences = config.max_sequences or max_sequences
         self.output_names = [port.name for port in compiled.outputs]
         """The compiled model's output names, in order."""
         self.input_datatypes = {port.name: datatype(port.dtype) for port in compiled.inputs}
@@ -156,18 +167,15 @@ class ServedModel:
         """Run one inference; return its results and the seconds it waited to start.
 
         Raises:
-            ProtocolError: 503 when the queue is full; 400 for a sequence that is not
-                active and has no ``sequence_start``.
+            ProtocolError: 503 when the queue is full or a new sequence would exceed
+                ``max_sequences``; 400 for a sequence that is not active and has no
+                ``sequence_start``.
             The errors of ``AsyncInferRequest.infer`` (bad input, failed kernel).
         """
         arrived = 0.0
         if not self._slots.try_acquire():
             if self._slots.waiting >= self.config.max_queue:
-                raise ProtocolError(
-                    f"model {self.name!r} is at capacity: {self.max_concurrency} inferences "
-                    f"running and {self.config.max_queue} waiting (the queue limit)",
-                    status=503,
-                )
+                raise self._at_capacity()
             arrived = time.perf_counter()
             await self._slots.acquire()
         try:
@@ -181,6 +189,23 @@ class ServedModel:
         finally:
             self._slots.release()
 
+    def check_admission(self) -> None:
+        """Refuse now what :meth:`infer` would refuse for a full queue: the server asks
+        before it reads a request's body, so that a full model parses no bodies.
+
+        Raises:
+            ProtocolError: 503 when every slot is taken and the queue is full.
+        """
+        if self._slots.free <= 0 and self._slots.waiting >= self.config.max_queue:
+            raise self._at_capacity()
+
+    def _at_capacity(self) -> ProtocolError:
+        return ProtocolError(
+            f"model {self.name!r} is at capacity: {self.max_concurrency} inferences "
+            f"running and {self.config.max_queue} waiting (the queue limit)",
+            status=503,
+        )
+
     async def _infer_in_sequence(
         self, inputs: dict[str, np.ndarray], flags: SequenceFlags, arrived: float
     ) -> tuple[InferResults, float]:
@@ -188,6 +213,13 @@ class ServedModel:
         if flags.start:
             if sequence is not None:
                 await self._drop(flags.id, sequence)
+            elif len(self._sequences) >= self.max_sequences:
+                raise ProtocolError(
+                    f"model {self.name!r} has {len(self._sequences)} open sequences, its "
+                    f"limit (max_sequences {self.max_sequences}): end one (sequence_end) or "
+                    f"wait until one is idle for {self.config.sequence_idle_timeout_s:g} s",
+                    status=503,
+                )
             sequence = _Sequence(self.compiled.create_infer_request())
             self._sequences[flags.id] = sequence
         elif sequence is None:

@@ -11,7 +11,8 @@ version (a positive integer) holding ``model.onnx``, and optionally ``config.jso
       "properties": {"NUM_STREAMS": 2},     // any other compile property
       "max_concurrency": 64,                // inferences in flight (default: see below)
       "max_queue": 256,                     // inferences waiting; beyond: HTTP 503
-      "sequence_idle_timeout_s": 60         // a sequence idle this long is dropped
+      "sequence_idle_timeout_s": 60,        // a sequence idle this long is dropped
+      "max_sequences": 1000                 // open sequences; beyond: HTTP 503
     }
 
 A single ``.onnx`` file is a repository of one model (named after the file, version 1).
@@ -39,6 +40,7 @@ class ModelConfig:
     model), False (never batch) or ``{"max_batch_size": N, "timeout_ms": T}`` (the BATCH
     device). ``max_concurrency`` None means: ``MAX_BATCH_SIZE`` x streams x 2 for a
     batching model, else the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
+    ``max_sequences`` None means the server's default.
     """
 
     device: str = "CPU"
@@ -49,6 +51,7 @@ class ModelConfig:
     max_concurrency: int | None = None
     max_queue: int = 256
     sequence_idle_timeout_s: float = 60.0
+    max_sequences: int | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> ModelConfig:
@@ -67,6 +70,7 @@ class ModelConfig:
             "max_concurrency": (int,),
             "max_queue": (int,),
             "sequence_idle_timeout_s": (int, float),
+            "max_sequences": (int,),
         }
         for key, value in values.items():
             if key not in kinds:
@@ -87,8 +91,8 @@ class ModelConfig:
                     f"{where}: unknown batching key(s) {sorted(unknown)}; "
                     "known: max_batch_size, timeout_ms"
                 )
-        for key in ("max_concurrency", "max_queue"):
-            if key in values and values[key] < (1 if key == "max_concurrency" else 0):
+        for key in ("max_concurrency", "max_queue", "max_sequences"):
+            if key in values and values[key] < (0 if key == "max_queue" else 1):
                 raise RepositoryError(f"{where}: {key!r} is {values[key]}, too small")
         return cls(**values)
 

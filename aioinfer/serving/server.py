@@ -7,10 +7,14 @@ import gc
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
+from aioinfer.errors import ServingConfigError
 from aioinfer.serving.app import create_app
+from aioinfer.serving.connection import ConnectionLimits
+from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES
 from aioinfer.serving.repository import ModelConfig
 
 SWITCH_INTERVAL = 0.0005
@@ -33,6 +37,18 @@ def serve(
     access_log: bool = False,
     switch_interval: float | None = SWITCH_INTERVAL,
     freeze_gc: bool = True,
+    max_request_bytes: int = 64 * 2**20,
+    max_sequences: int = DEFAULT_MAX_SEQUENCES,
+    header_timeout: float = 10.0,
+    max_header_count: int = 100,
+    max_header_bytes: int = 32 * 1024,
+    limit_concurrency: int | None = None,
+    backlog: int = 2048,
+    timeout_keep_alive: int = 5,
+    ssl_certfile: str | Path | None = None,
+    ssl_keyfile: str | Path | None = None,
+    api_key: str | None = None,
+    public_metrics: bool = False,
 ) -> None:
     """Serve the repository (or ``.onnx`` file) ``source`` over HTTP until SIGINT/SIGTERM.
 
@@ -46,17 +62,43 @@ def serve(
     hundred thousand objects of numpy, onnx and the models, instead of stalling the
     event loop for 30-40 ms every few thousand requests.
 
+    Limits (the "Limits and security" section of the serving docs): bodies over
+    ``max_request_bytes`` get 413; a model opens at most ``max_sequences`` sequences
+    unless its config says otherwise; ``header_timeout``, ``max_header_count``,
+    ``max_header_bytes``, ``limit_concurrency``, ``backlog`` and ``timeout_keep_alive``
+    bound connections (see :class:`ConnectionLimits`). ``ssl_certfile`` and
+    ``ssl_keyfile`` (PEM files) serve HTTPS instead of HTTP. With ``api_key`` every
+    endpoint but health (and ``/metrics`` with ``public_metrics``) needs the key (see
+    :func:`create_app`).
+
     The models are compiled before the port is opened. On SIGINT/SIGTERM the server stops
     accepting connections, lets in-flight inferences finish (up to ``drain_timeout``
     seconds), then closes the models.
 
     Raises:
         RepositoryError: the repository or a config file is invalid.
+        ServingConfigError: an empty API key, a limit out of range, a TLS file that
+            does not exist or a key without its certificate.
         AioinferError: a model cannot be read or compiled (the message names it).
     """
-    if switch_interval is not None:
-        sys.setswitchinterval(switch_interval)
-    app = create_app(source, configs=configs, drain_timeout=drain_timeout)
+    limits = ConnectionLimits(
+        header_timeout=header_timeout,
+        max_header_count=max_header_count,
+        max_header_bytes=max_header_bytes,
+        limit_concurrency=limit_concurrency,
+        backlog=backlog,
+        timeout_keep_alive=timeout_keep_alive,
+    )
+    options = uvicorn_options(limits, ssl_certfile, ssl_keyfile)
+    app = create_app(
+        source,
+        configs=configs,
+        drain_timeout=drain_timeout,
+        max_request_bytes=max_request_bytes,
+        max_sequences=max_sequences,
+        api_key=api_key,
+        public_metrics=public_metrics,
+    )
     config = uvicorn.Config(
         app,
         host=host,
@@ -64,7 +106,10 @@ def serve(
         log_level=log_level,
         access_log=access_log,
         timeout_graceful_shutdown=int(drain_timeout),
+        **options,
     )
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
     server = uvicorn.Server(config)
 
     async def main() -> None:
@@ -81,3 +126,26 @@ def serve(
         return
     with runner(loop_factory=loop_factory) as loop_runner:
         loop_runner.run(main())
+
+
+def uvicorn_options(
+    limits: ConnectionLimits,
+    ssl_certfile: str | Path | None = None,
+    ssl_keyfile: str | Path | None = None,
+) -> dict[str, Any]:
+    """The keyword arguments of ``uvicorn.Config`` for ``limits`` and TLS.
+
+    Raises:
+        ServingConfigError: ``ssl_keyfile`` without ``ssl_certfile``, or a file that does
+            not exist.
+    """
+    options = limits.uvicorn_options()
+    if ssl_keyfile is not None and ssl_certfile is None:
+        raise ServingConfigError("ssl_keyfile needs ssl_certfile (the server's certificate)")
+    for name, path in (("ssl_certfile", ssl_certfile), ("ssl_keyfile", ssl_keyfile)):
+        if path is not None and not Path(path).is_file():
+            raise ServingConfigError(f"{name} {str(path)!r} is not a file")
+    if ssl_certfile is not None:
+        options["ssl_certfile"] = str(ssl_certfile)
+        options["ssl_keyfile"] = None if ssl_keyfile is None else str(ssl_keyfile)
+    return options

@@ -25,9 +25,10 @@ WIDE = 256
 
 
 class LiveServer:
-    """``app`` served by uvicorn on 127.0.0.1 at a free port, in a background thread."""
+    """``app`` served by uvicorn on 127.0.0.1 at a free port, in a background thread;
+    ``options`` go to ``uvicorn.Config`` (limits, TLS)."""
 
-    def __init__(self, app: ASGIApp, graceful_timeout: int = 10) -> None:
+    def __init__(self, app: ASGIApp, graceful_timeout: int = 10, **options: Any) -> None:
         self.app = app
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -35,7 +36,7 @@ class LiveServer:
         self.port = self.socket.getsockname()[1]
         self.url = f"127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=graceful_timeout
+            app, log_level="warning", timeout_graceful_shutdown=graceful_timeout, **options
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(

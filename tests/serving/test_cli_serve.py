@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -15,6 +17,7 @@ import httpx
 import numpy as np
 import onnx
 import tritonclient.http as httpclient
+import trustme
 
 from tests.helpers import reference_outputs
 from tests.serving.conftest import WIDE, chain_model
@@ -22,10 +25,13 @@ from tests.serving.conftest import WIDE, chain_model
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(*args: str) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
+def start(
+    *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "aioinfer.cli", "serve", *args],
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -105,3 +111,39 @@ def test_serve_reports_a_bad_repository_and_exits_2(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "error: model repository" in done.stderr and "does not exist" in done.stderr
+
+
+def test_serve_with_tls_an_api_key_from_the_environment_and_limits(tmp_path: Path) -> None:
+    onnx.save(chain_model(2), tmp_path / "chain.onnx")
+    authority = trustme.CA()
+    issued = authority.issue_cert("127.0.0.1")
+    issued.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
+    issued.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    authority.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    flags = ["--port", "0", "--max-header-count", "10", "--header-timeout", "30"]
+    flags += ["--ssl-certfile", str(tmp_path / "server.pem")]
+    flags += ["--ssl-keyfile", str(tmp_path / "server.key")]
+    process, lines = start(str(tmp_path / "chain.onnx"), *flags, env={"AIOINFER_API_KEY": "k1"})
+    try:
+        port = wait_for(lines, r"running on https://127\.0\.0\.1:(\d+)").group(1)
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=context) as client:
+            assert client.get("/v2/health/ready").status_code == 200
+            assert client.get("/v2/models/chain").status_code == 401
+            assert client.get("/v2/models/chain", headers={"X-API-Key": "k1"}).status_code == 200
+            many = {f"X-{index}": "1" for index in range(12)}
+            assert client.get("/v2/health/live", headers=many).status_code == 431
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(120) in (0, -signal.SIGTERM)
+    finally:
+        process.kill()
+        process.wait()
+    done = subprocess.run(
+        [sys.executable, "-m", "aioinfer.cli", "serve", str(tmp_path / "chain.onnx")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "AIOINFER_API_KEY": ""},
+    )
+    assert done.returncode == 2 and "error: the API key is empty" in done.stderr

@@ -1,0 +1,199 @@
+"""Connection limits for a public server: a header-read timeout and caps on headers.
+
+uvicorn's httptools protocol starts no timer before a request's headers are complete (its
+keep-alive timeout runs only between requests) and buffers headers without bound: 300
+clients that opened connections and sent their headers a byte at a time held every
+descriptor of a 256-descriptor server, and one request with 5,000 headers or a 10 MB
+header was accepted. :class:`ConnectionLimits` makes uvicorn's options and these three
+limits one value; its protocol closes a connection whose request line and headers have
+not arrived within ``header_timeout`` seconds (408 once a request has begun) and answers
+431 to a request with too many or too large headers, then closes that connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from aioinfer.errors import ServingConfigError
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one connection may hold of the server, and for how long.
+
+    Args:
+        header_timeout: seconds from a connection's opening, or from the first byte of a
+            later request on it, until the request's headers must be complete.
+        max_header_count: header lines a request may have.
+        max_header_bytes: bytes of request line and headers a request may have.
+        limit_concurrency: uvicorn's: once this many connections are open (the new one
+            included) or requests run, a request gets 503 and its connection is closed.
+            None: no limit.
+        backlog: uvicorn's: connections the kernel queues before the server accepts them.
+        timeout_keep_alive: uvicorn's: seconds an idle connection stays open between
+            requests.
+
+    Raises:
+        ServingConfigError: a value out of range (named).
+    """
+
+    header_timeout: float = 10.0
+    max_header_count: int = 100
+    max_header_bytes: int = 32 * 1024
+    limit_concurrency: int | None = None
+    backlog: int = 2048
+    timeout_keep_alive: int = 5
+
+    def __post_init__(self) -> None:
+        if not self.header_timeout > 0:
+            raise ServingConfigError(
+                f"header_timeout must be above 0 seconds, got {self.header_timeout!r}"
+            )
+        for name in ("max_header_count", "max_header_bytes", "limit_concurrency", "backlog"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ServingConfigError(f"{name} must be at least 1, got {value!r}")
+        if self.timeout_keep_alive < 0:
+            raise ServingConfigError(
+                f"timeout_keep_alive must be at least 0 seconds, got {self.timeout_keep_alive!r}"
+            )
+
+    def uvicorn_options(self) -> dict[str, Any]:
+        """Keyword arguments of ``uvicorn.Config`` that enforce these limits."""
+        protocol = type("LimitedHttpProtocol", (LimitedHttpProtocol,), {"limits": self})
+        return {
+            "http": protocol,
+            "limit_concurrency": self.limit_concurrency,
+            "backlog": self.backlog,
+            "timeout_keep_alive": self.timeout_keep_alive,
+        }
+
+
+class _HeaderLimitExceeded(Exception):
+    """Raised in a parser callback: stops the parser, which reports the request as bad."""
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with :class:`ConnectionLimits`' header limits.
+
+    Toward ``max_header_bytes`` count the parsed request line and headers, and also,
+    while the headers are incomplete (a header still arriving, which the parser buffers),
+    every byte received since the request began: either over the limit refuses it. A
+    chunk that also ends an earlier request is not counted (its start is not this
+    request's), so the raw count may lag by one chunk.
+    """
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._in_headers = True  # no request yet, or one whose headers are incomplete
+        self._request_begun = False
+        self._completed_in_chunk = False
+        self._raw_header_bytes = 0
+        self._parsed_header_bytes = 0
+        self._header_count = 0
+        self._refusal: bytes | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._completed_in_chunk = False
+        super().data_received(data)
+        if self._in_headers and not self._completed_in_chunk and self._refusal is None:
+            self._raw_header_bytes += len(data)
+            if self._raw_header_bytes > self.limits.max_header_bytes:
+                self._refuse_headers(f"{self.limits.max_header_bytes} bytes")
+                self.send_400_response("")
+
+    # -- parser callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers = self._request_begun = True
+        self._raw_header_bytes = self._parsed_header_bytes = self._header_count = 0
+        if self._header_timer is None:
+            self._arm_header_timer()
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._count_header_bytes(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._header_count += 1
+        if self._header_count > self.limits.max_header_count:
+            self._refuse_headers(f"{self.limits.max_header_count} header lines")
+            raise _HeaderLimitExceeded
+        self._count_header_bytes(len(name) + len(value) + 4)  # ": " and CRLF
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = self._request_begun = False
+        self._disarm_header_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._completed_in_chunk = True
+        super().on_message_complete()
+
+    # -- refusals ---------------------------------------------------------------------
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request the parser refused; 431 when a header limit
+        stopped the parser."""
+        if self._refusal is None:
+            super().send_400_response(msg)
+            return
+        if not self.transport.is_closing():
+            self.transport.write(self._refusal)
+            self.transport.close()
+
+    def _count_header_bytes(self, size: int) -> None:
+        self._parsed_header_bytes += size
+        if self._parsed_header_bytes > self.limits.max_header_bytes:
+            self._refuse_headers(f"{self.limits.max_header_bytes} bytes")
+            raise _HeaderLimitExceeded
+
+    def _refuse_headers(self, limit: str) -> None:
+        self._disarm_header_timer()
+        self._refusal = _response(431, f"the request's headers exceed the limit of {limit}")
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(self.limits.header_timeout, self._header_timeout)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        # A request begun (and no response under way) is told why; an idle one is not.
+        if self._request_begun and (self.cycle is None or self.cycle.response_complete):
+            seconds = f"{self.limits.header_timeout:g}"
+            message = f"the request's headers did not arrive within {seconds} s"
+            self.transport.write(_response(408, message))
+        self.transport.close()
+
+
+def _response(status: int, message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    head = (
+        b"content-type: application/json\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n"
+    )
+    return STATUS_LINE[status] + head + body
