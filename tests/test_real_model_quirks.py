@@ -15,12 +15,14 @@ with onnxruntime fed the state by hand, step by step.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import httpx
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
@@ -205,6 +207,40 @@ def vad_model(batch: int | str | None, state_batch: int | str | None) -> onnx.Mo
     )
 
 
+def branched_on_sample_rate(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` as silero VAD v5 is laid out: the whole network in both branches of an
+    ``If`` on an extra input ``sr`` (int64 scalar; 16000 takes the first branch), the
+    branches reading the main graph's initializers."""
+    graph = model.graph
+
+    def branch(suffix: str) -> onnx.GraphProto:
+        nodes = []
+        for node in graph.node:
+            node = copy.deepcopy(node)
+            node.output[:] = [
+                f"{o}_{suffix}" if o in ("output", "stateN") else o for o in node.output
+            ]
+            nodes.append(node)
+        outputs = [tensor_info(f"{o}_{suffix}", np.float32, None) for o in ("output", "stateN")]
+        return oh.make_graph(nodes, f"rate_{suffix}", [], outputs)
+
+    nodes = [
+        oh.make_node("Equal", ["sr", "rate_16k"], ["is_16k"]),
+        oh.make_node(
+            "If", ["is_16k"], ["output", "stateN"], then_branch=branch("a"), else_branch=branch("b")
+        ),
+    ]
+    initializers = {i.name: onh.to_array(i) for i in graph.initializer}
+    initializers["rate_16k"] = np.array(16000, np.int64)
+    return make_model(
+        nodes,
+        [*graph.input, tensor_info("sr", np.int64, [])],
+        list(graph.output),
+        initializers,
+        name="vad_branched",
+    )
+
+
 def frames(batch: int, steps: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((steps, batch, FRAME)).astype(np.float32)
 
@@ -258,6 +294,21 @@ async def test_a_vad_with_an_unnamed_state_batch_streams_like_onnxruntime(
             np.testing.assert_allclose(got, want_output, rtol=RTOL, atol=ATOL)
         assert state.state.shape == (2, size, HIDDEN)
         np.testing.assert_allclose(state.state, last["state"], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.anyio
+async def test_a_vad_whose_network_sits_in_the_branches_of_an_if(core: ai.Core) -> None:
+    model = branched_on_sample_rate(vad_model(None, "?"))
+    compiled = core.compile_model(model, "CPU", {"STATEFUL": "auto"})
+    assert compiled.get_property("STATEFUL") == {"state": "stateN"}
+    request = compiled.create_infer_request()
+    rate = np.array(16000, np.int64)
+    chunks = [{"input": x, "sr": rate} for x in frames(3, 4, 9)]
+    want, last = onnxruntime_steps(model, chunks, {"state": "stateN"}, 3)
+    for chunk, (want_output,) in zip(chunks, want):
+        got = (await request.infer(chunk))["output"]
+        np.testing.assert_allclose(got, want_output, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(request.query_state()[0].state, last["state"], rtol=RTOL, atol=ATOL)
 
 
 def test_the_initial_state_follows_the_batch_of_the_input_it_reaches(core: ai.Core) -> None:
@@ -369,3 +420,24 @@ async def test_a_state_nothing_sizes_is_refused_until_given(core: ai.Core) -> No
     request = core.compile_model(model, "CPU", {"STATEFUL": "auto"}).create_infer_request()
     await request.infer({"x": x})
     np.testing.assert_array_equal(request.query_state()[0].state, x)
+
+
+def test_a_recurrent_state_whose_batch_nothing_tells_is_refused_not_zeroed(core: ai.Core) -> None:
+    # X comes out of a Reshape to a run-time shape: no size for h's batch before running.
+    model = lstm_hc_model()
+    graph = model.graph
+    graph.node[0].input[0] = "X_reshaped"
+    graph.node.insert(0, oh.make_node("Reshape", ["X", "target"], ["X_reshaped"]))
+    graph.input.append(tensor_info("target", np.int64, [3]))
+    onnx.checker.check_model(model)
+    request = core.compile_model(model, "CPU", {"STATEFUL": "auto"}).create_infer_request()
+    x = np.random.default_rng(4).standard_normal((2, 6, 4)).astype(np.float32)
+    feeds = {"X": x, "target": np.array([2, 6, 4], np.int64)}
+    with pytest.raises(ai.MissingInputError, match="variable 'h'"):
+        request.infer_sync(feeds)
+    zeros = np.zeros((1, 6, HIDDEN), np.float32)
+    for state in request.query_state():
+        state.state = zeros
+    got = request.infer_sync(feeds)["Y"]
+    want = reference_outputs(model, {**feeds, "h": zeros, "c": zeros})[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)

@@ -232,6 +232,27 @@ def _batch_dims(model: ir.Model) -> list[tuple[Dim, Dim]]:
     return found
 
 
+_LOCAL_CONSTANT_SIZE = 1024
+
+
+def _local_constants(model: ir.Model) -> None:
+    """Give each subgraph a ``Constant`` of its own for every small initializer of an
+    outer graph it reads: ONNX shape inference reads constant inputs (``Unsqueeze``
+    axes, ``Gather`` indices) only in their own graph, and speech models keep their
+    network in the branches of an ``If`` on the sample rate."""
+    for graph in model.graph.subgraphs():
+        for node in list(graph):
+            for index, value in enumerate(node.inputs):
+                tensor = None if value is None else value.const_value
+                if value is None or tensor is None or value.graph is graph:
+                    continue
+                if not value.is_initializer() or tensor.size > _LOCAL_CONSTANT_SIZE:
+                    continue
+                constant = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)])
+                graph.insert_before(node, constant)
+                node.replace_input_with(index, constant.outputs[0])
+
+
 def state_shapes(model: ir.Model, states: list[str]) -> dict[str, list[Dim]]:
     """The shapes that the inputs ``states`` take as variables, where the graph tells a
     size for a dimension the input leaves unknown (see the module's docstring).
@@ -256,15 +277,22 @@ def state_shapes(model: ir.Model, states: list[str]) -> dict[str, list[Dim]]:
                 owners[name] = (value.name or "", axis)
                 dims[axis] = name
         value.shape = ir.Shape(dims)
+    _local_constants(copy)
     ShapeInferencePass(check_type=False, strict_mode=False)(copy)
+    # A size the inputs give: a name of a regular input's dimension, named or not (shape
+    # inference also makes up names, "unk__0", that no input gives).
+    given = {
+        d for n, v in feeds.items() if n not in shapes for d in _dims(v) or [] if isinstance(d, str)
+    }
+    given |= {name for name, (owner, _) in owners.items() if owner not in shapes}
+    sized: dict[str, list[Dim]] = {}
     for state_dim, batch in _batch_dims(copy):
         owner = owners.get(state_dim) if isinstance(state_dim, str) else None
-        if owner is None or owner[0] not in unsized or batch is None:
+        if owner is None or owner[0] not in unsized:
             continue
-        if isinstance(batch, str) and batch in owners and owners[batch][0] in shapes:
-            continue  # X's batch follows a state: nothing to size it from
-        unsized[owner[0]][owner[1]] = batch
-    return unsized
+        if isinstance(batch, int) or batch in given:
+            sized.setdefault(owner[0], unsized[owner[0]])[owner[1]] = batch
+    return sized
 
 
 class SizeStatesPass(ir.passes.InPlacePass):
