@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -13,6 +14,34 @@ from aioinfer.errors import InvalidModelError, UnknownInputError
 
 Dim = int | str | None
 """A dimension: a static size, a symbolic name, or None when unknown."""
+
+
+def normalize_dynamic_dims(model: ir.Model) -> None:
+    """Rewrite, in place, every dimension that stands for "any size" as an unknown one.
+
+    Exporters spell a dynamic dimension in several ways: no value, a negative
+    ``dim_value`` (``-1``), or a placeholder ``dim_param`` that names nothing: empty or
+    without a letter (``"?"``, ``"-1"``, ``"*"``). onnxruntime accepts any size for each
+    of them, and a placeholder ties no two dimensions together the way a name
+    (``"batch"``) does; aioinfer makes them one spelling, an unknown dimension (None).
+    Values of every graph and subgraph are rewritten, so that no pass takes ``-1`` for
+    a size.
+    """
+    for graph in model.graphs():
+        for value in [*graph.inputs, *(out for node in graph for out in node.outputs)]:
+            shape = value.shape
+            if shape is None or not any(_is_placeholder(d) for d in shape):
+                continue
+            dims = [None if _is_placeholder(d) else d for d in shape]
+            denotations = [shape.get_denotation(i) for i in range(len(dims))]
+            value.shape = ir.Shape(dims, denotations=denotations)
+
+
+def _is_placeholder(dim: int | ir.SymbolicDim) -> bool:
+    if isinstance(dim, int):
+        return dim < 0
+    name = dim.value
+    return isinstance(name, str) and not any(ch.isalpha() for ch in name)
 
 
 PORT_KINDS = ("tensor", "sequence", "optional", "optional_sequence")
@@ -94,6 +123,26 @@ def _port_kind(value: ir.Value) -> str:
     )
 
 
+def unnamed_dim_name(port_name: str, axis: int) -> str:
+    """The name that stands for dimension ``axis`` of input ``port_name`` where the model
+    names none: a variable whose initial size follows that dimension (see
+    :mod:`aioinfer.transforms.make_stateful`) carries it in its shape."""
+    return f"{port_name}.shape[{axis}]"
+
+
+def unnamed_dim_sizes(ports: Sequence[Port], values: Sequence[Any]) -> dict[str, int]:
+    """The sizes ``values`` (in port order; None where not set) give to the unknown
+    dimensions of ``ports``, by :func:`unnamed_dim_name`."""
+    sizes: dict[str, int] = {}
+    for port, value in zip(ports, values):
+        if port.shape is None or not isinstance(value, np.ndarray):
+            continue
+        for axis, (dim, size) in enumerate(zip(port.shape, value.shape)):
+            if dim is None:
+                sizes[unnamed_dim_name(port.name, axis)] = size
+    return sizes
+
+
 def find_port(ports: Sequence[Port], key: str | int | Port, kind: str) -> Port:
     """The port named ``key`` (or at position ``key``) among ``ports``.
 
@@ -151,9 +200,12 @@ class Model(HasPorts):
 
     Obtain one with :meth:`aioinfer.Core.read_model`. ``inputs`` and ``outputs`` list the
     ports the compiled model will have; ``ir`` is the underlying :class:`onnx_ir.Model`.
+    A dynamic dimension however the exporter wrote it (``-1``, ``"?"``, no value) is
+    unknown (None) in both (see :func:`normalize_dynamic_dims`).
     """
 
     def __init__(self, ir_model: ir.Model) -> None:
+        normalize_dynamic_dims(ir_model)
         self._ir = ir_model
         graph = ir_model.graph
         initializers = set(graph.initializers)

@@ -490,6 +490,16 @@ def pair_model(input_name: str, output_name: str) -> onnx.ModelProto:
         ("lstm.c0", "lstm.cn"),
         ("state_in", "state_out"),
         ("rnn_state_in_1", "rnn_state_out_1"),
+        ("state", "stateN"),
+        ("h", "hn"),
+        ("c", "cn"),
+        ("lstm_h", "lstm_hn"),
+        ("h_in", "h_out"),
+        ("cache_in", "cache_out"),
+        ("state", "state_out"),
+        ("hidden", "hidden_out"),
+        ("cached_len_0", "new_cached_len_0"),
+        ("state", "new_state"),
     ],
 )
 def test_auto_pairs_exporter_conventions(input_name: str, output_name: str) -> None:

@@ -23,6 +23,7 @@ from aioinfer.errors import (
     InputError,
     InputShapeError,
     InputTypeError,
+    MissingInputError,
 )
 from aioinfer.model import Dim, Port
 
@@ -37,7 +38,9 @@ class Variable:
     """The output whose value becomes the variable's value after each step."""
     element_type: ir.DataType
     shape: tuple[Dim, ...]
-    """The input's partial shape: ints static, strings symbolic, None unknown."""
+    """The input's partial shape: ints static, strings symbolic, None unknown (the
+    compiler may have given an unknown dimension a size or a name, see
+    :class:`aioinfer.transforms.make_stateful.SizeStatesPass`)."""
 
     @property
     def dtype(self) -> np.dtype:
@@ -46,11 +49,23 @@ class Variable:
 
     def initial_value(self, sizes: Mapping[str, int]) -> np.ndarray:
         """Zeros; a symbolic dimension takes its size from ``sizes`` (the regular inputs'
-        symbolic dimensions), every other dynamic dimension is 0."""
-        dims = [
-            d if isinstance(d, int) else sizes.get(d, 0) if isinstance(d, str) else 0
-            for d in self.shape
-        ]
+        dimensions), 0 when no input gives it (a KV cache's ``past_sequence``).
+
+        Raises:
+            MissingInputError: a dimension is unknown (unnamed, and the compiler found no
+                size for it): zeros of what size cannot be told, so the state must be set.
+        """
+        if None in self.shape:
+            axis = self.shape.index(None)
+            raise MissingInputError(
+                f"variable {self.name!r} has no value, and dimension {axis} of its shape "
+                f"{_shape_text(self.shape)} is unknown, so its initial value cannot be "
+                f"sized: set the state before the first inference (the VariableState "
+                f"named {self.name!r} in request.query_state(): state.state = an array), "
+                f"or give the dimension a size or the name of an input's dimension with "
+                f"model.reshape({{{self.name!r}: [...]}}) before compiling"
+            )
+        dims = [d if isinstance(d, int) else sizes.get(str(d), 0) for d in self.shape]
         return _frozen(np.zeros(dims, self.dtype))
 
     def check(self, array: np.ndarray) -> None:
@@ -218,7 +233,10 @@ class VariableState:
         self._store.reset(self._name)
 
     def __repr__(self) -> str:
-        value = self.state
+        try:
+            value = self.state
+        except MissingInputError:  # no value, and no size to make zeros of
+            return f"<VariableState {self._name!r} without a value>"
         return f"<VariableState {self._name!r} {value.dtype}{list(value.shape)}>"
 
 

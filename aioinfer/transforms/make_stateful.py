@@ -18,6 +18,13 @@ after it completed), so that each request keeps its own variables.
 :data:`AUTO_CONVENTIONS` names (``*`` matches any text, the same text on both sides).
 
 Assign nodes have no outputs: run this pass after unused-node removal.
+
+A variable starts from zeros shaped like its input. A dimension that the input leaves
+unnamed (``[2, ?, 128]``) has no size to start from; :class:`SizeStatesPass` runs first
+and names it after what the graph tells: where the state reaches the ``initial_h`` /
+``initial_c`` of an ``RNN``, ``GRU`` or ``LSTM`` at the batch axis, the dimension is the
+batch of that node's ``X`` (a static size, the name of an input's dimension, or
+:func:`aioinfer.model.unnamed_dim_name` of it).
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ import re
 from collections.abc import Mapping
 
 import onnx_ir as ir
+from onnx_ir.passes.common import ShapeInferencePass
 
 from aioinfer.errors import InvalidPropertyValueError
+from aioinfer.model import Dim, unnamed_dim_name
 
 STATE_DOMAIN = "ai.aioinfer"
 """The domain of aioinfer's own ops."""
@@ -39,7 +48,14 @@ AUTO_CONVENTIONS: tuple[tuple[str, str], ...] = (
     ("*past*", "*present*"),  # past_0 -> present_0, past_key_values.0 -> present_key_values.0
     ("*h0", "*hn"),  # PyTorch RNN naming: h0 -> hn, lstm.h0 -> lstm.hn
     ("*c0", "*cn"),
+    ("*h", "*hn"),  # silero VAD up to v4: h -> hn, c -> cn
+    ("*c", "*cn"),
+    ("*state", "*stateN"),  # silero VAD v5: state -> stateN
     ("*state_in*", "*state_out*"),  # state_in -> state_out, rnn_state_in_1 -> ..._out_1
+    ("*_in", "*_out"),  # h_in -> h_out, cache_in -> cache_out
+    ("*state", "*state_out"),  # state -> state_out, lstm_state -> lstm_state_out
+    ("*hidden", "*hidden_out"),  # hidden -> hidden_out
+    ("*", "new_*"),  # icefall / sherpa-onnx: cached_len_0 -> new_cached_len_0
 )
 """``(input pattern, output pattern)`` pairs that ``"auto"`` tries, in this order."""
 
@@ -186,3 +202,123 @@ class MakeStatefulPass(ir.passes.InPlacePass):
             )
         model.opset_imports.setdefault(STATE_DOMAIN, 1)
         return ir.passes.PassResult(model, modified=True)
+
+
+RECURRENT_OPS = ("RNN", "GRU", "LSTM")
+_STATE_INPUTS = (5, 6)  # initial_h, initial_c
+
+
+def _dims(value: ir.Value | None) -> list[Dim] | None:
+    if value is None or value.shape is None:
+        return None
+    return [d if isinstance(d, int) else d.value for d in value.shape]
+
+
+def _batch_dims(model: ir.Model) -> list[tuple[Dim, Dim]]:
+    """For each RNN/GRU/LSTM state input: (its batch dimension, the batch of ``X``)."""
+    found = []
+    for graph in model.graphs():
+        for node in graph:
+            if node.domain not in ("", "ai.onnx") or node.op_type not in RECURRENT_OPS:
+                continue
+            axis = 0 if node.attributes.get_int("layout", 0) else 1
+            x = _dims(node.inputs[0])
+            if x is None or len(x) != 3:
+                continue
+            for index in _STATE_INPUTS:
+                state = _dims(node.inputs[index]) if index < len(node.inputs) else None
+                if state is not None and len(state) == 3:
+                    found.append((state[axis], x[axis]))
+    return found
+
+
+_LOCAL_CONSTANT_SIZE = 1024
+
+
+def _local_constants(model: ir.Model) -> None:
+    """Give each subgraph a ``Constant`` of its own for every small initializer of an
+    outer graph it reads: ONNX shape inference reads constant inputs (``Unsqueeze``
+    axes, ``Gather`` indices) only in their own graph, and speech models keep their
+    network in the branches of an ``If`` on the sample rate."""
+    for graph in model.graph.subgraphs():
+        for node in list(graph):
+            for index, value in enumerate(node.inputs):
+                tensor = None if value is None else value.const_value
+                if value is None or tensor is None or value.graph is graph:
+                    continue
+                if not value.is_initializer() or tensor.size > _LOCAL_CONSTANT_SIZE:
+                    continue
+                constant = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)])
+                graph.insert_before(node, constant)
+                node.replace_input_with(index, constant.outputs[0])
+
+
+def state_shapes(model: ir.Model, states: list[str]) -> dict[str, list[Dim]]:
+    """The shapes that the inputs ``states`` take as variables, where the graph tells a
+    size for a dimension the input leaves unknown (see the module's docstring).
+
+    Shape inference runs on a copy of ``model`` in which every unknown dimension of a
+    graph input has a name of its own, so that the names show where they go.
+    """
+    feeds = _feeds(model.graph)
+    shapes = {name: _dims(feeds[name]) for name in states}
+    unsized = {name: dims for name, dims in shapes.items() if dims is not None and None in dims}
+    if not unsized:
+        return {}
+    copy = model.clone()
+    owners: dict[str, tuple[str, int]] = {}
+    for value in _feeds(copy.graph).values():
+        dims = _dims(value)
+        if dims is None or None not in dims:
+            continue
+        for axis, dim in enumerate(dims):
+            if dim is None:
+                name = unnamed_dim_name(value.name or "", axis)
+                owners[name] = (value.name or "", axis)
+                dims[axis] = name
+        value.shape = ir.Shape(dims)
+    _local_constants(copy)
+    ShapeInferencePass(check_type=False, strict_mode=False)(copy)
+    # A size the inputs give: a name of a regular input's dimension, named or not (shape
+    # inference also makes up names, "unk__0", that no input gives).
+    given = {
+        d for n, v in feeds.items() if n not in shapes for d in _dims(v) or [] if isinstance(d, str)
+    }
+    given |= {name for name, (owner, _) in owners.items() if owner not in shapes}
+    sized: dict[str, list[Dim]] = {}
+    for state_dim, batch in _batch_dims(copy):
+        owner = owners.get(state_dim) if isinstance(state_dim, str) else None
+        if owner is None or owner[0] not in unsized:
+            continue
+        if isinstance(batch, int) or batch in given:
+            sized.setdefault(owner[0], unsized[owner[0]])[owner[1]] = batch
+    return sized
+
+
+class SizeStatesPass(ir.passes.InPlacePass):
+    """Give the inputs that will become variables the shapes :func:`state_shapes` finds
+    (their unknown dimensions named or sized as the graph tells); run it before shape
+    inference and make-stateful."""
+
+    def __init__(self, pairs: Mapping[str, str]) -> None:
+        super().__init__()
+        self.pairs = dict(pairs)
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        shapes = state_shapes(model, list(self.pairs))
+        feeds = _feeds(model.graph)
+        for name, dims in shapes.items():
+            feeds[name].shape = ir.Shape(dims)
+        return ir.passes.PassResult(model, modified=bool(shapes))
+
+
+def variable_shapes(graph: ir.Graph) -> dict[str, tuple[Dim, ...]]:
+    """The shape of each variable's value as the graph has it (``ReadValue``'s output):
+    the input's declared shape, with the dimensions :class:`SizeStatesPass` sized."""
+    shapes = {}
+    for node in graph:
+        if node.domain == STATE_DOMAIN and node.op_type == READ_VALUE:
+            dims = _dims(node.outputs[0])
+            if dims is not None:
+                shapes[node.attributes["variable_id"].as_string()] = tuple(dims)
+    return shapes

@@ -16,7 +16,7 @@ from aioinfer.transforms.fuse_activation import FuseActivationPass
 from aioinfer.transforms.fuse_attention import FuseAttentionPass
 from aioinfer.transforms.fuse_gelu import FuseGeluPass
 from aioinfer.transforms.fuse_layernorm import FuseLayerNormPass
-from aioinfer.transforms.make_stateful import MakeStatefulPass
+from aioinfer.transforms.make_stateful import MakeStatefulPass, SizeStatesPass
 from aioinfer.transforms.matmul_add import FuseMatMulAddPass
 from aioinfer.transforms.prepack_weights import PrepackWeightsPass
 
@@ -34,6 +34,7 @@ def compile_passes(
             common.InlinePass(),
             common.RemoveUnusedFunctionsPass(),
             common.TopologicalSortPass(),
+            SizeStatesPass(stateful or {}),  # before folding and fusions hide what feeds what
             ConstantFoldingPass(evaluate),
             FoldQuantizedWeightsPass(evaluate),
             FoldShapesPass(),

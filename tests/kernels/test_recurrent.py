@@ -296,9 +296,76 @@ def test_weights_for_the_wrong_number_of_directions_fail_clearly() -> None:
     inputs = _inputs("GRU", 1)
     node = _node("GRU", inputs, 2, direction="bidirectional")
     with pytest.raises(
-        ValueError, match=r"W must have shape \[2, 18, input_size\], got \[1, 18, 4\]"
+        ValueError,
+        match=r"W must have shape \[2, 18, 4\] \[num_directions, 3\*hidden_size, input_size\], "
+        r"got \[1, 18, 4\]",
     ):
         run_aioinfer(node, inputs, 14)
+
+
+def _resized(array: np.ndarray | None, axis: int, size: int) -> np.ndarray:
+    """``array`` with ``size`` entries along ``axis`` (repeating or cutting the first ones)."""
+    assert array is not None
+    return np.take(array, np.arange(size) % array.shape[axis], axis=axis)
+
+
+# Shapes numpy would broadcast (a state of batch 1 or 0, a bias of one direction), and
+# shapes that would fail deep inside a product: each is refused before computing, naming
+# the input, the shape the specification wants and the shape given.
+SHAPE_MISMATCHES = [
+    # (op, input index, axis, size, layout, expected message)
+    ("LSTM", 5, 1, 1, 0, r"initial_h must have shape \[1, 3, 6\] \[num_directions, batch_size"),
+    ("LSTM", 5, 1, 0, 0, r"initial_h must have shape \[1, 3, 6\].*got \[1, 0, 6\]"),
+    ("LSTM", 6, 1, 1, 0, r"initial_c must have shape \[1, 3, 6\].*got \[1, 1, 6\]"),
+    ("LSTM", 5, 0, 1, 1, r"initial_h must have shape \[3, 1, 6\] \[batch_size, num_directions"),
+    ("GRU", 5, 1, 1, 0, r"initial_h must have shape \[1, 3, 6\].*got \[1, 1, 6\]"),
+    ("RNN", 5, 2, 1, 0, r"initial_h must have shape \[1, 3, 6\].*got \[1, 3, 1\]"),
+    ("LSTM", 3, 1, 24, 0, r"B must have shape \[1, 48\] \[num_directions, 2\*4\*hidden_size\]"),
+    ("GRU", 2, 1, 9, 0, r"R must have shape \[1, 18, 6\].*got \[1, 9, 6\]"),
+    ("RNN", 1, 2, 5, 0, r"W must have shape \[1, 6, 4\].*got \[1, 6, 5\]"),
+    ("LSTM", 7, 1, 6, 0, r"P must have shape \[1, 18\] \[num_directions, 3\*hidden_size\]"),
+    ("RNN", 4, 0, 2, 0, r"sequence_lens must have shape \[3\] \[batch_size\], got \[2\]"),
+]
+
+
+@pytest.mark.parametrize(
+    ("op", "index", "axis", "size", "layout", "message"),
+    SHAPE_MISMATCHES,
+    ids=[
+        f"{c[0]}-{INPUT_NAMES[c[1]]}-axis{c[2]}-size{c[3]}-layout{c[4]}" for c in SHAPE_MISMATCHES
+    ],
+)
+def test_inputs_that_disagree_with_the_specification_fail_clearly(
+    op: str, index: int, axis: int, size: int, layout: int, message: str
+) -> None:
+    inputs = _inputs(op, initial=True, peepholes=True, lengths=[5, 4, 3], layout=layout)
+    inputs[index] = _resized(inputs[index], axis, size)
+    with pytest.raises(ValueError, match=message):
+        run_aioinfer(_node(op, inputs, OUTPUTS[op], layout=layout), inputs, 14)
+
+
+def test_a_state_of_the_wrong_batch_fails_in_a_compiled_model_naming_the_node() -> None:
+    inputs = _inputs("LSTM", initial=True)
+    node = _node("LSTM", inputs, 3)
+    node.name = "the_lstm"
+    names = [n for n in node.input if n]
+    feeds = {n: a for n, a in zip(INPUT_NAMES, inputs) if n in names and a is not None}
+    model = make_model(
+        [node],
+        [tensor_info(n, np.float32, [None] * a.ndim) for n, a in feeds.items()],
+        [tensor_info(n, np.float32, [None] * (4 if n == "Y" else 3)) for n in node.output],
+        opsets={"": 14},
+    )
+    request = aioinfer.Core().compile_model(model, "CPU").create_infer_request()
+    # Batch 1 against a state of batch 0: numpy would broadcast to an empty result.
+    x = feeds["X"][:, :1]
+    empty = np.zeros((1, 0, HIDDEN), np.float32)
+    with pytest.raises(aioinfer.InferenceError, match=r"'the_lstm'.*initial_h.*\[1, 0, 6\]"):
+        request.infer_sync({**feeds, "X": x, "initial_h": empty, "initial_c": empty})
+    # onnxruntime refuses it too.
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.Fail, match="initial_h must have"):
+        session.run(None, {**feeds, "X": x, "initial_h": empty, "initial_c": empty})
 
 
 def test_sequence_lens_out_of_range_fail_clearly() -> None:

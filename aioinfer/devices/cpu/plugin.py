@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import weakref
@@ -25,7 +26,7 @@ from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.state import split_ports
 from aioinfer.properties import num_cores, parse_config
-from aioinfer.transforms.make_stateful import stateful_pairs
+from aioinfer.transforms.make_stateful import stateful_pairs, variable_shapes
 from aioinfer.transforms.pipelines import compile_passes
 
 
@@ -135,7 +136,11 @@ class CPUCompiledModel(CompiledModel):
         self.plan = lower(ir_model.graph, ir_model.opset_imports)
         pairs = config.get("STATEFUL") or {}
         made = [(name, pairs[name]) for name in self.plan.variables]
-        inputs, outputs, self.variables = split_ports(source_inputs, source_outputs, made)
+        inputs, outputs, variables = split_ports(source_inputs, source_outputs, made)
+        shapes = variable_shapes(ir_model.graph)  # with the sizes SizeStatesPass found
+        self.variables = [
+            dataclasses.replace(v, shape=shapes.get(v.name, v.shape)) for v in variables
+        ]
         config = {**config, "STATEFUL": dict(made)}
         streams = _streams(config)
         self.threads_per_stream = _configure_blas(config, streams)

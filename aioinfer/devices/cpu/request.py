@@ -8,6 +8,7 @@ import numpy as np
 
 from aioinfer.devices.cpu.memory import RequestMemory, shapes_key
 from aioinfer.devices.cpu.plan import Step
+from aioinfer.model import unnamed_dim_sizes
 from aioinfer.plugin.state import VariableState, VariableStore
 from aioinfer.plugin.sync_request import SyncInferRequest
 
@@ -28,12 +29,17 @@ class CPUInferRequest(SyncInferRequest):
     def __init__(self, compiled_model: CPUCompiledModel) -> None:
         super().__init__(compiled_model)
         self._plan = compiled_model.plan
-        self._variables = VariableStore(compiled_model.variables, self.symbolic_sizes)
+        self._variables = VariableStore(compiled_model.variables, self._state_sizes)
         self._feed: list[Any] = []
         self._produced: list[Any] = []
         self._profiling = bool(compiled_model.config.get("PERF_COUNT", False))
         self.memory = RequestMemory(self._plan)
         """The request's planned activation buffers (see :mod:`.memory`)."""
+
+    def _state_sizes(self) -> dict[str, int]:
+        """What sizes a variable's initial value: the inputs' symbolic dimensions, and
+        their unnamed ones (a variable may follow one, see ``SizeStatesPass``)."""
+        return {**unnamed_dim_sizes(self._input_ports, self._inputs), **self.symbolic_sizes()}
 
     def query_state(self, guard: Callable[[], None] | None = None) -> list[VariableState]:
         return self._variables.states(guard)

@@ -170,6 +170,67 @@ def _scan(step: Step, xw: np.ndarray, state: State, lengths: np.ndarray | None) 
     return (y, *state)
 
 
+_STATE_NAMES = ("initial_h", "initial_c")
+
+
+def _check_inputs(
+    attrs: _Attrs,
+    op_type: str,
+    gates: int,
+    x: np.ndarray,
+    w: np.ndarray,
+    r: np.ndarray,
+    b: np.ndarray | None,
+    lengths: np.ndarray | None,
+    initial: Sequence[np.ndarray | None],
+) -> tuple[int, int, int]:
+    """Check every input's shape against the operator's specification; return
+    (seq_length, batch_size, hidden_size).
+
+    numpy would broadcast a state of batch 1 (or 0) against the batch, or a short bias
+    against the gates, and return a wrong (or empty) result without a word: a shape the
+    specification does not allow is an error naming the input, the expected and the
+    actual shape.
+    """
+    x_text, state_text = (
+        ("[batch_size, seq_length, input_size]", "[batch_size, num_directions, hidden_size]")
+        if attrs.layout
+        else ("[seq_length, batch_size, input_size]", "[num_directions, batch_size, hidden_size]")
+    )
+    if x.ndim != 3:
+        raise ValueError(f"{op_type}: X must have rank 3 {x_text}, got shape {list(x.shape)}")
+    gated = f"{gates}*hidden_size" if gates > 1 else "hidden_size"
+    if r.ndim != 3:
+        raise ValueError(
+            f"{op_type}: R must have rank 3 [num_directions, {gated}, hidden_size], "
+            f"got shape {list(r.shape)}"
+        )
+    seq, batch = (x.shape[1], x.shape[0]) if attrs.layout else x.shape[:2]
+    dirs, hidden, size = attrs.directions, r.shape[-1], x.shape[2]
+    if attrs.hidden_size is not None and attrs.hidden_size != hidden:
+        raise ValueError(f"{op_type}: hidden_size is {attrs.hidden_size} but R gives {hidden}")
+    state = (batch, dirs, hidden) if attrs.layout else (dirs, batch, hidden)
+    expected: list[tuple[str, np.ndarray | None, tuple[int, ...], str]] = [
+        ("W", w, (dirs, gates * hidden, size), f"[num_directions, {gated}, input_size]"),
+        ("R", r, (dirs, gates * hidden, hidden), f"[num_directions, {gated}, hidden_size]"),
+        ("B", b, (dirs, 2 * gates * hidden), f"[num_directions, 2*{gated}]"),
+        ("sequence_lens", lengths, (batch,), "[batch_size]"),
+    ]
+    expected += [(n, s, state, state_text) for n, s in zip(_STATE_NAMES, initial)]
+    for name, array, shape, meaning in expected:
+        _check_shape(op_type, name, array, shape, meaning)
+    return seq, batch, hidden
+
+
+def _check_shape(
+    op_type: str, name: str, array: np.ndarray | None, shape: tuple[int, ...], meaning: str
+) -> None:
+    if array is not None and array.shape != shape:
+        raise ValueError(
+            f"{op_type}: {name} must have shape {list(shape)} {meaning}, got {list(array.shape)}"
+        )
+
+
 def _run_recurrent(
     attrs: _Attrs,
     op_type: str,
@@ -189,24 +250,16 @@ def _run_recurrent(
     of the gates that add it directly, see ``direct_bias``). Returns Y then the final
     states, in the node's layout.
     """
+    seq, batch, hidden = _check_inputs(attrs, op_type, gates, x, w, r, b, lengths, initial)
     out_dtype = x.dtype
     compute = np.float32 if out_dtype == np.float16 else out_dtype
     x, w, r = (a.astype(compute, copy=False) for a in (x, w, r))
     if attrs.layout == 1:
         x = x.swapaxes(0, 1)
         initial = [None if s is None else s.swapaxes(0, 1) for s in initial]
-    seq, batch, _ = x.shape
-    hidden = r.shape[-1]
-    if attrs.hidden_size is not None and attrs.hidden_size != hidden:
-        raise ValueError(f"{op_type}: hidden_size is {attrs.hidden_size} but R gives {hidden}")
-    if w.shape[0] != attrs.directions or w.shape[1] != gates * hidden:
-        raise ValueError(
-            f"{op_type}: W must have shape [{attrs.directions}, {gates * hidden}, input_size], "
-            f"got {list(w.shape)}"
-        )
     if lengths is not None:
         lengths = lengths.astype(np.int64)
-        if lengths.shape != (batch,) or (lengths < 0).any() or (lengths > seq).any():
+        if (lengths < 0).any() or (lengths > seq).any():
             raise ValueError(
                 f"{op_type}: sequence_lens must hold {batch} lengths in [0, {seq}], "
                 f"got {lengths.tolist()}"
@@ -344,6 +397,8 @@ def lstm(spec: NodeSpec) -> Kernel:
         p: np.ndarray | None = None,
     ) -> tuple[np.ndarray, ...]:
         hidden = r.shape[-1]
+        shape = (attrs.directions, 3 * hidden)
+        _check_shape("LSTM", "P", p, shape, "[num_directions, 3*hidden_size]")
         peepholes = (
             None if p is None else p.astype(np.float32 if x.dtype == np.float16 else x.dtype)
         )
