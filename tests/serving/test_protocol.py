@@ -112,7 +112,12 @@ FP32 = {"name": "x", "shape": [1, 2], "datatype": "FP32"}
         (b"[1, 2", None, "not valid JSON"),
         (b"[1, 2]", None, "must be a JSON object"),
         (b"{}", None, "needs 'inputs'"),
-        (b"{}", "x", "must be an integer, got 'x'"),
+        (b"{}", "x", "must be a byte count, got 'x'"),
+        (
+            b"{}",
+            "9" * 5000,
+            "must be a byte count, got '99999999999999999999... (5000 characters)'",
+        ),
         (b"{}", "99", "is 99, but the body has 2 bytes"),
         (request([dict(FP32, data=[1, 2])] * 2)[0], None, "'x' is given twice"),
         (
@@ -123,7 +128,12 @@ FP32 = {"name": "x", "shape": [1, 2], "datatype": "FP32"}
         (request([dict(FP32, datatype="INT8", data=[1, 2])])[0], None, "datatype 'INT8' given"),
         (request([dict(FP32, shape=[1, -2], data=[1, 2])])[0], None, "list of integers >= 0"),
         (request([dict(FP32, data=[1, 2, 3])])[0], None, "3 values in 'data', the shape needs 2"),
-        (request([dict(FP32, data=["a", "b"])])[0], None, "not FP32 values"),
+        (
+            request([dict(FP32, data=["a", "b"])])[0],
+            None,
+            "element 0 of 'data' is \"a\", not a number",
+        ),
+        (request([dict(FP32, data=[[1], [2, 3]])])[0], None, "not FP32 values (setting an array"),
         (request([FP32])[0], None, "neither 'data' nor binary_data_size"),
         (
             request(
