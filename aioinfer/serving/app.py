@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from aioinfer.errors import (
     InputError,
     RequestClosedError,
 )
+from aioinfer.serving.compression import compress, decompress, response_coding
 from aioinfer.serving.disconnect import ClientDisconnectedError, unless_disconnected
 from aioinfer.serving.metrics import CONTENT_TYPE, ModelMetrics, ServerMetrics
 from aioinfer.serving.models import SequenceFlags, ServedModel
@@ -39,6 +41,8 @@ from aioinfer.serving.protocol import (
 from aioinfer.serving.repository import ModelConfig, ModelRepository
 
 T = TypeVar("T")
+
+_logger = logging.getLogger(__name__)
 
 EXTENSIONS = ("binary_tensor_data", "sequence")
 """The protocol extensions this server implements (listed by ``GET /v2``)."""
@@ -218,8 +222,11 @@ class ModelServer:
         try:
             if self.closing:
                 raise ProtocolError("the server is shutting down", status=503)
-            length, json_length = _lengths(scope)
-            body = model.decoder.decode(await self._read_body(receive, length), json_length)
+            length, json_length, coding, accepted = _headers(scope)
+            raw = await self._read_body(receive, length)
+            if coding is not None:
+                raw = await _off_loop(len(raw), decompress, raw, coding, self.max_request_bytes)
+            body = model.decoder.decode(raw, json_length)
             sequence = SequenceFlags.from_parameters(body.parameters)
             wanted = _wanted_outputs(model, body)
             results, waited = await unless_disconnected(
@@ -229,20 +236,31 @@ class ModelServer:
             content, header_length = encode_infer_response(
                 model.name, model.version, body.id, outputs
             )
+            response_encoding = None if accepted is None else response_coding(accepted)
+            if response_encoding is not None:
+                content = await _off_loop(len(content), compress, content, response_encoding)
         except (ProtocolError, AioinferError, ClientDisconnectedError) as exc:
             status, reason = _status(exc)
             metrics.fail(reason)
             await _respond(send, status, _error_body(exc), _JSON)
+            return
+        except Exception as exc:  # a fault of the server's, not of the request
+            _logger.exception("infer request to model %r version %s", model.name, model.version)
+            metrics.fail("error")
+            await _respond(send, 500, _internal_error_body(exc), _JSON)
             return
         finally:
             self._leave(metrics)
         metrics.latency.observe(time.perf_counter() - started)
         metrics.queue_time.observe(waited)
         if header_length is None:
-            await _respond(send, 200, content, _JSON)
+            headers = _JSON
         else:
             length_header = (b"inference-header-content-length", str(header_length).encode())
-            await _respond(send, 200, content, [_OCTETS, length_header])
+            headers = [_OCTETS, length_header]
+        if response_encoding is not None:
+            headers = [*headers, (b"content-encoding", response_encoding.encode()), _VARY]
+        await _respond(send, 200, content, headers)
 
     def _model_of(self, request: Request) -> ServedModel:
         params = request.path_params
@@ -270,22 +288,44 @@ class ModelServer:
 
 _JSON = [(b"content-type", b"application/json")]
 _OCTETS = (b"content-type", b"application/octet-stream")
+_VARY = (b"vary", b"accept-encoding")
+
+_INLINE_BYTES = 1 << 16
+"""Bodies up to this size are (de)compressed on the event loop; larger ones on a thread
+(zlib releases the GIL), so that the loop keeps serving meanwhile."""
 
 
-def _lengths(scope: Scope) -> tuple[bytes | None, str | None]:
-    """The request's ``Content-Length`` and ``Inference-Header-Content-Length`` headers
-    (ASGI gives header names lower-case)."""
-    length = header_length = None
+def _headers(scope: Scope) -> tuple[bytes | None, str | None, str | None, str | None]:
+    """The request's ``Content-Length``, ``Inference-Header-Content-Length``,
+    ``Content-Encoding`` and ``Accept-Encoding`` headers (ASGI gives header names
+    lower-case)."""
+    length = header_length = coding = accepted = None
     for name, value in scope["headers"]:
         if name == b"content-length":
             length = value
         elif name == HEADER_LENGTH:
             header_length = value.decode("latin-1")
-    return length, header_length
+        elif name == b"content-encoding":
+            coding = value.decode("latin-1")
+        elif name == b"accept-encoding":
+            accepted = value.decode("latin-1")
+    return length, header_length, coding, accepted
+
+
+async def _off_loop(size: int, function: Callable[..., bytes], *args: Any) -> bytes:
+    """``function(*args)``, on a worker thread when it works on more than
+    :data:`_INLINE_BYTES`."""
+    if size <= _INLINE_BYTES:
+        return function(*args)
+    return await anyio.to_thread.run_sync(function, *args)
 
 
 def _error_body(exc: Exception) -> bytes:
     return json.dumps({"error": str(exc)}).encode()
+
+
+def _internal_error_body(exc: Exception) -> bytes:
+    return json.dumps({"error": f"internal server error: {type(exc).__name__}: {exc}"}).encode()
 
 
 async def _respond(
@@ -319,7 +359,7 @@ def _status(exc: Exception) -> tuple[int, str]:
     if isinstance(exc, ProtocolError):
         if exc.status == 503:
             return 503, "busy"
-        return exc.status, "bad_request"
+        return exc.status, "bad_request" if exc.status < 500 else "error"
     if isinstance(exc, ClientDisconnectedError):
         return 499, "cancelled"
     if isinstance(exc, (InputError, InferenceError)):
@@ -388,6 +428,11 @@ async def _protocol_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
 
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # Starlette still re-raises the exception after sending this, for the server to log.
+    return Response(_internal_error_body(exc), status_code=500, media_type="application/json")
+
+
 def create_app(
     source: str | Path | ModelRepository,
     *,
@@ -429,7 +474,11 @@ def create_app(
     app = OipApp(
         routes=routes,
         lifespan=server.lifespan,
-        exception_handlers={HTTPException: _http_error, ProtocolError: _protocol_error},
+        exception_handlers={
+            HTTPException: _http_error,
+            ProtocolError: _protocol_error,
+            Exception: _server_error,
+        },
     )
     app.state.server = server
     return app

@@ -253,19 +253,15 @@ def _parse(
     if missing:
         raise ProtocolError(f"missing input(s) {', '.join(map(repr, missing))}")
     binary_output = bool(parameters.get("binary_data_output", False))
-    outputs = None
-    if "outputs" in request:
-        outputs = []
-        for spec in _list(request, "outputs", required=False):
-            name = _name(spec, "output")
-            wants = _parameters(spec, f"output {name!r}")
-            if "classification" in wants:
-                raise ProtocolError(
-                    f"output {name!r}: the classification extension is not supported"
-                )
-            outputs.append(RequestedOutput(name, bool(wants.get("binary_data", binary_output))))
-        # No output named: every output, as if "outputs" were absent (as Triton does).
-        outputs = outputs or None
+    requested = []
+    for spec in _list(request, "outputs", required=False):
+        name = _name(spec, "output")
+        wants = _parameters(spec, f"output {name!r}")
+        if "classification" in wants:
+            raise ProtocolError(f"output {name!r}: the classification extension is not supported")
+        requested.append(RequestedOutput(name, bool(wants.get("binary_data", binary_output))))
+    # No output named ("outputs" absent, null or []): every output, as Triton does.
+    outputs = requested or None
     request_id = request.get("id")
     decoded = InferRequestBody(
         None if request_id is None else str(request_id), parameters, arrays, outputs, binary_output
