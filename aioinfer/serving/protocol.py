@@ -408,23 +408,23 @@ def _numbers(name: str, flat: np.ndarray, data: Any, kind: str) -> np.ndarray:
             if not finite.all():
                 raise _out_of_range(name, kind, int(np.argmin(finite)), flat)
         return array
+    if flat.dtype == dtype:  # int64 or uint64 as numpy read them: in range
+        return flat
+    low, high = flat.min().item(), flat.max().item()
     if source == "f":
         fraction = np.trunc(flat) != flat
         if fraction.any():
             index = int(np.argmax(fraction))
             raise _not_a(name, kind, index, flat[index])
+        if max(-low, high) > 2**53:
+            # Integers that numpy read as float64 (values on both sides of 2**63, or
+            # next to fractional notation) may have lost digits: take JSON's own.
+            return _mixed(name, np.asarray(data, dtype=object).reshape(-1), kind)
     info = np.iinfo(dtype)
-    low, high = flat.min().item(), flat.max().item()
     if low < info.min or high > info.max:
         values = flat.tolist()
         index = next(i for i, v in enumerate(values) if not info.min <= v <= info.max)
         raise _out_of_range(name, kind, index, values)
-    if source == "f" and max(-low, high) > 2**53:
-        index = int(np.argmax(np.abs(flat) > 2**53))
-        raise ProtocolError(
-            f"input {name!r}: element {index} ({flat[index]}) is beyond 2**53 in data that "
-            "mixes integers with fractional notation, so it may have lost digits"
-        )
     return flat.astype(dtype)
 
 
