@@ -225,7 +225,8 @@ class ModelServer:
             length, json_length, coding, accepted = _headers(scope)
             raw = await self._read_body(receive, length)
             if coding is not None:
-                raw = await _off_loop(len(raw), decompress, raw, coding, self.max_request_bytes)
+                inline = len(raw) <= _INLINE_BYTES // _INFLATION
+                raw = await _off_loop(inline, decompress, raw, coding, self.max_request_bytes)
             body = model.decoder.decode(raw, json_length)
             sequence = SequenceFlags.from_parameters(body.parameters)
             wanted = _wanted_outputs(model, body)
@@ -238,7 +239,8 @@ class ModelServer:
             )
             response_encoding = None if accepted is None else response_coding(accepted)
             if response_encoding is not None:
-                content = await _off_loop(len(content), compress, content, response_encoding)
+                inline = len(content) <= _INLINE_BYTES
+                content = await _off_loop(inline, compress, content, response_encoding)
         except (ProtocolError, AioinferError, ClientDisconnectedError) as exc:
             status, reason = _status(exc)
             metrics.fail(reason)
@@ -291,8 +293,12 @@ _OCTETS = (b"content-type", b"application/octet-stream")
 _VARY = (b"vary", b"accept-encoding")
 
 _INLINE_BYTES = 1 << 16
-"""Bodies up to this size are (de)compressed on the event loop; larger ones on a thread
-(zlib releases the GIL), so that the loop keeps serving meanwhile."""
+"""Bodies up to this size are compressed (or decompressed to at most about this size)
+on the event loop; larger ones on a thread (zlib releases the GIL), so that the loop
+keeps serving meanwhile."""
+_INFLATION = 16
+"""What a compressed body is taken to grow by; its worst case is about 1000x, and
+``decompress`` stops at the size limit whatever it is."""
 
 
 def _headers(scope: Scope) -> tuple[bytes | None, str | None, str | None, str | None]:
@@ -312,10 +318,9 @@ def _headers(scope: Scope) -> tuple[bytes | None, str | None, str | None, str | 
     return length, header_length, coding, accepted
 
 
-async def _off_loop(size: int, function: Callable[..., bytes], *args: Any) -> bytes:
-    """``function(*args)``, on a worker thread when it works on more than
-    :data:`_INLINE_BYTES`."""
-    if size <= _INLINE_BYTES:
+async def _off_loop(inline: bool, function: Callable[..., bytes], *args: Any) -> bytes:
+    """``function(*args)``: on the event loop when ``inline``, else on a worker thread."""
+    if inline:
         return function(*args)
     return await anyio.to_thread.run_sync(function, *args)
 

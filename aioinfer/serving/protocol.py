@@ -410,6 +410,14 @@ def _numbers(name: str, flat: np.ndarray, data: Any, kind: str) -> np.ndarray:
         return array
     if flat.dtype == dtype:  # int64 or uint64 as numpy read them: in range
         return flat
+    if source == "i":  # numpy's int64, the common case: in range if the cast keeps it
+        array = flat.astype(dtype)
+        if (array != flat).any():
+            info = np.iinfo(dtype)
+            values = flat.tolist()
+            index = next(i for i, v in enumerate(values) if not info.min <= v <= info.max)
+            raise _out_of_range(name, kind, index, values)
+        return array
     low, high = flat.min().item(), flat.max().item()
     if source == "f":
         fraction = np.trunc(flat) != flat
@@ -561,6 +569,7 @@ def encode_infer_response(
         return b"".join([header, *chunks]), len(header)
     entries: list[dict[str, Any]] = []
     chunks = []
+    floats = []
     for name, array, binary in outputs:
         entry: dict[str, Any] = {
             "name": name,
@@ -573,6 +582,8 @@ def encode_infer_response(
             chunks.append(chunk)
         else:
             entry["data"] = _to_json(name, array)
+            if array.dtype.kind == "f":
+                floats.append((entry, array))
         entries.append(entry)
     response: dict[str, Any] = {"model_name": model, "model_version": version}
     if request_id is not None:
@@ -580,7 +591,13 @@ def encode_infer_response(
     if parameters:
         response["parameters"] = dict(parameters)
     response["outputs"] = entries
-    header = _ENCODER.encode(response).encode()
+    try:
+        text = _ENCODER.encode(response)
+    except ValueError:  # NaN or an infinity (found only when there is one: they are rare)
+        for entry, array in floats:
+            _spell_special_floats(entry["data"], array.reshape(-1))
+        text = _ENCODER.encode(response)
+    header = text.encode()
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
@@ -626,16 +643,15 @@ def _to_json(name: str, array: np.ndarray) -> list[Any]:
     flat = array.reshape(-1)
     if datatype(array.dtype) == "BYTES":
         return _texts(name, flat)
-    values = flat.tolist()
-    if flat.dtype.kind == "f":
-        finite = np.isfinite(flat)
-        if not finite.all():
-            for index in np.flatnonzero(~finite).tolist():
-                value = values[index]
-                values[index] = (
-                    "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
-                )
+    values: list[Any] = flat.tolist()
     return values
+
+
+def _spell_special_floats(values: list[Any], flat: np.ndarray) -> None:
+    """Replace NaN and the infinities in ``values`` (``flat.tolist()``) by their strings."""
+    for index in np.flatnonzero(~np.isfinite(flat)).tolist():
+        value = values[index]
+        values[index] = "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
 
 
 def _texts(name: str, flat: np.ndarray) -> list[str]:
