@@ -364,7 +364,7 @@ def _status(exc: Exception) -> tuple[int, str]:
     if isinstance(exc, ProtocolError):
         if exc.status == 503:
             return 503, "busy"
-        return exc.status, "bad_request" if exc.status < 500 else "error"
+        return exc.status, "bad_request"
     if isinstance(exc, ClientDisconnectedError):
         return 499, "cancelled"
     if isinstance(exc, (InputError, InferenceError)):
