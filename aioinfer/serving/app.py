@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +29,7 @@ from aioinfer.errors import (
     ServingConfigError,
 )
 from aioinfer.serving.auth import HEALTH_PATHS, ApiKeyCheck
+from aioinfer.serving.compression import compress, decompress, response_coding
 from aioinfer.serving.disconnect import ClientDisconnectedError, unless_disconnected
 from aioinfer.serving.metrics import CONTENT_TYPE, ModelMetrics, ServerMetrics
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, SequenceFlags, ServedModel
@@ -41,6 +43,8 @@ from aioinfer.serving.protocol import (
 from aioinfer.serving.repository import ModelConfig, ModelRepository
 
 T = TypeVar("T")
+
+_logger = logging.getLogger(__name__)
 
 EXTENSIONS = ("binary_tensor_data", "sequence")
 """The protocol extensions this server implements (listed by ``GET /v2``)."""
@@ -228,8 +232,12 @@ class ModelServer:
             if self.closing:
                 raise ProtocolError("the server is shutting down", status=503)
             model.check_admission()  # before the body is read: a full model reads none
-            length, json_length = _lengths(scope)
-            body = model.decoder.decode(await self._read_body(receive, length), json_length)
+            length, json_length, coding, accepted = _headers(scope)
+            raw = await self._read_body(receive, length)
+            if coding is not None:
+                inline = len(raw) <= _INLINE_BYTES // _INFLATION
+                raw = await _off_loop(inline, decompress, raw, coding, self.max_request_bytes)
+            body = model.decoder.decode(raw, json_length)
             sequence = SequenceFlags.from_parameters(body.parameters)
             wanted = _wanted_outputs(model, body)
             results, waited = await unless_disconnected(
@@ -239,20 +247,32 @@ class ModelServer:
             content, header_length = encode_infer_response(
                 model.name, model.version, body.id, outputs
             )
+            response_encoding = None if accepted is None else response_coding(accepted)
+            if response_encoding is not None:
+                inline = len(content) <= _INLINE_BYTES
+                content = await _off_loop(inline, compress, content, response_encoding)
         except (ProtocolError, AioinferError, ClientDisconnectedError) as exc:
             status, reason = _status(exc)
             metrics.fail(reason)
             await _respond(send, status, _error_body(exc), _JSON)
+            return
+        except Exception as exc:  # a fault of the server's, not of the request
+            _logger.exception("infer request to model %r version %s", model.name, model.version)
+            metrics.fail("error")
+            await _respond(send, 500, _internal_error_body(exc), _JSON)
             return
         finally:
             self._leave(metrics)
         metrics.latency.observe(time.perf_counter() - started)
         metrics.queue_time.observe(waited)
         if header_length is None:
-            await _respond(send, 200, content, _JSON)
+            headers = _JSON
         else:
             length_header = (b"inference-header-content-length", str(header_length).encode())
-            await _respond(send, 200, content, [_OCTETS, length_header])
+            headers = [_OCTETS, length_header]
+        if response_encoding is not None:
+            headers = [*headers, (b"content-encoding", response_encoding.encode()), _VARY]
+        await _respond(send, 200, content, headers)
 
     def _model_of(self, request: Request) -> ServedModel:
         params = request.path_params
@@ -280,22 +300,47 @@ class ModelServer:
 
 _JSON = [(b"content-type", b"application/json")]
 _OCTETS = (b"content-type", b"application/octet-stream")
+_VARY = (b"vary", b"accept-encoding")
+
+_INLINE_BYTES = 1 << 16
+"""Bodies up to this size are compressed (or decompressed to at most about this size)
+on the event loop; larger ones on a thread (zlib releases the GIL), so that the loop
+keeps serving meanwhile."""
+_INFLATION = 16
+"""What a compressed body is taken to grow by; its worst case is about 1000x, and
+``decompress`` stops at the size limit whatever it is."""
 
 
-def _lengths(scope: Scope) -> tuple[bytes | None, str | None]:
-    """The request's ``Content-Length`` and ``Inference-Header-Content-Length`` headers
-    (ASGI gives header names lower-case)."""
-    length = header_length = None
+def _headers(scope: Scope) -> tuple[bytes | None, str | None, str | None, str | None]:
+    """The request's ``Content-Length``, ``Inference-Header-Content-Length``,
+    ``Content-Encoding`` and ``Accept-Encoding`` headers (ASGI gives header names
+    lower-case)."""
+    length = header_length = coding = accepted = None
     for name, value in scope["headers"]:
         if name == b"content-length":
             length = value
         elif name == HEADER_LENGTH:
             header_length = value.decode("latin-1")
-    return length, header_length
+        elif name == b"content-encoding":
+            coding = value.decode("latin-1")
+        elif name == b"accept-encoding":
+            accepted = value.decode("latin-1")
+    return length, header_length, coding, accepted
+
+
+async def _off_loop(inline: bool, function: Callable[..., bytes], *args: Any) -> bytes:
+    """``function(*args)``: on the event loop when ``inline``, else on a worker thread."""
+    if inline:
+        return function(*args)
+    return await anyio.to_thread.run_sync(function, *args)
 
 
 def _error_body(exc: Exception) -> bytes:
     return json.dumps({"error": str(exc)}).encode()
+
+
+def _internal_error_body(exc: Exception) -> bytes:
+    return json.dumps({"error": f"internal server error: {type(exc).__name__}: {exc}"}).encode()
 
 
 async def _respond(
@@ -409,6 +454,11 @@ async def _protocol_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
 
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # Starlette still re-raises the exception after sending this, for the server to log.
+    return Response(_internal_error_body(exc), status_code=500, media_type="application/json")
+
+
 def create_app(
     source: str | Path | ModelRepository,
     *,
@@ -463,7 +513,11 @@ def create_app(
     app = OipApp(
         routes=routes,
         lifespan=server.lifespan,
-        exception_handlers={HTTPException: _http_error, ProtocolError: _protocol_error},
+        exception_handlers={
+            HTTPException: _http_error,
+            ProtocolError: _protocol_error,
+            Exception: _server_error,
+        },
     )
     app.state.server = server
     if api_key is not None:

@@ -118,8 +118,9 @@ class _Collector(Collector):
         )
         failures = CounterMetricFamily(
             "aioinfer_inference_failures",
-            "Inference requests that did not succeed, by reason (bad_request, busy, "
-            "cancelled, shutdown, error).",
+            "Inference requests that did not succeed, by reason (bad_request: the "
+            "client's error, 4xx; busy; cancelled; shutdown; error: a fault of the "
+            "server, 500).",
             labels=[*labels, "reason"],
         )
         latency = HistogramMetricFamily(

@@ -17,6 +17,7 @@ from aioinfer.serving.protocol import (
     DATATYPES,
     ProtocolError,
     RequestDecoder,
+    RequestedOutput,
     encode_infer_response,
     parse_infer_request,
     port_metadata,
@@ -112,7 +113,12 @@ FP32 = {"name": "x", "shape": [1, 2], "datatype": "FP32"}
         (b"[1, 2", None, "not valid JSON"),
         (b"[1, 2]", None, "must be a JSON object"),
         (b"{}", None, "needs 'inputs'"),
-        (b"{}", "x", "must be an integer, got 'x'"),
+        (b"{}", "x", "must be a byte count, got 'x'"),
+        (
+            b"{}",
+            "9" * 5000,
+            "must be a byte count, got '99999999999999999999... (5000 characters)'",
+        ),
         (b"{}", "99", "is 99, but the body has 2 bytes"),
         (request([dict(FP32, data=[1, 2])] * 2)[0], None, "'x' is given twice"),
         (
@@ -123,7 +129,12 @@ FP32 = {"name": "x", "shape": [1, 2], "datatype": "FP32"}
         (request([dict(FP32, datatype="INT8", data=[1, 2])])[0], None, "datatype 'INT8' given"),
         (request([dict(FP32, shape=[1, -2], data=[1, 2])])[0], None, "list of integers >= 0"),
         (request([dict(FP32, data=[1, 2, 3])])[0], None, "3 values in 'data', the shape needs 2"),
-        (request([dict(FP32, data=["a", "b"])])[0], None, "not FP32 values"),
+        (
+            request([dict(FP32, data=["a", "b"])])[0],
+            None,
+            "element 0 of 'data' is \"a\", not a number",
+        ),
+        (request([dict(FP32, data=[[1], [2, 3]])])[0], None, "not FP32 values (setting an array"),
         (request([FP32])[0], None, "neither 'data' nor binary_data_size"),
         (
             request(
@@ -243,3 +254,121 @@ def test_binary_responses_with_a_cached_header_carry_their_own_data() -> None:
         np.testing.assert_array_equal(result.as_numpy("labels"), labels)
         assert result.get_response()["id"] == "r"
         assert result.get_response()["model_name"] == "m"
+
+
+# -- JSON data: checked, not coerced ---------------------------------------------------------
+
+
+def json_input(kind: str, data: Any, shape: list[int] | None = None) -> np.ndarray:
+    size = len(data) if isinstance(data, list) else 1
+    spec = {"name": "x", "shape": shape or [size], "datatype": kind, "data": data}
+    body, length = request([spec])
+    return parse_infer_request(body, length, {"x": kind}).inputs["x"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "expected"),
+    [
+        ("INT8", [-128, 127], np.array([-128, 127], np.int8)),
+        ("UINT8", [0, 255], np.array([0, 255], np.uint8)),
+        ("INT64", [-(2**63), 2**63 - 1], np.array([-(2**63), 2**63 - 1], np.int64)),
+        ("UINT64", [0, 2**64 - 1], np.array([0, 2**64 - 1], np.uint64)),
+        ("UINT64", [2**63 + 1, 1], np.array([2**63 + 1, 1], np.uint64)),  # numpy: float64
+        ("UINT64", [2**63 + 1], np.array([2**63 + 1], np.uint64)),  # numpy: uint64
+        ("INT64", [1.0, 2**60 + 1], np.array([1, 2**60 + 1], np.int64)),  # numpy: float64
+        ("INT16", [1.0, -3.0], np.array([1, -3], np.int16)),  # integral floats are integers
+        ("FP16", [65504, -1], np.array([65504, -1], np.float16)),
+        ("FP64", [1e308, 5e-324], np.array([1e308, 5e-324], np.float64)),
+        ("BOOL", [True, False], np.array([True, False])),
+        ("FP32", [], np.zeros(0, np.float32)),
+        ("INT8", [], np.zeros(0, np.int8)),
+    ],
+)
+def test_json_values_within_range_are_exact(kind: str, data: Any, expected: np.ndarray) -> None:
+    got = json_input(kind, data)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "message"),
+    [
+        ("INT8", [1, 128], "element 1 of 'data' is 128, out of the range of INT8 [-128, 127]"),
+        ("UINT8", [-1], "is -1, out of the range of UINT8 [0, 255]"),
+        ("UINT64", [2**64], "is 18446744073709551616, out of the range of UINT64"),
+        ("INT64", [2**63], "is 9223372036854775808, out of the range of INT64"),
+        ("INT64", [-1, 2**63], "out of the range of INT64"),  # numpy reads float64
+        ("INT32", [10**400], "is 10000000000000000000... (401 digits), out of the range"),
+        ("INT8", [0.5], "is 0.5, not an integer (INT8)"),
+        ("INT8", ["1"], 'is "1", not an integer (INT8)'),
+        ("INT8", [None, 1], "is null, not an integer"),
+        ("FP32", [3.5e38], "is 3.5e+38, out of the range of FP32"),
+        ("FP16", ["NaN", 65520.0], "is 65520.0, out of the range of FP16"),
+        ("FP64", [1, 10**400], "element 1 of 'data' is 1000000000000000000"),
+        ("FP32", ["nan"], 'is "nan", not a number, "NaN", "Infinity" or "-Infinity" (FP32)'),
+        ("FP32", [{"a": 1}], "is {'a': 1}, not a number"),
+        ("BOOL", [True, 1], "element 1 of 'data' is 1, not true or false (BOOL)"),
+        ("BOOL", [0], "is 0, not true or false"),
+        ("BYTES", [["a"], [None]], "element 1 of 'data' is null, not a string (BYTES)"),
+    ],
+)
+def test_json_values_that_do_not_fit_are_refused(kind: str, data: Any, message: str) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        json_input(kind, data)
+    assert "input 'x': " in str(caught.value)
+    assert message in str(caught.value)
+    assert caught.value.status == 400
+
+
+def test_special_floats_are_strings_both_ways() -> None:
+    values = json_input("FP32", ["NaN", 1.5, "Infinity", "-Infinity"])
+    assert values.dtype == np.float32
+    np.testing.assert_array_equal(values, [np.nan, 1.5, np.inf, -np.inf])
+    # The bare literals of Python's json (and Triton) read the same.
+    spec = b'{"name": "x", "shape": [3], "datatype": "FP64", "data": [NaN, Infinity, -Infinity]}'
+    literal = b'{"inputs": [' + spec + b"]}"
+    parsed = parse_infer_request(literal, None, {"x": "FP64"}).inputs["x"]
+    np.testing.assert_array_equal(parsed, [np.nan, np.inf, -np.inf])
+    for dtype in (np.float16, np.float32, np.float64):
+        array = np.array([[np.nan, -np.inf], [np.inf, 0.25]], dtype)
+        content, header = encode_infer_response("m", "1", None, [("y", array, False)])
+        assert header is None
+
+        def refuse(literal: str) -> None:
+            raise AssertionError(f"{literal} in the response")
+
+        output = json.loads(content, parse_constant=refuse)["outputs"][0]
+        assert output["data"] == ["NaN", "-Infinity", "Infinity", 0.25]
+        result = InferResult.from_response_body(content)
+        np.testing.assert_array_equal(result.as_numpy("y"), array)
+
+
+def test_bytes_outputs_that_are_not_utf8_cannot_be_json() -> None:
+    words = np.array([b"fine", b"\xc3\x28"], dtype=object)
+    with pytest.raises(ProtocolError, match=r"output 'w': element 1 \(b'\\xc3\('\) is not UTF-8"):
+        encode_infer_response("m", "1", None, [("w", words, False)])
+    content, header = encode_infer_response("m", "1", None, [("w", words, True)])
+    result = InferResult.from_response_body(content, header_length=header)
+    assert result.as_numpy("w").tolist() == [b"fine", b"\xc3\x28"]
+
+
+def test_shapes_and_header_lengths_are_bounded() -> None:
+    with pytest.raises(ProtocolError, match="has 33 dimensions, at most 32"):
+        json_input("FP32", [1.0], shape=[1] * 33)
+    assert json_input("FP32", [1.0], shape=[1] * 32).shape == (1,) * 32
+    with pytest.raises(ProtocolError, match=r"'shape' \[0, 4611686018427387904, 2\] is too large"):
+        json_input("FP32", [], shape=[0, 2**62, 2])
+    body, _ = request([{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}])
+    decoder = RequestDecoder({"x": "FP32"})
+    for length in ("9" * 19, "-1", "+5", "1_0", "\u0663"):
+        with pytest.raises(ProtocolError, match="must be a byte count"):
+            decoder.decode(body, length)
+    with pytest.raises(ProtocolError, match="nests arrays or objects too deeply"):
+        decoder.decode(b'{"inputs": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", None)
+
+
+def test_empty_outputs_means_every_output() -> None:
+    body, length = request([dict(FP32, data=[1, 2])], outputs=[])
+    assert parse_infer_request(body, length, {"x": "FP32"}).outputs is None
+    body, length = request([dict(FP32, data=[1, 2])], outputs=[{"name": "y"}])
+    assert parse_infer_request(body, length, {"x": "FP32"}).outputs == [RequestedOutput("y", False)]
