@@ -34,6 +34,7 @@ from aioinfer.errors import (
     UnknownInputError,
     UnknownPropertyError,
     UnsupportedOperatorError,
+    UnsupportedOpsetError,
 )
 from aioinfer.model import Model, Port
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
@@ -84,6 +85,7 @@ __all__ = [
     "UnknownInputError",
     "UnknownPropertyError",
     "UnsupportedOperatorError",
+    "UnsupportedOpsetError",
     "VariableState",
     "__version__",
 ]
