@@ -75,7 +75,9 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
 
 def _from_proto(proto: onnx.ModelProto, what: str, path: Path | None = None) -> ir.Model:
     _check(proto, what, path)
-    return deserialize(proto, what)
+    model = deserialize(proto, what)
+    check_ir_model(model, what)  # ONNX's checker lets invalid UTF-8 in names through
+    return model
 
 
 def deserialize(proto: onnx.ModelProto, what: str) -> ir.Model:
@@ -121,7 +123,7 @@ def _uses_external_data(proto: onnx.ModelProto) -> bool:
 def check_ir_model(model: ir.Model, what: str) -> None:
     """Check the structure of ``model``'s graphs as ONNX's checker would, on the IR
     (serializing a large model to check it would copy its weights): each name defined
-    once, every value read defined, no cycle.
+    once and valid UTF-8, every value read defined, no cycle.
 
     Raises:
         InvalidModelError: names ``what``, the graph and the fault.
@@ -148,6 +150,12 @@ def _check_graph(graph: ir.Graph, outer: frozenset[ir.Value], what: str) -> None
             raise InvalidModelError(f"{where}: the name {value.name!r} is defined twice")
     members = set(nodes)
     visible = outer | set(values)
+    for text in (
+        graph.name,
+        *(value.name for value in values),
+        *(text for node in nodes for text in (node.name, node.op_type, node.domain)),
+    ):
+        _check_utf8(text, where)
     for node in nodes:
         for read in node.inputs:
             if read is None or read in visible:
@@ -166,6 +174,19 @@ def _check_graph(graph: ir.Graph, outer: frozenset[ir.Value], what: str) -> None
     for value in graph.outputs:
         if value not in visible:
             raise InvalidModelError(f"{where}: graph output {value.name!r} is never defined")
+
+
+def _check_utf8(text: str | bytes | None, where: str) -> None:
+    """Invalid UTF-8 reaches the IR as ``bytes`` (the protobuf runtime's answer for a
+    string field that does not decode) or as an ``str`` with lone surrogates."""
+    try:
+        if isinstance(text, bytes):
+            text.decode()
+            raise UnicodeError  # bytes where a name belongs: not a string field at all
+        if text:
+            text.encode()
+    except UnicodeError:
+        raise InvalidModelError(f"{where}: the name {text!r} is not valid UTF-8") from None
 
 
 def _check_acyclic(nodes: list[ir.Node], members: set[ir.Node], where: str) -> None:
