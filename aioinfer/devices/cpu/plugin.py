@@ -134,7 +134,8 @@ class CPUPlugin(Plugin):
                 "pairs made when it was compiled"
             )
         config = {**stored, "CACHE_DIR": parsed["CACHE_DIR"]}
-        config.update({name: parsed[name] for name in given if name in parsed})
+        # STATEFUL stays as stored: the pairs made (a cache entry's config asked for them).
+        config.update({n: parsed[n] for n in given if n in parsed and n != "STATEFUL"})
         try:
             compiled = CPUCompiledModel(
                 self, exported.model, exported.inputs, exported.outputs, config
