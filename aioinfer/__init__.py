@@ -35,6 +35,7 @@ from aioinfer.errors import (
     UnknownInputError,
     UnknownPropertyError,
     UnsupportedOperatorError,
+    UnsupportedOpsetError,
 )
 from aioinfer.model import Model, Port
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
@@ -86,6 +87,7 @@ __all__ = [
     "UnknownInputError",
     "UnknownPropertyError",
     "UnsupportedOperatorError",
+    "UnsupportedOpsetError",
     "VariableState",
     "__version__",
 ]

@@ -38,6 +38,11 @@ class UnsupportedOperatorError(CompileError):
     """The device has no kernel for an operator (or for its version)."""
 
 
+class UnsupportedOpsetError(CompileError):
+    """The model imports a version of the ``ai.onnx`` operator set newer than the device
+    supports."""
+
+
 class NotBatchableError(CompileError):
     """The BATCH device cannot batch the model: an input or output lacks a shared symbolic
     first (batch) dimension, or the model keeps state per request."""
@@ -52,8 +57,9 @@ class ImportModelError(AioinferError):
 
 
 class InvalidBlobError(ImportModelError):
-    """The data is not an aioinfer export blob, or the blob is truncated or corrupted
-    (its checksum does not match)."""
+    """The data is not an aioinfer export blob, or the blob is truncated, corrupted (its
+    checksum does not match, its header or model is malformed) or not self-contained
+    (a tensor refers to external data)."""
 
 
 class BlobVersionError(ImportModelError):

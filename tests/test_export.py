@@ -172,6 +172,21 @@ def test_damaged_cache_entry_is_compiled_again(tmp_path: Path) -> None:
     assert core.compile_model(_cnn(), "CPU", config).get_property("LOADED_FROM_CACHE") is True
 
 
+def test_a_stateful_model_is_loaded_from_the_cache(tmp_path: Path) -> None:
+    """The cache entry keeps the pairs that ``STATEFUL: auto`` made (the hit used to
+    index the string 'AUTO' as the pairs and fail with a TypeError)."""
+    core = ai.Core()
+    config = {"STATEFUL": "auto", "CACHE_DIR": str(tmp_path)}
+    assert core.compile_model(_stateful(), "CPU", config).get_property("LOADED_FROM_CACHE") is False
+    cached = core.compile_model(_stateful(), "CPU", config)
+    assert cached.get_property("LOADED_FROM_CACHE") is True
+    assert cached.get_property("STATEFUL") == {"past_0": "present_0"}
+    request = cached.create_infer_request()
+    request.infer_sync({"x": np.ones(2, np.float32)})
+    y = request.infer_sync({"x": np.ones(2, np.float32)})["y"]
+    np.testing.assert_array_equal(y, [-2.0, -2.0])
+
+
 def test_cache_dir_must_be_a_directory(tmp_path: Path) -> None:
     path = tmp_path / "file"
     path.write_text("x")

@@ -19,9 +19,16 @@ from aioinfer.devices.cpu.export import Exported, cache_key, dump, load
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
 from aioinfer.devices.cpu.kernels.registry import find_kernel
 from aioinfer.devices.cpu.request import CPUInferRequest
-from aioinfer.errors import ImportModelError, InvalidPropertyValueError, UnsupportedOperatorError
+from aioinfer.errors import (
+    AioinferError,
+    ImportModelError,
+    InvalidBlobError,
+    InvalidPropertyValueError,
+    PropertyError,
+    UnsupportedOperatorError,
+)
 from aioinfer.model import Model, Port
-from aioinfer.opsets import node_opset
+from aioinfer.opsets import MAX_ONNX_OPSET, check_onnx_opset, node_opset
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.state import split_ports
@@ -54,17 +61,25 @@ class CPUPlugin(Plugin):
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> CPUCompiledModel:
         """Compile ``model``; with ``CACHE_DIR``, load it from the cache when it was
         compiled before with the same device, config and aioinfer version (else compile
-        and store it there)."""
+        and store it there). An entry that cannot be imported (damaged, of another
+        version or device, of another model, or not self-contained) is compiled again
+        and replaced.
+
+        Raises:
+            UnsupportedOpsetError: the model's ``ai.onnx`` opset is newer than
+                :data:`~aioinfer.opsets.MAX_ONNX_OPSET`.
+        """
         parsed = parse_config(config, self.supported_properties)
+        check_onnx_opset(model.ir.opset_imports, self.device_name, MAX_ONNX_OPSET)
         cache_dir = parsed["CACHE_DIR"]
         if not cache_dir:
             return CPUCompiledModel.compile(self, model, parsed)
         path = Path(cache_dir) / f"{cache_key(model, self.device_name, parsed)}.blob"
         if path.is_file():
             try:
-                cached = self._from_blob(path.read_bytes(), parsed, set(config))
-            except ImportModelError:
-                pass  # a damaged or stale entry is compiled again and replaced below
+                cached = self._from_blob(path.read_bytes(), parsed, set(config), model)
+            except (ImportModelError, OSError):
+                pass  # an entry that cannot be used is compiled again and replaced below
             else:
                 cached.loaded_from_cache = True
                 return cached
@@ -81,9 +96,13 @@ class CPUPlugin(Plugin):
         """A compiled model from ``blob`` (see :meth:`CPUCompiledModel.export_model`);
         ``config`` may change run-time properties (hint, streams, threads, PERF_COUNT).
 
+        The config stored in the blob is validated like a compile config, but a bad one
+        is the blob's fault: it raises ``InvalidBlobError``, not a property error.
+
         Raises:
             InvalidBlobError, BlobVersionError, BlobDeviceError: see
-                :func:`aioinfer.devices.cpu.export.load`.
+                :func:`aioinfer.devices.cpu.export.load`; also a config in the blob that
+                this device does not accept, or a model that cannot be lowered.
             InvalidPropertyValueError: ``STATEFUL`` given (the graph is already transformed).
             UnknownPropertyError: a bad ``config``.
         """
@@ -95,11 +114,52 @@ class CPUPlugin(Plugin):
             )
         return self._from_blob(blob, parse_config(config, self.supported_properties), set(config))
 
-    def _from_blob(self, blob: bytes, parsed: dict[str, Any], given: set[str]) -> CPUCompiledModel:
+    def _from_blob(
+        self, blob: bytes, parsed: dict[str, Any], given: set[str], source: Model | None = None
+    ) -> CPUCompiledModel:
+        """Import ``blob`` with the ``given`` names of the ``parsed`` config overriding
+        its own; ``source``: the model a cache entry must be of (same ports)."""
         exported = load(blob, self.device_name)
-        config = {**parse_config({}, self.supported_properties), **exported.config}
-        config.update({name: parsed[name] for name in given if name in parsed})
-        return CPUCompiledModel(self, exported.model, exported.inputs, exported.outputs, config)
+        if source is not None and (exported.inputs, exported.outputs) != (
+            source.inputs,
+            source.outputs,
+        ):
+            raise InvalidBlobError("the cached blob holds another model: its ports differ")
+        try:
+            stored = parse_config(exported.config, self.supported_properties)
+        except PropertyError as exc:
+            raise InvalidBlobError(f"the blob's config is not valid: {exc}") from None
+        if not isinstance(stored["STATEFUL"], dict):
+            raise InvalidBlobError(
+                f"the blob's config has STATEFUL {stored['STATEFUL']!r}, expected the "
+                "pairs made when it was compiled"
+            )
+        config = {**stored, "CACHE_DIR": parsed["CACHE_DIR"]}
+        # STATEFUL stays as stored: the pairs made (a cache entry's config asked for them).
+        config.update({n: parsed[n] for n in given if n in parsed and n != "STATEFUL"})
+        try:
+            compiled = CPUCompiledModel(
+                self, exported.model, exported.inputs, exported.outputs, config
+            )
+        except (AioinferError, LookupError, ValueError, TypeError, RecursionError) as exc:
+            raise InvalidBlobError(f"the blob's model cannot be lowered: {exc}") from exc
+        if compiled.config["STATEFUL"] != stored["STATEFUL"]:
+            raise InvalidBlobError(
+                f"the blob's config has STATEFUL {stored['STATEFUL']!r}, but its model "
+                f"makes the variables {compiled.config['STATEFUL']!r}"
+            )
+        graph = exported.model.graph
+        feeds = [v.name for v in graph.inputs if v.name not in graph.initializers]
+        outputs = [v.name for v in graph.outputs]
+        if [p.name for p in compiled.inputs] != feeds or [
+            p.name for p in compiled.outputs
+        ] != outputs:
+            raise InvalidBlobError(
+                f"the blob's header ports do not match its model: inputs "
+                f"{[p.name for p in compiled.inputs]} and outputs "
+                f"{[p.name for p in compiled.outputs]}, the model has {feeds} and {outputs}"
+            )
+        return compiled
 
     def query_model(self, model: Model) -> dict[str, str]:
         opsets = model.ir.opset_imports
