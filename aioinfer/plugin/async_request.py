@@ -3,6 +3,14 @@
 It owns the request's state machine (idle -> busy -> idle, closed), runs the device's
 (executor, stage) pipeline, calls the user's callback, and turns cancellation of the
 awaiting task into a cooperative stop of the compute. A device only declares stages.
+
+A step is atomic: it is either cancelled or completed, never both. Its *commit point* is
+the start of the device's last stage (postprocess: it commits the variable state and
+publishes the results). A cancel before that point cancels the step; from that point on
+the step completes: ``cancel()`` does nothing, and the last stage and the callback run
+shielded from the cancellation of the awaiting task, which is delivered afterwards as the
+task's own. Without this, a cancel landing during the callback reported a step whose state
+had already advanced as cancelled.
 """
 
 from __future__ import annotations
@@ -61,6 +69,8 @@ class AsyncInferRequest:
         self._callback_executor = callback_executor
         self._state = RequestState.IDLE
         self._started = False
+        self._committed = False
+        """True once the running inference passed its commit point (see the module)."""
         self._done: anyio.Event | None = None
         """Set when the running inference settles; made only when someone waits."""
         self._callback: Callback | None = None
@@ -99,15 +109,19 @@ class AsyncInferRequest:
         """The userdata of the current (or last) inference."""
         return self._userdata
 
-    def set_tensor(self, key: str | int | Port, value: Any) -> None:
+    def set_tensor(self, key: str | int | Port, value: Any, *, share_inputs: bool = False) -> None:
         """Set one input for the next inference (by name, index or Port).
+
+        ``value`` is copied into the request's own buffer for that input, reused while its
+        shape and element type stay the same; ``share_inputs=True`` keeps ``value`` itself
+        (zero-copy: do not modify it until the inference completed).
 
         Raises:
             UnknownInputError, InputTypeError, InputShapeError: see the messages.
             RequestBusyError: an inference is running on this request.
         """
         self._check_idle()
-        self._request.set_tensor(key, value)
+        self._request.set_tensor(key, value, share_inputs=share_inputs)
 
     def set_tensors(self, key: str | int | Port, values: Sequence[Any]) -> None:
         """Set one input from a list of tensors joined along the batch (first) axis."""
@@ -124,7 +138,8 @@ class AsyncInferRequest:
         self._request.clear_inputs()
 
     def get_tensor(self, key: str | int | Port) -> Any:
-        """The input set for ``key`` or the output ``key`` of the last inference."""
+        """The input set for ``key`` (the request's copy, or the caller's array when it
+        was shared) or the output ``key`` of the last inference."""
         return self._request.get_tensor(key)
 
     @property
@@ -171,11 +186,20 @@ class AsyncInferRequest:
 
     # -- inference ------------------------------------------------------------------------
 
-    async def infer(self, inputs: Inputs | None = None) -> InferResults:
+    async def infer(
+        self, inputs: Inputs | None = None, *, share_inputs: bool = False
+    ) -> InferResults:
         """Run one inference and return its results.
 
         ``inputs`` is a dict from input name (or index, or Port) to array, or a list in
-        input order; inputs set before with :meth:`set_tensor` may be left out.
+        input order; inputs set before with :meth:`set_tensor` may be left out. They are
+        copied into the request's buffers before this returns control to the loop; with
+        ``share_inputs=True`` the request reads the caller's arrays instead (zero-copy),
+        which must then stay unchanged until the inference completed.
+
+        Cancelling the awaiting task before the commit point (the start of the last
+        stage) cancels the inference; afterwards the inference completes and this returns
+        its results (the task's cancellation reaches it at its next checkpoint).
 
         Raises:
             UnknownInputError, InputTypeError, InputShapeError, MissingInputError: bad
@@ -184,27 +208,35 @@ class AsyncInferRequest:
             InferenceError: a kernel failed (the message names the node).
             InferCancelledError: :meth:`cancel` was called meanwhile.
         """
-        self._begin(inputs, None)
+        self._begin(inputs, None, share_inputs)
         await self._run()
         return self._finish()
 
-    def start_async(self, inputs: Inputs | None = None, userdata: Any = None) -> None:
+    def start_async(
+        self, inputs: Inputs | None = None, userdata: Any = None, *, share_inputs: bool = False
+    ) -> None:
         """Start one inference and return at once; ``await wait()`` for it.
 
         ``userdata`` goes to the callback of this inference (instead of the one given
         to :meth:`set_callback`). Must be called from a running event loop.
 
+        The inputs are copied before this returns, so the caller may reuse its arrays at
+        once (one frame buffer for every frame). ``share_inputs=True`` skips the copy: the
+        caller must then leave the arrays unchanged until the inference completed.
+
         Raises:
             RequestBusyError, RequestClosedError, and the input errors of :meth:`infer`.
         """
-        self._begin(inputs, userdata)
+        self._begin(inputs, userdata, share_inputs)
         spawn_detached(self._run_detached)
 
     async def wait(self) -> InferResults | None:
         """Wait for the inference started with :meth:`start_async` (and its callback).
 
         Returns its results (None when nothing was started). Cancelling the waiting task
-        cancels the inference.
+        before the inference's commit point cancels the inference; afterwards the
+        inference completes (``error`` None, the callback told of success) and the
+        task's cancellation is raised once it has.
 
         Raises:
             Exception: the inference's or the callback's exception.
@@ -242,12 +274,14 @@ class AsyncInferRequest:
         return True
 
     def cancel(self) -> None:
-        """Stop the running inference at the next kernel boundary (no-op when idle).
+        """Stop the running inference at the next kernel boundary.
 
         Its awaiter gets :class:`InferCancelledError`; cancelling the awaiting task
-        instead gives the framework's own cancellation exception.
+        instead gives the framework's own cancellation exception. A no-op when idle, and
+        once the inference passed its commit point (its last stage started): it then
+        completes.
         """
-        if self._state is RequestState.BUSY:
+        if self._state is RequestState.BUSY and not self._committed:
             self._request.cancel()
 
     def set_callback(self, callback: Callback | None, userdata: Any = None) -> None:
@@ -256,8 +290,9 @@ class AsyncInferRequest:
         A coroutine function is awaited on the event loop; a plain function runs on the
         compiled model's callback executor (a thread). It also runs when the inference
         failed or was cancelled: ``request.error`` then holds the exception (None on
-        success). ``wait()``/``infer()`` return only after the callback finished, and
-        re-raise its exception. ``None`` removes the callback.
+        success). It runs once per inference, to its end: cancelling the awaiting task
+        does not interrupt it. ``wait()``/``infer()`` return only after the callback
+        finished, and re-raise its exception. ``None`` removes the callback.
         """
         self._callback = callback
         self._callback_userdata = userdata
@@ -288,16 +323,19 @@ class AsyncInferRequest:
     ) -> None:
         await self.close()
 
-    def infer_sync(self, inputs: Inputs | None = None) -> InferResults:
+    def infer_sync(
+        self, inputs: Inputs | None = None, *, share_inputs: bool = False
+    ) -> InferResults:
         """Run one inference in the calling thread, through the same stages.
 
         For scripts, tests and the ONNX backend API; never call it on an event loop.
-        No callback runs. Raises the errors of :meth:`infer`.
+        No callback runs. ``share_inputs`` as for :meth:`infer`. Raises the errors of
+        :meth:`infer`.
         """
         self._check_idle()
         self._state = RequestState.BUSY
         try:
-            return self._request.infer(inputs)
+            return self._request.infer(inputs, share_inputs=share_inputs)
         finally:
             self._state = RequestState.IDLE
 
@@ -312,10 +350,11 @@ class AsyncInferRequest:
                 "use another request (create_infer_request() or an AsyncInferQueue)"
             )
 
-    def _begin(self, inputs: Inputs | None, userdata: Any) -> None:
+    def _begin(self, inputs: Inputs | None, userdata: Any, share_inputs: bool) -> None:
         self._check_idle()
-        self._request.set_inputs(inputs)
+        self._request.set_inputs(inputs, share_inputs=share_inputs)
         self._state = RequestState.BUSY
+        self._committed = False
         self._request.cancel_token.requested = False
         self._request.queued_seconds = 0.0
         self._userdata = self._callback_userdata if userdata is None else userdata
@@ -325,19 +364,13 @@ class AsyncInferRequest:
         self._done = None
 
     async def _run(self) -> None:
-        """Stages, then the callback, then back to idle; exceptions end in ``self.error``."""
-        request = self._request
+        """Stages, then the callback, then back to idle; exceptions end in ``self.error``.
+
+        The callback is shielded: it runs to its end and is told how the step ended.
+        """
         try:
             try:
-                for name, (executor, stage) in zip(self._names, self._pipeline):
-                    if request.cancel_token.requested:
-                        raise InferCancelledError("the inference was cancelled")
-                    start = time.perf_counter()
-                    try:
-                        _, waited = await executor.run_timed(stage, request.cancel)
-                        request.queued_seconds += waited
-                    finally:
-                        request.stage_durations[name] = time.perf_counter() - start
+                await self._run_stages()
             except anyio.get_cancelled_exc_class():
                 self.error = InferCancelledError("the inference was cancelled")
                 with anyio.CancelScope(shield=True):
@@ -345,11 +378,30 @@ class AsyncInferRequest:
                 raise
             except Exception as exc:
                 self.error = exc
-            # Cancelling the awaiting task during the callback cancels the callback; the
-            # request still settles below.
-            await self._call_back()
+            with anyio.CancelScope(shield=True):
+                await self._call_back()
         finally:
             self._settle()
+
+    async def _run_stages(self) -> None:
+        request = self._request
+        last = len(self._pipeline) - 1
+        for index, (name, (executor, stage)) in enumerate(zip(self._names, self._pipeline)):
+            if request.cancel_token.requested:
+                raise InferCancelledError("the inference was cancelled")
+            start = time.perf_counter()
+            try:
+                if index < last:
+                    _, waited = await executor.run_timed(stage, request.cancel)
+                else:
+                    # The commit point: the last stage commits the state and publishes
+                    # the results, so from here on the step completes.
+                    self._committed = True
+                    with anyio.CancelScope(shield=True):
+                        _, waited = await executor.run_timed(stage)
+                request.queued_seconds += waited
+            finally:
+                request.stage_durations[name] = time.perf_counter() - start
 
     async def _run_detached(self) -> None:
         try:
