@@ -364,22 +364,19 @@ class AsyncInferRequest:
         self._done = None
 
     async def _run(self) -> None:
-        """Stages, then the callback, then back to idle; exceptions end in ``self.error``.
-
-        The callback is shielded: it runs to its end and is told how the step ended.
-        """
+        """Stages, then the callback, then back to idle; exceptions end in ``self.error``."""
         try:
             try:
                 await self._run_stages()
             except anyio.get_cancelled_exc_class():
                 self.error = InferCancelledError("the inference was cancelled")
-                with anyio.CancelScope(shield=True):
-                    await self._call_back()
                 raise
             except Exception as exc:
                 self.error = exc
-            with anyio.CancelScope(shield=True):
-                await self._call_back()
+            finally:
+                # Told how the step ended, and run to its end whatever happens meanwhile.
+                with anyio.CancelScope(shield=True):
+                    await self._call_back()
         finally:
             self._settle()
 
@@ -391,7 +388,7 @@ class AsyncInferRequest:
                 raise InferCancelledError("the inference was cancelled")
             start = time.perf_counter()
             try:
-                if index < last:
+                if index < last or last == 0:  # (a lone stage computes: cancellable)
                     _, waited = await executor.run_timed(stage, request.cancel)
                 else:
                     # The commit point: the last stage commits the state and publishes
