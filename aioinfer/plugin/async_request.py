@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,8 @@ class AsyncInferRequest:
         self._started = False
         self._committed = False
         """True once the running inference passed its commit point (see the module)."""
+        self._published: InferResults | None = None
+        """The results before the running inference (it published when they changed)."""
         self._done: anyio.Event | None = None
         """Set when the running inference settles; made only when someone waits."""
         self._callback: Callback | None = None
@@ -209,7 +211,7 @@ class AsyncInferRequest:
             InferCancelledError: :meth:`cancel` was called meanwhile.
         """
         self._begin(inputs, None, share_inputs)
-        await self._run()
+        await self._run(awaited=True)
         return self._finish()
 
     def start_async(
@@ -362,21 +364,31 @@ class AsyncInferRequest:
         self._callback_error = None
         self._started = True
         self._done = None
+        self._published = self._request.results
 
-    async def _run(self) -> None:
-        """Stages, then the callback, then back to idle; exceptions end in ``self.error``."""
+    async def _run(self, awaited: bool) -> None:
+        """Stages, then the callback, then back to idle; exceptions end in ``self.error``.
+
+        ``awaited``: a task of the caller awaits this run, and may be cancelled.
+        """
         try:
             try:
                 await self._run_stages()
             except anyio.get_cancelled_exc_class():
-                self.error = InferCancelledError("the inference was cancelled")
+                # asyncio's own cancellation (task.cancel(), asyncio.timeout) goes through
+                # shields: it may come after the last stage published. Then it completed.
+                if self._request.results is self._published:
+                    self.error = InferCancelledError("the inference was cancelled")
                 raise
             except Exception as exc:
                 self.error = exc
             finally:
                 # Told how the step ended, and run to its end whatever happens meanwhile.
-                with anyio.CancelScope(shield=True):
-                    await self._call_back()
+                if awaited and self._callback is not None:
+                    await _to_the_end(self._call_back)
+                else:
+                    with anyio.CancelScope(shield=True):
+                        await self._call_back()
         finally:
             self._settle()
 
@@ -402,7 +414,7 @@ class AsyncInferRequest:
 
     async def _run_detached(self) -> None:
         try:
-            await self._run()
+            await self._run(awaited=False)
         except BaseException:  # recorded in self.error; wait() re-raises it
             return
 
@@ -437,6 +449,34 @@ class AsyncInferRequest:
         results = self._request.results
         assert results is not None
         return results
+
+
+async def _to_the_end(call: Callable[[], Awaitable[None]]) -> None:
+    """Await ``call()`` (which must not raise) to its end even when the awaiting task is
+    cancelled meanwhile, then re-raise that cancellation.
+
+    A shielded cancel scope stops anyio's and trio's cancellation, but not asyncio's own
+    (``task.cancel()``, ``asyncio.timeout``), which would interrupt ``call()``; so it runs
+    as a task of its own, which that cancellation does not reach.
+    """
+    done = anyio.Event()
+
+    async def run() -> None:
+        try:
+            await call()
+        finally:
+            done.set()
+
+    spawn_detached(run)
+    cancelled: BaseException | None = None
+    while not done.is_set():
+        try:
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+        except anyio.get_cancelled_exc_class() as exc:
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
 
 
 async def invoke_callback(

@@ -2,14 +2,16 @@
 
 An accumulator (``present = past + x``, int64: exact) runs 300 steps on one request; each
 step is cancelled at a random point (after a random number of turns of the event loop, up
-to about a step's worth, or while its callback runs) in one of three ways: cancelling the
-task that awaits ``infer()``, ``request.cancel()`` after ``start_async``, or cancelling
-the task that awaits ``wait()``. After every step exactly one of these holds:
+to about a step's worth, or while its callback runs) in one of these ways: cancelling the
+task that awaits ``infer()`` (a cancel scope), ``request.cancel()`` after
+``start_async``, cancelling the task that awaits ``wait()``, and under asyncio also
+asyncio's own ``task.cancel()`` of a task awaiting ``infer()`` (which no cancel scope
+shields from). After every step exactly one of these holds:
 
 - completed: the state advanced by ``x``; ``request.error`` is None; the callback was told
-  None; ``infer()`` and ``wait()`` after ``cancel()`` returned the results (a task
-  cancelled while it awaited ``wait()`` may get its own cancellation once the step
-  completed, never ``InferCancelledError``);
+  None; ``infer()`` returned the results, and so did ``wait()`` after ``cancel()`` (a
+  task cancelled while it awaited ``wait()``, or by ``task.cancel()``, may get its own
+  cancellation once the step completed; never ``InferCancelledError``);
 - cancelled: the state is as before; ``request.error`` is ``InferCancelledError``; the
   callback was told so; the awaiter got ``InferCancelledError`` (``cancel()``) or its
   own cancellation.
@@ -21,6 +23,7 @@ as ``past`` and a step's commit is the publication of its results.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -37,6 +40,11 @@ from tests.helpers import accumulator_model
 pytestmark = pytest.mark.anyio
 
 STEPS = 300
+MODES = {
+    "asyncio": ["infer", "cancel", "wait", "native"],
+    "trio": ["infer", "cancel", "wait"],
+}
+"""How a step is cancelled (see the module docstring), by backend."""
 WIDTH = 4
 REFUSALS = (ai.NotBatchableError, ai.InvalidPropertyValueError, ai.UnknownPropertyError)
 """How a device without per-request state refuses STATEFUL: BATCH, PROCESS, and a device
@@ -142,19 +150,31 @@ async def cancelled_step(
 
     outcome = "returned"
     async with anyio.create_task_group() as group:
-        if mode != "infer":
-            request.start_async(inputs)
-        group.start_soon(cancel_later, request.cancel if mode == "cancel" else scope.cancel)
-        with scope:
-            try:
-                await (request.infer(inputs) if mode == "infer" else request.wait())
-            except ai.InferCancelledError:
+        if mode == "native":
+            task = asyncio.get_running_loop().create_task(request.infer(inputs))
+            group.start_soon(cancel_later, task.cancel)
+            await asyncio.wait([task])
+            if task.cancelled():
+                outcome = "task cancelled"
+            elif isinstance(task.exception(), ai.InferCancelledError):
                 outcome = "InferCancelledError"
+        else:
+            if mode != "infer":
+                request.start_async(inputs)
+            cancel = request.cancel if mode == "cancel" else scope.cancel
+            group.start_soon(cancel_later, cancel)
+            with scope:
+                try:
+                    await (request.infer(inputs) if mode == "infer" else request.wait())
+                except ai.InferCancelledError:
+                    outcome = "InferCancelledError"
         group.cancel_scope.cancel()  # a canceller that did not fire yet
     return "task cancelled" if scope.cancelled_caught else outcome
 
 
-async def run_steps(compiled: ai.CompiledModel, stateful: bool, kind: str, seed: int) -> None:
+async def run_steps(
+    compiled: ai.CompiledModel, stateful: bool, kind: str, backend: str, seed: int
+) -> None:
     request = compiled.create_infer_request()
     callback = Callback(kind)
     callback.install(request)
@@ -179,7 +199,7 @@ async def run_steps(compiled: ai.CompiledModel, stateful: bool, kind: str, seed:
         before, published = current(), request.results
         callback.told.clear()
         callback.cancelled.clear()
-        mode = rng.choice(["infer", "cancel", "wait"])
+        mode = rng.choice(MODES[backend])
         point = "callback" if kind != "none" and rng.random() < 0.3 else "delay"
         delay = rng.randint(0, int(scale) + 1)
         callback.hold = point == "callback"
@@ -202,7 +222,8 @@ async def run_steps(compiled: ai.CompiledModel, stateful: bool, kind: str, seed:
         if advanced:
             counts["completed"] += 1
             assert request.error is None, f"{where}: completed, but error {request.error!r}"
-            allowed = {"returned", "task cancelled"} if mode == "wait" else {"returned"}
+            own = mode in ("wait", "native")  # the task's own cancellation may come after
+            allowed = {"returned", "task cancelled"} if own else {"returned"}
             assert outcome in allowed, f"{where}: completed, but the awaiter saw otherwise"
             np.testing.assert_array_equal(request.results["y"], before + x, where)
         else:
@@ -220,10 +241,10 @@ async def run_steps(compiled: ai.CompiledModel, stateful: bool, kind: str, seed:
 
 
 @pytest.mark.parametrize("kind", ["none", "sync", "async"])
-async def test_stateful_steps_are_completed_or_cancelled(stateful, kind):
-    await run_steps(stateful, stateful=True, kind=kind, seed=1)
+async def test_stateful_steps_are_completed_or_cancelled(stateful, kind, anyio_backend):
+    await run_steps(stateful, stateful=True, kind=kind, backend=anyio_backend, seed=1)
 
 
 @pytest.mark.parametrize("kind", ["none", "sync", "async"])
-async def test_steps_are_completed_or_cancelled(plain, kind):
-    await run_steps(plain, stateful=False, kind=kind, seed=2)
+async def test_steps_are_completed_or_cancelled(plain, kind, anyio_backend):
+    await run_steps(plain, stateful=False, kind=kind, backend=anyio_backend, seed=2)
