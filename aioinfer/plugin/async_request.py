@@ -15,6 +15,7 @@ had already advanced as cancelled.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -383,11 +384,12 @@ class AsyncInferRequest:
             except Exception as exc:
                 self.error = exc
             finally:
-                # Told how the step ended, and run to its end whatever happens meanwhile.
-                if awaited and self._callback is not None:
+                # Told how the step ended, and run to its end whatever happens meanwhile
+                # (no task of the caller awaits a detached run: a shield is enough there).
+                if self._callback is not None and awaited:
                     await _to_the_end(self._call_back)
-                else:
-                    with anyio.CancelScope(shield=True):
+                elif self._callback is not None:
+                    with _shielded():
                         await self._call_back()
         finally:
             self._settle()
@@ -406,7 +408,8 @@ class AsyncInferRequest:
                     # The commit point: the last stage commits the state and publishes
                     # the results, so from here on the step completes.
                     self._committed = True
-                    with anyio.CancelScope(shield=True):
+                    shield = contextlib.nullcontext() if executor.inline else _shielded()
+                    with shield:
                         _, waited = await executor.run_timed(stage)
                 request.queued_seconds += waited
             finally:
@@ -428,6 +431,7 @@ class AsyncInferRequest:
             self._callback_error = exc
 
     def _settle(self) -> None:
+        self._published = None  # keeps no results alive
         self._state = RequestState.IDLE
         if self._done is not None:
             self._done.set()
@@ -449,6 +453,10 @@ class AsyncInferRequest:
         results = self._request.results
         assert results is not None
         return results
+
+
+def _shielded() -> anyio.CancelScope:
+    return anyio.CancelScope(shield=True)
 
 
 async def _to_the_end(call: Callable[[], Awaitable[None]]) -> None:
