@@ -64,8 +64,14 @@ class AsyncInferQueue:
         """True when a request is idle, so ``start_async`` would not wait."""
         return bool(self._idle)
 
-    async def start_async(self, inputs: Inputs | None = None, userdata: Any = None) -> None:
+    async def start_async(
+        self, inputs: Inputs | None = None, userdata: Any = None, *, share_inputs: bool = False
+    ) -> None:
         """Wait for an idle request and start ``inputs`` on it.
+
+        The inputs are copied into the request before this returns, so one buffer may be
+        refilled for the next job at once; ``share_inputs=True`` skips the copy, and the
+        caller must then leave the arrays unchanged until the job completed.
 
         Raises:
             RequestClosedError: the queue is closed.
@@ -80,7 +86,7 @@ class AsyncInferQueue:
         index = self._idle.popleft()
         self.userdata[index] = userdata
         try:
-            self._requests[index].start_async(inputs, userdata)
+            self._requests[index].start_async(inputs, userdata, share_inputs=share_inputs)
         except BaseException:
             self._idle.appendleft(index)
             raise

@@ -128,3 +128,25 @@ def chain_model(steps: int, width: int, seed: int = 0) -> onnx.ModelProto:
         {"w": weight},
         name="chain",
     )
+
+
+def accumulator_model(width: int = 4, rounds: int = 10) -> onnx.ModelProto:
+    """``present = past + x`` (int64 ``["n", width]``, exact), reached through ``rounds``
+    pairs of adding and subtracting a constant so that the compute is a plan of several
+    kernels; ``y`` is ``present`` too. Compiled with ``STATEFUL = {"past": "present"}``
+    it is an accumulator: each step adds ``x`` to the request's state."""
+    nodes, last = [oh.make_node("Add", ["past", "x"], ["sum0"], name="accumulate")], "sum0"
+    for i in range(rounds):
+        nodes.append(oh.make_node("Add", [last, "c"], [f"up{i}"], name=f"up{i}"))
+        nodes.append(oh.make_node("Sub", [f"up{i}", "c"], [f"sum{i + 1}"], name=f"down{i}"))
+        last = f"sum{i + 1}"
+    nodes.append(oh.make_node("Identity", [last], ["present"], name="present"))
+    nodes.append(oh.make_node("Identity", [last], ["y"], name="y"))
+    shape = ["n", width]
+    return make_model(
+        nodes,
+        [tensor_info("x", np.int64, shape), tensor_info("past", np.int64, shape)],
+        [tensor_info("y", np.int64, shape), tensor_info("present", np.int64, shape)],
+        {"c": np.array(7, np.int64)},
+        name="accumulator",
+    )

@@ -35,7 +35,7 @@ class _Request:
         self.target = target
         self.queued_seconds = 0.0
 
-    async def infer(self, inputs: list[np.ndarray]) -> _Results:
+    async def infer(self, inputs: list[np.ndarray], share_inputs: bool = False) -> _Results:
         release = anyio.Event()
         self.target.running.append((inputs[0].shape[0], release))
         await release.wait()

@@ -271,9 +271,13 @@ def test_validated_checks_like_an_inference_and_keeps_nothing(core):
     b = np.full((2, 3), 2, np.float32)
     ref = weakref.ref(a)
     # Returned in input order; a list is converted to the port's element type.
-    got = request.validated({"scale": [1, 2, 3], "b": b, "a": a})
+    got = request.validated({"scale": [1, 2, 3], "b": b, "a": a}, share_inputs=True)
     assert got[0] is a and got[1] is b
     assert got[2].dtype == np.int64 and got[2].tolist() == [1, 2, 3]
+    # By default they are fresh copies (a BATCH queue keeps them while the caller goes on).
+    copies = request.validated({"scale": [1, 2, 3], "b": b, "a": a})
+    assert not any(np.shares_memory(x, y) for x, y in zip(copies, got))
+    np.testing.assert_array_equal(copies[0], a)
     # The request did not keep them: an inference without inputs finds none.
     with pytest.raises(ai.MissingInputError, match="'a', 'b', 'scale'"):
         request.infer({})

@@ -85,12 +85,13 @@ class CompiledModel(HasPorts, ABC):
         self._requests.add(wrapper)
         return wrapper
 
-    async def infer(self, inputs: Inputs) -> InferResults:
+    async def infer(self, inputs: Inputs, *, share_inputs: bool = False) -> InferResults:
         """Run one inference on a pooled infer request and return its results: for
         callers that do not keep requests of their own (a web handler). Concurrent calls
         run on separate requests; cancelling the awaiting task cancels the inference.
         Each call starts from a stateful model's initial state (state lives in the
-        requests you keep).
+        requests you keep). The inputs are copied, unless ``share_inputs=True`` (for
+        arrays nothing else modifies until this returns, such as freshly decoded ones).
 
         Raises:
             UnknownInputError, InputTypeError, InputShapeError, MissingInputError: bad
@@ -100,10 +101,12 @@ class CompiledModel(HasPorts, ABC):
             InferCancelledError: the compiled model was closed meanwhile.
             RequestClosedError: the compiled model is closed.
         """
-        results, _ = await self.infer_timed(inputs)
+        results, _ = await self.infer_timed(inputs, share_inputs=share_inputs)
         return results
 
-    async def infer_timed(self, inputs: Inputs) -> tuple[InferResults, float]:
+    async def infer_timed(
+        self, inputs: Inputs, *, share_inputs: bool = False
+    ) -> tuple[InferResults, float]:
         """:meth:`infer`, and the seconds the inference waited in the device's queue
         before it computed (``queued_seconds``: the wait for a thread of the task
         executor, for the batch on BATCH, for a stream of the PROCESS worker).
@@ -114,7 +117,7 @@ class CompiledModel(HasPorts, ABC):
         request = self._pool.pop() if self._pool else self.create_infer_request()
         try:
             request.reset_state()
-            results = await request.infer(inputs)
+            results = await request.infer(inputs, share_inputs=share_inputs)
             return results, request.queued_seconds
         finally:
             # The next caller must not run on this one's inputs (one it leaves out must

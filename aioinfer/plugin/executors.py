@@ -28,6 +28,8 @@ class Executor(ABC):
     """Runs stages for the async pipeline."""
 
     name: str
+    inline = False
+    """True when the stage runs inline on the loop's thread, so nothing interrupts it."""
 
     @abstractmethod
     async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
@@ -54,6 +56,7 @@ class LoopExecutor(Executor):
     """Runs each stage inline, on the event loop's thread."""
 
     name = "loop"
+    inline = True
 
     async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
         return stage()

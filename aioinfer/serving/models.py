@@ -183,7 +183,7 @@ class ServedModel:
                 return await self._infer_in_sequence(inputs, sequence, arrived)
             waited = time.perf_counter() - arrived if arrived else 0.0
             # BATCH: straight into the batch queue; other devices: a pooled request.
-            results, queued = await self.compiled.infer_timed(inputs)
+            results, queued = await self.compiled.infer_timed(inputs, share_inputs=True)
             self._count(inputs)
             return results, waited + queued
         finally:
@@ -232,7 +232,7 @@ class ServedModel:
         async with sequence.lock:
             waited = time.perf_counter() - (arrived or locked)
             try:
-                results = await sequence.request.infer(inputs)
+                results = await sequence.request.infer(inputs, share_inputs=True)
             finally:
                 sequence.last_used = time.monotonic()
                 if flags.end and self._sequences.get(flags.id) is sequence:

@@ -54,6 +54,17 @@ def device(request: pytest.FixtureRequest, example_device: None) -> str:
     return str(request.param)
 
 
+WRAPPED = ("BATCH:CPU", "PROCESS:CPU")
+"""The virtual devices, over CPU: the tests that take ``every_device`` run on them too."""
+
+
+@pytest.fixture(scope="session", params=DEVICES + WRAPPED)
+def every_device(request: pytest.FixtureRequest, example_device: None) -> str:
+    """The device under test, the virtual devices included (compile with a Core of the
+    test's own: the ``core`` fixture is for ``device``)."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
 def core(device: str) -> ai.Core:
     core = ai.Core()

@@ -177,7 +177,9 @@ class BatchCompiledModel(CompiledModel):
             (self.loop_executor, request.infer_postprocess),
         ]
 
-    async def infer_timed(self, inputs: Inputs) -> tuple[InferResults, float]:
+    async def infer_timed(
+        self, inputs: Inputs, *, share_inputs: bool = False
+    ) -> tuple[InferResults, float]:
         """Run one inference in a batch, without an infer request of its own (the cheapest
         way in, and what :meth:`infer` runs); return its results and the seconds its rows
         waited for their batch.
@@ -195,7 +197,7 @@ class BatchCompiledModel(CompiledModel):
         """
         if self._closed:
             raise RequestClosedError("this compiled model is closed")
-        item = self.batcher.submit(self._validator.validated(inputs))
+        item = self.batcher.submit(self._validator.validated(inputs, share_inputs=share_inputs))
         self._direct.add(item)
         try:
             await item.done.wait()

@@ -87,7 +87,7 @@ class BatchInferRequest(SyncInferRequest):
         """The synchronous path: run this inference alone on the target device."""
         if self._alone is None:
             self._alone = self._target.create_sync_infer_request()
-        self._outputs = list(self._alone.infer(self._inputs).to_tuple())
+        self._outputs = list(self._alone.infer(self._inputs, share_inputs=True).to_tuple())
         self._item_done = None
         self.queued_seconds = 0.0
 

@@ -194,7 +194,7 @@ class ConnectionServer:
         """Run one inference on a stream's ``request``, through its four stages (on the
         stream's thread); ``waited`` is the time it waited for the stream."""
         try:
-            request.set_inputs(inputs)
+            request.set_inputs(inputs, share_inputs=True)  # just unpickled: ours alone
             with self._lock:
                 self._request, self._current = request, seq
                 request.cancel_token.requested = self._cancelled >= seq
