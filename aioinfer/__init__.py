@@ -11,6 +11,7 @@ from aioinfer.errors import (
     BlobDeviceError,
     BlobVersionError,
     CompileError,
+    DeviceUnavailableError,
     ExportError,
     ImportModelError,
     InferCancelledError,
@@ -34,6 +35,8 @@ from aioinfer.errors import (
     UnknownInputError,
     UnknownPropertyError,
     UnsupportedOperatorError,
+    WorkerDiedError,
+    WorkerTimeoutError,
 )
 from aioinfer.model import Model, Port
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
@@ -56,6 +59,7 @@ __all__ = [
     "CompileError",
     "CompiledModel",
     "Core",
+    "DeviceUnavailableError",
     "ExportError",
     "ImportModelError",
     "InferCancelledError",
@@ -85,5 +89,7 @@ __all__ = [
     "UnknownPropertyError",
     "UnsupportedOperatorError",
     "VariableState",
+    "WorkerDiedError",
+    "WorkerTimeoutError",
     "__version__",
 ]
