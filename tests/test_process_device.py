@@ -28,7 +28,7 @@ import pytest
 import aioinfer as ai
 from aioinfer.devices.batch import BatchCompiledModel
 from aioinfer.devices.process import ProcessCompiledModel
-from tests.helpers import make_model, mlp_model, reference_outputs, tensor_info
+from tests.helpers import make_model, mlp_model, process_alive, reference_outputs, tensor_info
 
 pytestmark = pytest.mark.anyio
 
@@ -347,6 +347,9 @@ def test_compile_errors_keep_their_class(core: ai.Core) -> None:
         ("PROCESS:CPU", {"MAX_BATCH_SIZE": 2}, ai.UnknownPropertyError, ["'MAX_BATCH_SIZE'"]),
         ("PROCESS:CPU", {"NUM_STREAMS": 0}, ai.InvalidPropertyValueError, ["'NUM_STREAMS'"]),
         ("PROCESS:CPU", {"STATEFUL": "auto"}, ai.InvalidPropertyValueError, ["no state"]),
+        ("PROCESS:CPU", {"WORKER_TIMEOUT_S": 0}, ai.InvalidPropertyValueError, ["> 0"]),
+        ("PROCESS:CPU", {"WORKER_TIMEOUT_S": "soon"}, ai.InvalidPropertyValueError, ["number"]),
+        ("BATCH:PROCESS:CPU", {"WORKER_TIMEOUT_S": -1}, ai.InvalidPropertyValueError, ["> 0"]),
     ],
 )
 def test_bad_target_or_config_fails_before_a_worker_starts(
@@ -409,7 +412,7 @@ def test_close_stops_the_worker(core: ai.Core) -> None:
     assert worker is not None
     close(compiled)
     assert worker.process.returncode == 0  # it exited when asked
-    assert not _alive(worker.pid)
+    assert not process_alive(worker.pid)
     assert not compiled.ready()
     with pytest.raises(ai.RequestClosedError):
         compiled.create_infer_request()
@@ -433,15 +436,6 @@ def test_worker_exits_when_the_parent_dies(tmp_path: Path) -> None:
     assert done.returncode == -signal.SIGKILL, done.stderr
     pid = int(done.stdout.split()[0])
     deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting to be reaped has exited)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in status
+    assert not process_alive(pid)

@@ -16,6 +16,10 @@ from aioinfer.plugin.sync_request import SyncInferRequest
 if TYPE_CHECKING:
     from aioinfer.devices.process.plugin import ProcessCompiledModel
 
+CANCEL_WAIT_SECONDS = 5.0
+"""How long cancelling an awaited inference waits for the worker's answer (at most
+``WORKER_TIMEOUT_S``) before it drops the request's connection instead."""
+
 
 class ProcessInferRequest(SyncInferRequest):
     """One infer request of a PROCESS compiled model, with its own worker connection.
@@ -41,6 +45,7 @@ class ProcessInferRequest(SyncInferRequest):
         super().__init__(compiled_model)
         self._compiled = compiled_model
         self._supervisor = compiled_model.supervisor
+        self._cancel_wait = min(CANCEL_WAIT_SECONDS, self._supervisor.timeout)
         self._link: Link | None = None
         self._lock = threading.Lock()
         self._sent: int | None = None
@@ -81,7 +86,8 @@ class ProcessInferRequest(SyncInferRequest):
 
         Cancelling the awaiting task cancels the inference in the worker and waits
         (shielded) until the worker has answered, so that the connection is ready for the
-        next inference (a hung worker is killed by its monitor, which ends the wait).
+        next inference; after :data:`CANCEL_WAIT_SECONDS` without an answer it drops the
+        connection instead (the next inference makes a new one).
 
         Raises:
             InferCancelledError: the inference was cancelled (the worker stopped).
@@ -95,8 +101,10 @@ class ProcessInferRequest(SyncInferRequest):
             reply = await link.channel.receive_async()
         except anyio.get_cancelled_exc_class():
             self.cancel()
-            with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self._cancel_wait, shield=True):
                 await self._drain_async()
+            if self._sent is not None:  # no answer in time: nobody will read it
+                self._unlink()
             raise
         except (EOFError, OSError):
             self._unlink()
