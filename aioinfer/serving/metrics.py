@@ -119,7 +119,7 @@ class _Collector(Collector):
         failures = CounterMetricFamily(
             "aioinfer_inference_failures",
             "Inference requests that did not succeed, by reason (bad_request, busy, "
-            "cancelled, shutdown, error).",
+            "cancelled, shutdown, unavailable, error).",
             labels=[*labels, "reason"],
         )
         latency = HistogramMetricFamily(
