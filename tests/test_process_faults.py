@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -302,3 +304,38 @@ async def test_batch_on_process_reports_not_ready_while_its_worker_restarts(
         await wait_until(compiled.ready, "the new worker")
         check(SHORT, inputs, await compiled.infer(inputs))
         assert target.worker_restarts == 1
+
+
+# -- the worker's own end -----------------------------------------------------------------
+
+
+def test_a_worker_whose_parent_dies_before_connecting_exits(tmp_path: Path) -> None:
+    """A parent can die between starting a worker and connecting to it (say, while it
+    replaces a dead worker on a daemon thread as the application exits)."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, signal, subprocess, sys\n"
+        "worker = subprocess.Popen([sys.executable, '-m', 'aioinfer.devices.process'],\n"
+        "                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+        "worker.stdin.write(os.urandom(32).hex().encode() + b'\\n')\n"
+        "worker.stdin.close()\n"
+        "print(worker.pid, worker.stdout.readline().decode().strip(), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+        timeout=HANG_BOUND,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    pid, address = done.stdout.split()
+    assert address  # it listened, and nobody will connect
+    deadline = time.monotonic() + HANG_BOUND
+    while process_alive(int(pid)):
+        if time.monotonic() > deadline:
+            os.kill(int(pid), signal.SIGKILL)
+            raise AssertionError("the orphaned worker kept waiting for a connection")
+        time.sleep(0.05)

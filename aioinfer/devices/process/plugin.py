@@ -4,7 +4,8 @@
 model on the target device (``CPU``) and runs its inferences; the application's
 interpreter only validates inputs and moves arrays, so the compute never competes with
 the event loop for the GIL. ``"BATCH:PROCESS:CPU"`` batches in the application and runs
-the batches in the worker.
+the batches in the worker. A worker that dies or misses its heartbeat for
+``WORKER_TIMEOUT_S`` is replaced (:mod:`aioinfer.devices.process.supervisor`).
 """
 
 from __future__ import annotations

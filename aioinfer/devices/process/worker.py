@@ -228,16 +228,32 @@ def main() -> None:
     whole process group; the worker ignores it and lets the parent decide when it ends.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    connected = threading.Event()
+    threading.Thread(
+        target=_exit_when_orphaned, args=(os.getppid(), connected), daemon=True
+    ).start()
     authkey = bytes.fromhex(sys.stdin.readline().strip())
+    if not authkey:  # the parent died before it wrote the key
+        return
     listener = Listener(authkey=authkey, backlog=64)
-    sys.stdout.write(f"{listener.address}\n")
-    sys.stdout.flush()
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads stdout any more
     try:
+        sys.stdout.write(f"{listener.address}\n")
+        sys.stdout.flush()
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads stdout any more
         control = Channel(listener.accept())
     except (EOFError, OSError, AuthenticationError):  # the parent gave up or died
         return
+    connected.set()
     Control(control, listener).serve()
+
+
+def _exit_when_orphaned(parent: int, connected: threading.Event) -> None:
+    """Until the control connection is made (whose end then tells the worker that the
+    parent is gone), exit when the parent dies: it may die between starting the worker
+    and connecting to it, leaving the worker waiting for a connection forever."""
+    while not connected.wait(0.5):
+        if os.getppid() != parent:
+            os._exit(0)
 
 
 class Control:
