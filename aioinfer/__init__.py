@@ -11,6 +11,7 @@ from aioinfer.errors import (
     BlobDeviceError,
     BlobVersionError,
     CompileError,
+    DeviceUnavailableError,
     ExportError,
     ImportModelError,
     InferCancelledError,
@@ -36,6 +37,8 @@ from aioinfer.errors import (
     UnknownPropertyError,
     UnsupportedOperatorError,
     UnsupportedOpsetError,
+    WorkerDiedError,
+    WorkerTimeoutError,
 )
 from aioinfer.model import Model, Port
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
@@ -58,6 +61,7 @@ __all__ = [
     "CompileError",
     "CompiledModel",
     "Core",
+    "DeviceUnavailableError",
     "ExportError",
     "ImportModelError",
     "InferCancelledError",
@@ -89,5 +93,7 @@ __all__ = [
     "UnsupportedOperatorError",
     "UnsupportedOpsetError",
     "VariableState",
+    "WorkerDiedError",
+    "WorkerTimeoutError",
     "__version__",
 ]

@@ -121,6 +121,24 @@ class InferenceError(AioinferError):
     """A kernel failed while running the model; the message names the node."""
 
 
+class DeviceUnavailableError(InferenceError):
+    """The device could not run the inference, through no fault of its inputs: the same
+    request can be retried (the device is recovering, e.g. replacing a worker process).
+    The server answers it with HTTP 503."""
+
+
+class WorkerDiedError(DeviceUnavailableError):
+    """The PROCESS device's worker process died (killed, out of memory) before the
+    inference completed; the message names its pid and exit code or signal. A new
+    worker is started: retry."""
+
+
+class WorkerTimeoutError(DeviceUnavailableError, TimeoutError):
+    """The PROCESS device's worker process stopped answering its heartbeat for
+    ``WORKER_TIMEOUT_S`` seconds and was killed before the inference completed. A new
+    worker is started: retry."""
+
+
 class InferCancelledError(AioinferError):
     """The inference was stopped by ``request.cancel()`` before it completed."""
 

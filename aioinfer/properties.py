@@ -114,6 +114,18 @@ def _non_negative_float(value: Any) -> float:
     return number
 
 
+def _positive_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a bool")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number") from None
+    if not number > 0:  # also rejects NaN
+        raise ValueError("expected a number > 0")
+    return number
+
+
 def _yes_no(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -228,6 +240,14 @@ PROPERTIES: dict[str, Property] = {
             "BATCH device: the device that runs the batches ('BATCH:CPU' sets it).",
             default="CPU",
             parse=_device_name,
+        ),
+        Property(
+            "WORKER_TIMEOUT_S",
+            "PROCESS device: a worker that does not answer its heartbeat for this many "
+            "seconds (stopped, deadlocked) is killed and replaced; its inferences fail with "
+            "WorkerTimeoutError.",
+            default=30.0,
+            parse=_positive_float,
         ),
         Property(
             "ALLOW_AUTO_BATCHING",

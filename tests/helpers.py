@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -150,3 +151,12 @@ def accumulator_model(width: int = 4, rounds: int = 10) -> onnx.ModelProto:
         {"c": np.array(7, np.int64)},
         name="accumulator",
     )
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting to be reaped has exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status

@@ -126,6 +126,11 @@ class CompiledModel(HasPorts, ABC):
             if not self._closed:
                 self._pool.append(request)
 
+    def ready(self) -> bool:
+        """Whether inferences can run now: False once closed, and while a device recovers
+        (a PROCESS worker being replaced); a server reports it as the model's readiness."""
+        return not self._closed
+
     async def close(self) -> None:
         """Close every request (cancelling what runs), then release the executors."""
         self._closed = True

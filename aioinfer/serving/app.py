@@ -22,6 +22,7 @@ import aioinfer
 from aioinfer.core import Core
 from aioinfer.errors import (
     AioinferError,
+    DeviceUnavailableError,
     InferCancelledError,
     InferenceError,
     InputError,
@@ -208,7 +209,7 @@ class ModelServer:
 
     async def model_ready(self, request: Request) -> Response:
         model = self._model_of(request)
-        ready = not self.closing
+        ready = not self.closing and model.ready()
         return JSONResponse({"name": model.name, "ready": ready}, status_code=200 if ready else 400)
 
     async def metrics_text(self, request: Request) -> Response:
@@ -377,6 +378,8 @@ def _status(exc: Exception) -> tuple[int, str]:
         return exc.status, "bad_request"
     if isinstance(exc, ClientDisconnectedError):
         return 499, "cancelled"
+    if isinstance(exc, DeviceUnavailableError):  # retryable: the device recovers
+        return 503, "unavailable"
     if isinstance(exc, (InputError, InferenceError)):
         return 400, "bad_request"
     if isinstance(exc, (RequestClosedError, InferCancelledError)):

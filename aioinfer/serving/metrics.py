@@ -119,8 +119,8 @@ class _Collector(Collector):
         failures = CounterMetricFamily(
             "aioinfer_inference_failures",
             "Inference requests that did not succeed, by reason (bad_request: the "
-            "client's error, 4xx; busy; cancelled; shutdown; error: a fault of the "
-            "server, 500).",
+            "client's error, 4xx; busy; cancelled; shutdown; unavailable: the device is "
+            "recovering, 503, retryable; error: a fault of the server, 500).",
             labels=[*labels, "reason"],
         )
         latency = HistogramMetricFamily(

@@ -12,6 +12,7 @@ import anyio
 import numpy as np
 
 from aioinfer.devices.batch import BatchCompiledModel
+from aioinfer.errors import DeviceUnavailableError
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.results import InferResults
@@ -154,6 +155,11 @@ class ServedModel:
         """The live sequences and the request each runs on."""
         return {key: sequence.request for key, sequence in self._sequences.items()}
 
+    def ready(self) -> bool:
+        """Whether the model takes inferences now (not while its device recovers, e.g.
+        while a new PROCESS worker starts)."""
+        return self.compiled.ready()
+
     def batch_sizes(self) -> dict[int, int]:
         """Executions so far by number of rows: the BATCH device's batches, or else each
         inference's first-dimension size."""
@@ -170,6 +176,8 @@ class ServedModel:
             ProtocolError: 503 when the queue is full or a new sequence would exceed
                 ``max_sequences``; 400 for a sequence that is not active and has no
                 ``sequence_start``.
+            DeviceUnavailableError: the device failed to run it and recovers (the message
+                names the model and the cause): retryable.
             The errors of ``AsyncInferRequest.infer`` (bad input, failed kernel).
         """
         arrived = 0.0
@@ -186,6 +194,8 @@ class ServedModel:
             results, queued = await self.compiled.infer_timed(inputs, share_inputs=True)
             self._count(inputs)
             return results, waited + queued
+        except DeviceUnavailableError as exc:
+            raise type(exc)(f"model {self.name!r} version {self.version}: {exc}") from exc
         finally:
             self._slots.release()
 

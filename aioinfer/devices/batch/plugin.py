@@ -211,6 +211,10 @@ class BatchCompiledModel(CompiledModel):
         assert item.outputs is not None
         return InferResults(self.outputs, item.outputs), item.dispatched - item.enqueued
 
+    def ready(self) -> bool:
+        """Whether the target is ready, and this model not closed."""
+        return not self._closed and self.target.ready()
+
     def batch_statistics(self) -> dict[int, int]:
         """How many batches ran so far, by number of rows (``{rows: count}``)."""
         return dict(self.batcher.statistics)
