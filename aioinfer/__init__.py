@@ -5,7 +5,7 @@
 event loop.
 """
 
-from aioinfer.core import Core
+from aioinfer.core import Core, DeviceVersion, compile_model
 from aioinfer.errors import (
     AioinferError,
     BlobDeviceError,
@@ -56,6 +56,7 @@ __all__ = [
     "CompileError",
     "CompiledModel",
     "Core",
+    "DeviceVersion",
     "ExportError",
     "ImportModelError",
     "InferCancelledError",
@@ -86,4 +87,5 @@ __all__ = [
     "UnsupportedOperatorError",
     "VariableState",
     "__version__",
+    "compile_model",
 ]

@@ -24,7 +24,7 @@ from aioinfer.opsets import node_opset
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.state import split_ports
-from aioinfer.properties import num_cores, parse_config
+from aioinfer.properties import cpu_model_name, num_cores, parse_config
 from aioinfer.transforms.make_stateful import stateful_pairs
 from aioinfer.transforms.pipelines import compile_passes
 
@@ -47,6 +47,7 @@ class CPUPlugin(Plugin):
         "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
         "SUPPORTED_PROPERTIES",
         "DEVICE_NAME",
+        "FULL_DEVICE_NAME",
         "NUM_CORES",
     )
 
@@ -99,6 +100,12 @@ class CPUPlugin(Plugin):
         config = {**parse_config({}, self.supported_properties), **exported.config}
         config.update({name: parsed[name] for name in given if name in parsed})
         return CPUCompiledModel(self, exported.model, exported.inputs, exported.outputs, config)
+
+    def get_property(self, name: str) -> Any:
+        """The device-level properties; ``FULL_DEVICE_NAME`` is the processor's model name."""
+        if name == "FULL_DEVICE_NAME":
+            return cpu_model_name()
+        return super().get_property(name)
 
     def query_model(self, model: Model) -> dict[str, str]:
         opsets = model.ir.opset_imports
