@@ -216,7 +216,7 @@ class Core:
 
         Raises:
             UnknownDeviceError: no such device.
-            UnknownPropertyError: the device (any device, for the second form) has no such
+            UnknownPropertyError: the device (every device, with one argument) has no such
                 property, or it is read per compiled model only (``NETWORK_NAME``, ...).
         """
         if name is None:
@@ -233,7 +233,7 @@ class Core:
         declared = PROPERTIES.get(name)
         if declared is not None and declared.configurable and name in plugin.supported_properties:
             everywhere = self._settings.get("", {}).get(name, declared.default)
-            return self._settings.get(plugin.device_name, {}).get(name, everywhere)
+            return self._settings.get(device.partition(":")[0], {}).get(name, everywhere)
         return plugin.get_property(name)
 
     def _settings_for(
@@ -323,6 +323,8 @@ class Core:
                 )
             config["TARGET_DEVICE"] = target
         elif auto_batching(plugin, model, config):
+            if self._settings:  # the BATCH device's own settings apply too
+                config = {**self._settings_for("BATCH", {"TARGET_DEVICE": name}), **config}
             config["TARGET_DEVICE"] = name
             plugin = self.get_plugin("BATCH")
         return plugin.compile_model(model, config)

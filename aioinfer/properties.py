@@ -191,7 +191,8 @@ PROPERTIES: dict[str, Property] = {
         Property(
             "ACTIVATION_MEMORY_BYTES",
             "Bytes of planned activation buffers one request holds for the input shapes it "
-            "ran last (the largest over the requests; 0 before the first inference).",
+            "ran last (the largest over the requests; 0 before the first inference and after "
+            "release_memory).",
             configurable=False,
         ),
         Property(

@@ -55,8 +55,8 @@ class AsyncInferQueue:
         return len(self._requests)
 
     def __getitem__(self, index: int) -> AsyncInferRequest:
-        """The request with id ``index`` (0 to ``len(queue) - 1``), e.g. to read its
-        ``results`` in the callback's place; starting it directly bypasses the queue."""
+        """The request with id ``index`` (0 to ``len(queue) - 1``): read its ``results``
+        there; start jobs through the queue, which keeps track of idle requests."""
         return self._requests[index]
 
     def __iter__(self) -> Iterator[AsyncInferRequest]:

@@ -194,8 +194,11 @@ def test_device_settings_apply_to_later_compiles_on_that_device() -> None:
 def test_a_throughput_hint_set_for_the_device_batches_automatically() -> None:
     core = ai.Core()
     core.set_property("CPU", {"PERFORMANCE_HINT": "THROUGHPUT"})
+    core.set_property("BATCH", {"MAX_BATCH_SIZE": 4})
     compiled = core.compile_model(MLP, "CPU")
     assert compiled.get_property("DEVICE_NAME") == "BATCH:CPU"
+    assert compiled.get_property("MAX_BATCH_SIZE") == 4  # the BATCH device's setting
+    assert compiled.get_property("PERFORMANCE_HINT") == "THROUGHPUT"
     _assert_mlp_results(_run(compiled))
 
 
