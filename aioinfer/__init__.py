@@ -5,7 +5,7 @@
 event loop.
 """
 
-from aioinfer.core import Core
+from aioinfer.core import Core, DeviceVersion, compile_model
 from aioinfer.errors import (
     AioinferError,
     BlobDeviceError,
@@ -62,6 +62,7 @@ __all__ = [
     "CompiledModel",
     "Core",
     "DeviceUnavailableError",
+    "DeviceVersion",
     "ExportError",
     "ImportModelError",
     "InferCancelledError",
@@ -96,4 +97,5 @@ __all__ = [
     "WorkerDiedError",
     "WorkerTimeoutError",
     "__version__",
+    "compile_model",
 ]

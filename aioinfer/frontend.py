@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import IO, Any
 
 import onnx
 import onnx_ir as ir
@@ -17,7 +18,9 @@ from google.protobuf.message import DecodeError
 
 from aioinfer.errors import InvalidModelError, ModelNotFoundError
 
-ModelSource = str | os.PathLike[str] | bytes | bytearray | memoryview | onnx.ModelProto | ir.Model
+ModelSource = (
+    str | os.PathLike[str] | bytes | bytearray | memoryview | IO[bytes] | onnx.ModelProto | ir.Model
+)
 
 
 def read_ir_model(source: ModelSource) -> ir.Model:
@@ -38,10 +41,43 @@ def read_ir_model(source: ModelSource) -> ir.Model:
         return _from_proto(_parse(bytes(source), what), what)
     if isinstance(source, (str, os.PathLike)):
         return _read_path(Path(source))
+    if callable(getattr(source, "read", None)):
+        return _read_file_object(source)
     raise TypeError(
-        "read_model takes a path, bytes, an onnx.ModelProto or an onnx_ir.Model, "
-        f"not {type(source).__name__}"
+        "read_model takes a path, bytes, a binary file object, an onnx.ModelProto or an "
+        f"onnx_ir.Model, not {type(source).__name__}"
     )
+
+
+def read_stream(stream: Any, what: str) -> bytes:
+    """The bytes of a binary stream (a file opened with ``"rb"``, an ``io.BytesIO``) from
+    its current position to its end. A seekable stream with nothing left to read is read
+    from its start: a stream just written (``export_model(stream)``, ``onnx.save(model,
+    stream)``) is at its end, and what was written is what the caller means.
+
+    Raises:
+        TypeError: ``read()`` returned text, not bytes (``what`` names the stream's use).
+    """
+    data = stream.read()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"{what} takes a binary stream (open files with 'rb'); its read() returned "
+            f"{type(data).__name__}"
+        )
+    seekable = getattr(stream, "seekable", None)
+    if not data and callable(seekable) and seekable():
+        stream.seek(0)
+        data = stream.read()
+    return bytes(data)
+
+
+def _read_file_object(stream: Any) -> ir.Model:
+    data = read_stream(stream, "read_model")
+    # An open file: external data is found next to it, as for a path.
+    name = getattr(stream, "name", None)
+    path = Path(name) if isinstance(name, str) and os.path.isfile(name) else None
+    what = f"model file {name!r}" if path is not None else f"the given stream ({len(data)} bytes)"
+    return _from_bytes(data, what, path)
 
 
 def _read_path(path: Path) -> ir.Model:
@@ -49,10 +85,14 @@ def _read_path(path: Path) -> ir.Model:
         raise ModelNotFoundError(f"model file not found: {str(path)!r}")
     if path.is_dir():
         raise InvalidModelError(f"{str(path)!r} is a directory, not an ONNX model file")
-    what = f"model file {str(path)!r}"
-    model = _from_proto(_parse(path.read_bytes(), what), what, path)
-    # External data paths are relative to the model file.
-    ir.external_data.set_base_dir(model.graph, str(path.parent))
+    return _from_bytes(path.read_bytes(), f"model file {str(path)!r}", path)
+
+
+def _from_bytes(data: bytes, what: str, path: Path | None) -> ir.Model:
+    model = _from_proto(_parse(data, what), what, path)
+    if path is not None:
+        # External data paths are relative to the model file.
+        ir.external_data.set_base_dir(model.graph, str(path.parent))
     return model
 
 

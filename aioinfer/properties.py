@@ -7,7 +7,9 @@ names it supports; everything else about a property comes from its declaration.
 
 from __future__ import annotations
 
+import functools
 import os
+import platform
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -201,7 +203,8 @@ PROPERTIES: dict[str, Property] = {
         Property(
             "ACTIVATION_MEMORY_BYTES",
             "Bytes of planned activation buffers one request holds for the input shapes it "
-            "ran last (the largest over the requests; 0 before the first inference).",
+            "ran last (the largest over the requests; 0 before the first inference and after "
+            "release_memory).",
             configurable=False,
         ),
         Property(
@@ -221,6 +224,11 @@ PROPERTIES: dict[str, Property] = {
             configurable=False,
         ),
         Property("DEVICE_NAME", "The device the model is compiled for.", configurable=False),
+        Property(
+            "FULL_DEVICE_NAME",
+            "A descriptive name of the device: for the CPU, the processor's model name.",
+            configurable=False,
+        ),
         Property("NUM_CORES", "CPU cores available to this process.", configurable=False),
         Property(
             "MAX_BATCH_SIZE",
@@ -296,6 +304,21 @@ def check_readable(name: str, supported: Iterable[str]) -> None:
         raise UnknownPropertyError(
             f"unknown property {name!r}; supported: {', '.join(sorted(supported))}"
         )
+
+
+@functools.cache
+def cpu_model_name() -> str:
+    """The processor's model name (``model name`` in /proc/cpuinfo on Linux, else what
+    :func:`platform.processor` says, else the machine type)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return value.strip()
+    except OSError:  # not Linux
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def num_cores() -> int:

@@ -140,6 +140,18 @@ class AsyncInferRequest:
         self._check_idle()
         self._request.clear_inputs()
 
+    def release_memory(self) -> None:
+        """Free the buffers the request keeps between inferences (the CPU device's
+        planned activation buffers); the next inference allocates them again. Inputs set
+        and the last results stay.
+
+        Raises:
+            RequestBusyError: an inference is running on this request.
+        """
+        if self._state is not RequestState.CLOSED:
+            self._check_idle()
+        self._request.release_memory()
+
     def get_tensor(self, key: str | int | Port) -> Any:
         """The input set for ``key`` (the request's copy, or the caller's array when it
         was shared) or the output ``key`` of the last inference."""

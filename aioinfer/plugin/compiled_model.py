@@ -12,7 +12,7 @@ import onnx_ir as ir
 
 from aioinfer.errors import ExportError, RequestClosedError
 from aioinfer.model import HasPorts, Port
-from aioinfer.plugin.async_request import AsyncInferRequest
+from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
 from aioinfer.properties import PROPERTIES, check_readable
 
@@ -104,6 +104,11 @@ class CompiledModel(HasPorts, ABC):
         results, _ = await self.infer_timed(inputs, share_inputs=share_inputs)
         return results
 
+    async def __call__(self, inputs: Inputs, **options: Any) -> InferResults:
+        """``await compiled(inputs)``: the same as ``await compiled.infer(inputs)``
+        (keyword options go to :meth:`infer` too)."""
+        return await self.infer(inputs, **options)
+
     async def infer_timed(
         self, inputs: Inputs, *, share_inputs: bool = False
     ) -> tuple[InferResults, float]:
@@ -130,6 +135,17 @@ class CompiledModel(HasPorts, ABC):
         """Whether inferences can run now: False once closed, and while a device recovers
         (a PROCESS worker being replaced); a server reports it as the model's readiness."""
         return not self._closed
+
+    def release_memory(self) -> None:
+        """Free the memory kept for later inferences that no running inference uses: the
+        idle requests pooled by :meth:`infer` are dropped, and every request not running
+        an inference frees its buffers (a running one keeps its own). Every request stays
+        usable; its next inference allocates again. Call it from the thread that runs the
+        requests (the event loop)."""
+        for request in list(self._requests):
+            if request.state is not RequestState.BUSY:
+                request.release_memory()
+        self._pool.clear()
 
     async def close(self) -> None:
         """Close every request (cancelling what runs), then release the executors."""

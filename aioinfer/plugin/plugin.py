@@ -52,12 +52,13 @@ class Plugin(ABC):
         """Map each node name this device can run to the device name."""
 
     def get_property(self, name: str) -> Any:
-        """A device-level property (``SUPPORTED_PROPERTIES``, ``DEVICE_NAME``, ``NUM_CORES``)."""
-        device_level = ("SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
+        """A device-level property (``SUPPORTED_PROPERTIES``, ``DEVICE_NAME``,
+        ``FULL_DEVICE_NAME`` (here: the device name; a device overrides it), ``NUM_CORES``)."""
+        device_level = ("SUPPORTED_PROPERTIES", "DEVICE_NAME", "FULL_DEVICE_NAME", "NUM_CORES")
         check_readable(name, [n for n in self.supported_properties if n in device_level])
         if name == "SUPPORTED_PROPERTIES":
             return self.supported_properties
-        if name == "DEVICE_NAME":
+        if name in ("DEVICE_NAME", "FULL_DEVICE_NAME"):
             return self.device_name
         return num_cores()
 

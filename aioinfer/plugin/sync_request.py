@@ -197,6 +197,11 @@ class SyncInferRequest(ABC):
         """Forget every input set so far: the next inference needs all of them again."""
         self._inputs = [None] * len(self._input_ports)
 
+    def release_memory(self) -> None:
+        """Free what the request keeps between inferences to run the next one faster
+        (a device's buffers); the next inference allocates again. Called only while no
+        inference runs. Nothing to free here; a device with buffers overrides this."""
+
     @property
     def results(self) -> InferResults | None:
         """The results of the last completed inference (None before the first)."""

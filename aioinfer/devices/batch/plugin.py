@@ -233,6 +233,12 @@ class BatchCompiledModel(CompiledModel):
             return f"{self.plugin.device_name}:{self.target.get_property('DEVICE_NAME')}"
         return self.target.get_property(name)
 
+    def release_memory(self) -> None:
+        """Free this model's idle memory, then the target's (the batches in flight keep
+        theirs)."""
+        super().release_memory()
+        self.target.release_memory()
+
     async def close(self) -> None:
         """Close this model's requests, then the target (and the batches it runs)."""
         for item in list(self._direct):

@@ -32,7 +32,7 @@ from aioinfer.opsets import MAX_ONNX_OPSET, check_onnx_opset, node_opset
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.state import split_ports
-from aioinfer.properties import num_cores, parse_config
+from aioinfer.properties import cpu_model_name, num_cores, parse_config
 from aioinfer.transforms.make_stateful import stateful_pairs, variable_shapes
 from aioinfer.transforms.pipelines import compile_passes
 
@@ -55,6 +55,7 @@ class CPUPlugin(Plugin):
         "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
         "SUPPORTED_PROPERTIES",
         "DEVICE_NAME",
+        "FULL_DEVICE_NAME",
         "NUM_CORES",
     )
 
@@ -160,6 +161,12 @@ class CPUPlugin(Plugin):
                 f"{[p.name for p in compiled.outputs]}, the model has {feeds} and {outputs}"
             )
         return compiled
+
+    def get_property(self, name: str) -> Any:
+        """The device-level properties; ``FULL_DEVICE_NAME`` is the processor's model name."""
+        if name == "FULL_DEVICE_NAME":
+            return cpu_model_name()
+        return super().get_property(name)
 
     def query_model(self, model: Model) -> dict[str, str]:
         opsets = model.ir.opset_imports

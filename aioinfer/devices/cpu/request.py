@@ -44,6 +44,9 @@ class CPUInferRequest(SyncInferRequest):
     def query_state(self, guard: Callable[[], None] | None = None) -> list[VariableState]:
         return self._variables.states(guard)
 
+    def release_memory(self) -> None:
+        self.memory.release()
+
     def infer_preprocess(self) -> None:
         super().infer_preprocess()
         self._produced = []
