@@ -18,7 +18,7 @@ from aioinfer.frontend import ModelSource, read_ir_model, read_stream
 from aioinfer.model import Model
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
-from aioinfer.properties import PROPERTIES, parse_config
+from aioinfer.properties import COMMON, Property, parse_config, property_name
 
 PLUGIN_GROUP = "aioinfer.plugins"
 """Entry-point group under which a package registers a device (name = device name)."""
@@ -185,13 +185,13 @@ class Core:
                     "the properties of each device named there"
                 )
             key, given = device, properties
-            supported: tuple[str, ...] = self.get_plugin(device).supported_properties
+            declared = self.get_plugin(device).properties
         else:
             if properties is not None:
                 raise TypeError("set_property(properties) takes one mapping")
-            key, given, supported = "", device, tuple(PROPERTIES)
-        names = {str(getattr(name, "value", name)) for name in given}
-        parsed = parse_config(given, supported)
+            key, given, declared = "", device, self._every_device_properties()
+        names = {property_name(name) for name in given}
+        parsed = parse_config(given, declared)
         with self._lock:
             self._settings[key] = {
                 **self._settings.get(key, {}),
@@ -220,21 +220,35 @@ class Core:
                 property, or it is read per compiled model only (``NETWORK_NAME``, ...).
         """
         if name is None:
-            name = str(getattr(device, "value", device))
-            configurable = sorted(n for n, p in PROPERTIES.items() if p.configurable)
+            name = property_name(device)
+            every = self._every_device_properties()
+            configurable = sorted(n for n, p in every.items() if p.configurable)
             if name not in configurable:
                 raise UnknownPropertyError(
                     f"unknown property {name!r} for every device; supported: "
                     f"{', '.join(configurable)} (device properties: get_property(device, name))"
                 )
-            return self._settings.get("", {}).get(name, PROPERTIES[name].default)
-        name = str(getattr(name, "value", name))
+            return self._settings.get("", {}).get(name, every[name].default)
+        name = property_name(name)
         plugin = self.get_plugin(device)
-        declared = PROPERTIES.get(name)
-        if declared is not None and declared.configurable and name in plugin.supported_properties:
+        declared = plugin.properties.get(name)
+        if declared is not None and declared.configurable:
             everywhere = self._settings.get("", {}).get(name, declared.default)
             return self._settings.get(device.partition(":")[0], {}).get(name, everywhere)
         return plugin.get_property(name)
+
+    def _every_device_properties(self) -> dict[str, Property]:
+        """The properties :meth:`set_property` takes for every device: the shared
+        declarations, then those of each device that loads here (first one wins)."""
+        declared = dict(COMMON)
+        for name in self.available_devices:
+            try:
+                plugin = self.get_plugin(name)
+            except Exception:  # a plugin that cannot load here declares nothing
+                continue
+            for prop in plugin.properties.values():
+                declared.setdefault(prop.name, prop)
+        return declared
 
     def _settings_for(
         self, device: str, config: Mapping[str, Any], seen: frozenset[str] = frozenset()
@@ -244,16 +258,16 @@ class Core:
         its ``TARGET_DEVICE``), the values set for every device that it supports, then
         those set for it; ``TARGET_DEVICE`` only from the outermost device."""
         name, _, target = device.partition(":")
-        supported = self.get_plugin(name).supported_properties
+        declared = self.get_plugin(name).properties
         everywhere = self._settings.get("", {})
-        settings = {key: value for key, value in everywhere.items() if key in supported}
+        settings = {key: value for key, value in everywhere.items() if key in declared}
         settings.update(self._settings.get(name, {}))
-        if "TARGET_DEVICE" in supported:
+        if "TARGET_DEVICE" in declared:
             target = (
                 target
                 or config.get("TARGET_DEVICE")
                 or settings.get("TARGET_DEVICE")
-                or PROPERTIES["TARGET_DEVICE"].default
+                or declared["TARGET_DEVICE"].default
             )
             if target.partition(":")[0] not in seen | {name}:  # else the device says no
                 inner = self._settings_for(target, {}, seen | {name})
@@ -313,7 +327,7 @@ class Core:
         name, _, target = device.partition(":")
         plugin = self.get_plugin(name)
         model = model if isinstance(model, Model) else self.read_model(model)
-        config = {str(getattr(key, "value", key)): value for key, value in (config or {}).items()}
+        config = {property_name(key): value for key, value in (config or {}).items()}
         if self._settings:
             config = {**self._settings_for(device, config), **config}
         if target:

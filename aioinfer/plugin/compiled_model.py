@@ -14,7 +14,7 @@ from aioinfer.errors import ExportError, RequestClosedError
 from aioinfer.model import HasPorts, Port
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
-from aioinfer.properties import PROPERTIES, check_readable
+from aioinfer.properties import check_readable, property_name
 
 if TYPE_CHECKING:
     from aioinfer.plugin.plugin import Plugin
@@ -191,9 +191,10 @@ class CompiledModel(HasPorts, ABC):
         Raises:
             UnknownPropertyError: not supported here (the message lists what is).
         """
-        name = str(getattr(name, "value", name))
+        name = property_name(name)
         check_readable(name, self.supported_properties())
-        if name in self.config and not PROPERTIES[name].is_auto(self.config[name]):
+        declared = self.plugin.properties.get(name)
+        if name in self.config and not (declared and declared.is_auto(self.config[name])):
             return self.config[name]
         return self.read_only_property(name)
 

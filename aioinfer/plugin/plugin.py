@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from aioinfer.errors import ImportModelError, UnknownDeviceError
-from aioinfer.properties import check_readable, num_cores
+from aioinfer.properties import (
+    DEVICE_NAME,
+    NUM_CORES,
+    SUPPORTED_PROPERTIES,
+    Property,
+    check_readable,
+    declare,
+    num_cores,
+    parse_config,
+    property_name,
+)
 
 if TYPE_CHECKING:
     from aioinfer.core import Core
@@ -23,9 +34,25 @@ class Plugin(ABC):
     """
 
     device_name: str = ""
-    supported_properties: tuple[str, ...] = ()
-    """Names (declared in :mod:`aioinfer.properties`) that ``compile_model`` accepts or
-    that ``get_property`` answers."""
+    properties: Mapping[str, Property] = MappingProxyType({})
+    """The properties this device supports, by name (build it with
+    :func:`aioinfer.properties.declare`): the shared declarations of
+    :mod:`aioinfer.properties` it uses, and its own. ``compile_model`` accepts the
+    configurable ones; ``get_property`` answers them all."""
+
+    @property
+    def supported_properties(self) -> tuple[str, ...]:
+        """The names of :attr:`properties` (``SUPPORTED_PROPERTIES``)."""
+        return tuple(self.properties)
+
+    def parse_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``config`` checked against :attr:`properties`, with the defaults filled in.
+
+        Raises:
+            UnknownPropertyError, ReadOnlyPropertyError, InvalidPropertyValueError: see
+                :func:`aioinfer.properties.parse_config`.
+        """
+        return parse_config(config, self.properties)
 
     @abstractmethod
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> CompiledModel:
@@ -63,10 +90,42 @@ class Plugin(ABC):
         return num_cores()
 
 
+def _device_name(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a device name such as 'CPU'")
+    return value
+
+
+TARGET_DEVICE = Property(
+    "TARGET_DEVICE",
+    "A virtual device: the device that runs its models ('BATCH:CPU' sets it).",
+    default="CPU",
+    parse=_device_name,
+)
+
+
 class VirtualPlugin(Plugin):
     """A device that runs models on another device, its target (``BATCH:CPU``,
     ``PROCESS:CPU``): the Core that loads it hands itself over (:meth:`set_core`), and
-    the target devices are found there."""
+    the target devices are found there. It declares :data:`TARGET_DEVICE`."""
+
+    properties = declare(TARGET_DEVICE, SUPPORTED_PROPERTIES, DEVICE_NAME, NUM_CORES)
+
+    def split_config(self, config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Split a compile config: this device's own configurable properties, parsed
+        with their defaults (``TARGET_DEVICE``, ...), and the rest, as given, for the
+        target device (which checks them).
+
+        Raises:
+            InvalidPropertyValueError: a bad value of one of this device's properties.
+        """
+        own: dict[str, Any] = {}
+        rest: dict[str, Any] = {}
+        for raw_name, value in config.items():
+            name = property_name(raw_name)
+            declared = self.properties.get(name)
+            (own if declared is not None and declared.configurable else rest)[name] = value
+        return self.parse_config(own), rest
 
     def __init__(self) -> None:
         self._core: Core | None = None

@@ -14,20 +14,18 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from aioinfer.devices.batch.batcher import Batcher, BatchItem
+from aioinfer.devices.batch.properties import BATCH_TIMEOUT_MS, MAX_BATCH_SIZE
 from aioinfer.devices.batch.request import AwaitExecutor, BatchInferRequest
 from aioinfer.errors import NotBatchableError, RequestClosedError, UnknownDeviceError
 from aioinfer.model import Model, Port
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.executors import Executor
-from aioinfer.plugin.plugin import Plugin, VirtualPlugin
-from aioinfer.properties import PROPERTIES, parse_config
+from aioinfer.plugin.plugin import TARGET_DEVICE, Plugin, VirtualPlugin
+from aioinfer.properties import DEVICE_NAME, NUM_CORES, SUPPORTED_PROPERTIES, declare
 from aioinfer.results import InferResults
 
 if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
-
-BATCH_PROPERTIES = ("TARGET_DEVICE", "MAX_BATCH_SIZE", "BATCH_TIMEOUT_MS")
-"""The properties the BATCH device itself reads; every other one goes to the target."""
 
 
 def batch_problem(inputs: Sequence[Port], outputs: Sequence[Port]) -> str | None:
@@ -66,12 +64,13 @@ def auto_batching(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> bo
     ``ALLOW_AUTO_BATCHING``), the model keeps no state and is batchable."""
     if plugin.device_name == BatchPlugin.device_name:
         return False
-    if "ALLOW_AUTO_BATCHING" not in plugin.supported_properties:
+    declared = plugin.properties
+    if "ALLOW_AUTO_BATCHING" not in declared or "PERFORMANCE_HINT" not in declared:
         return False
     names = {str(getattr(k, "value", k)): v for k, v in config.items()}
     try:
-        hint = PROPERTIES["PERFORMANCE_HINT"].parse(names.get("PERFORMANCE_HINT", "LATENCY"))
-        allowed = PROPERTIES["ALLOW_AUTO_BATCHING"].parse(names.get("ALLOW_AUTO_BATCHING", True))
+        hint = declared["PERFORMANCE_HINT"].parse(names.get("PERFORMANCE_HINT", "LATENCY"))
+        allowed = declared["ALLOW_AUTO_BATCHING"].parse(names.get("ALLOW_AUTO_BATCHING", True))
     except ValueError:
         return False  # the device itself reports the bad value
     return (
@@ -90,7 +89,14 @@ class BatchPlugin(VirtualPlugin):
     """
 
     device_name = "BATCH"
-    supported_properties = (*BATCH_PROPERTIES, "SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
+    properties = declare(
+        TARGET_DEVICE,
+        MAX_BATCH_SIZE,
+        BATCH_TIMEOUT_MS,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        NUM_CORES,
+    )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> BatchCompiledModel:
         """Compile ``model`` for the target device and wrap it for batching.
@@ -106,11 +112,7 @@ class BatchPlugin(VirtualPlugin):
             UnknownPropertyError, InvalidPropertyValueError: a bad config value (checked by
                 this device or by the target).
         """
-        names = {str(getattr(k, "value", k)): v for k, v in config.items()}
-        own = parse_config(
-            {k: v for k, v in names.items() if k in BATCH_PROPERTIES}, BATCH_PROPERTIES
-        )
-        rest = {k: v for k, v in names.items() if k not in BATCH_PROPERTIES}
+        own, rest = self.split_config(config)
         target_device = own["TARGET_DEVICE"]
         if target_device.partition(":")[0] == self.device_name:
             raise UnknownDeviceError(

@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 import onnx_ir as ir
 
 from aioinfer import __version__
+from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.devices.cpu import kernels  # noqa: F401  (registers every kernel)
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
 from aioinfer.devices.cpu.export import Exported, cache_key, dump, load
@@ -23,7 +24,6 @@ from aioinfer.errors import (
     AioinferError,
     ImportModelError,
     InvalidBlobError,
-    InvalidPropertyValueError,
     PropertyError,
     UnsupportedOperatorError,
 )
@@ -32,31 +32,59 @@ from aioinfer.opsets import MAX_ONNX_OPSET, check_onnx_opset, node_opset
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.state import split_ports
-from aioinfer.properties import cpu_model_name, num_cores, parse_config
+from aioinfer.properties import (
+    CACHE_DIR,
+    DEVICE_NAME,
+    FULL_DEVICE_NAME,
+    INFERENCE_NUM_THREADS,
+    LOADED_FROM_CACHE,
+    NETWORK_NAME,
+    NUM_CORES,
+    NUM_STREAMS,
+    OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    PERF_COUNT,
+    PERFORMANCE_HINT,
+    STATEFUL,
+    SUPPORTED_PROPERTIES,
+    Property,
+    check_mutable,
+    cpu_model_name,
+    declare,
+    num_cores,
+)
 from aioinfer.transforms.make_stateful import stateful_pairs, variable_shapes
 from aioinfer.transforms.pipelines import compile_passes
+
+ACTIVATION_MEMORY_BYTES = Property(
+    "ACTIVATION_MEMORY_BYTES",
+    "Bytes of planned activation buffers one request holds for the input shapes it "
+    "ran last (the largest over the requests; 0 before the first inference and after "
+    "release_memory).",
+    configurable=False,
+    mutable=True,
+)
 
 
 class CPUPlugin(Plugin):
     """The built-in ``"CPU"`` device."""
 
     device_name = "CPU"
-    supported_properties = (
-        "PERFORMANCE_HINT",
-        "NUM_STREAMS",
-        "INFERENCE_NUM_THREADS",
-        "ALLOW_AUTO_BATCHING",
-        "STATEFUL",
-        "PERF_COUNT",
-        "CACHE_DIR",
-        "ACTIVATION_MEMORY_BYTES",
-        "LOADED_FROM_CACHE",
-        "NETWORK_NAME",
-        "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
-        "SUPPORTED_PROPERTIES",
-        "DEVICE_NAME",
-        "FULL_DEVICE_NAME",
-        "NUM_CORES",
+    properties = declare(
+        PERFORMANCE_HINT,
+        NUM_STREAMS,
+        INFERENCE_NUM_THREADS,
+        ALLOW_AUTO_BATCHING,
+        STATEFUL,
+        PERF_COUNT,
+        CACHE_DIR,
+        ACTIVATION_MEMORY_BYTES,
+        LOADED_FROM_CACHE,
+        NETWORK_NAME,
+        OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        FULL_DEVICE_NAME,
+        NUM_CORES,
     )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> CPUCompiledModel:
@@ -70,7 +98,7 @@ class CPUPlugin(Plugin):
             UnsupportedOpsetError: the model's ``ai.onnx`` opset is newer than
                 :data:`~aioinfer.opsets.MAX_ONNX_OPSET`.
         """
-        parsed = parse_config(config, self.supported_properties)
+        parsed = self.parse_config(config)
         check_onnx_opset(model.ir.opset_imports, self.device_name, MAX_ONNX_OPSET)
         cache_dir = parsed["CACHE_DIR"]
         if not cache_dir:
@@ -104,16 +132,13 @@ class CPUPlugin(Plugin):
             InvalidBlobError, BlobVersionError, BlobDeviceError: see
                 :func:`aioinfer.devices.cpu.export.load`; also a config in the blob that
                 this device does not accept, or a model that cannot be lowered.
-            InvalidPropertyValueError: ``STATEFUL`` given (the graph is already transformed).
+            InvalidPropertyValueError: a property the compile fixed (``STATEFUL``: the graph
+                is already transformed; ``ALLOW_AUTO_BATCHING``) is given.
             UnknownPropertyError: a bad ``config``.
         """
         config = dict(config or {})
-        if "STATEFUL" in config:
-            raise InvalidPropertyValueError(
-                "STATEFUL cannot be set when importing: the exported model keeps the "
-                "variables it was compiled with"
-            )
-        return self._from_blob(blob, parse_config(config, self.supported_properties), set(config))
+        check_mutable(config, self.properties, "when importing")
+        return self._from_blob(blob, self.parse_config(config), set(config))
 
     def _from_blob(
         self, blob: bytes, parsed: dict[str, Any], given: set[str], source: Model | None = None
@@ -127,7 +152,7 @@ class CPUPlugin(Plugin):
         ):
             raise InvalidBlobError("the cached blob holds another model: its ports differ")
         try:
-            stored = parse_config(exported.config, self.supported_properties)
+            stored = self.parse_config(exported.config)
         except PropertyError as exc:
             raise InvalidBlobError(f"the blob's config is not valid: {exc}") from None
         if not isinstance(stored["STATEFUL"], dict):

@@ -46,9 +46,6 @@ if TYPE_CHECKING:
 
 Reply = tuple[Any, ...]
 
-LIVE_PROPERTIES = ("ACTIVATION_MEMORY_BYTES",)
-"""Properties that change while the model runs: sent with each inference's reply."""
-
 
 def error_reply(exc: BaseException, default: str) -> Reply:
     """The reply that carries ``exc`` to the parent: an aioinfer error keeps its class,
@@ -101,6 +98,17 @@ def describe(compiled: CompiledModel) -> dict[str, Any]:
     }
 
 
+def live_properties(compiled: CompiledModel) -> list[str]:
+    """The readable properties of ``compiled`` whose values change while it runs: those
+    its device declares read-only and mutable (``ACTIVATION_MEMORY_BYTES``)."""
+    declared = compiled.plugin.properties
+    return [
+        name
+        for name in compiled.supported_properties()
+        if name in declared and declared[name].mutable and not declared[name].configurable
+    ]
+
+
 class Job:
     """One inference handed from a connection's thread to a stream's compute thread."""
 
@@ -127,7 +135,8 @@ class Streams:
 
     def __init__(self, compiled: CompiledModel) -> None:
         self.compiled = compiled
-        self.live_properties = [n for n in LIVE_PROPERTIES if n in compiled.supported_properties()]
+        self.live_properties = live_properties(compiled)
+        """Read-only properties that change while the model runs: each reply carries them."""
         self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
         for index in range(compiled.streams):
             request = compiled.create_sync_infer_request()

@@ -23,7 +23,17 @@ from aioinfer.devices.cpu.export import Exported, dump, load
 from aioinfer.devices.cpu.plugin import CPUPlugin
 from aioinfer.model import Model, Port
 from aioinfer.plugin import CompiledModel, Executor, Plugin, SyncInferRequest, ThreadExecutor
-from aioinfer.properties import num_cores, parse_config
+from aioinfer.properties import (
+    DEVICE_NAME,
+    NETWORK_NAME,
+    NUM_CORES,
+    NUM_STREAMS,
+    OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    PERFORMANCE_HINT,
+    SUPPORTED_PROPERTIES,
+    declare,
+    num_cores,
+)
 from aioinfer.transforms.pipelines import compile_passes
 from aioinfer_twostage.request import TwoStageInferRequest
 
@@ -32,22 +42,23 @@ class TwoStagePlugin(Plugin):
     """The ``"TWOSTAGE"`` device."""
 
     device_name = "TWOSTAGE"
-    # Every name must be declared in aioinfer.properties; parse_config and get_property
-    # derive the parsing, the defaults and the errors from those declarations.
-    supported_properties = (
-        "PERFORMANCE_HINT",
-        "NUM_STREAMS",
-        "NETWORK_NAME",
-        "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
-        "SUPPORTED_PROPERTIES",
-        "DEVICE_NAME",
-        "NUM_CORES",
+    # The shared declarations of aioinfer.properties this device supports (a property of
+    # its own would be one more Property here); parse_config and get_property derive the
+    # parsing, the defaults and the errors from them.
+    properties = declare(
+        PERFORMANCE_HINT,
+        NUM_STREAMS,
+        NETWORK_NAME,
+        OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        NUM_CORES,
     )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> TwoStageCompiledModel:
         # Unknown names and invalid values raise UnknownPropertyError and
         # InvalidPropertyValueError before any work is done.
-        parsed = parse_config(config, self.supported_properties)
+        parsed = self.parse_config(config)
         # Transforms run on a copy: the user's Model is not changed.
         ir_model = model.ir.clone()
         compile_passes(evaluate_node)(ir_model)
@@ -60,7 +71,7 @@ class TwoStagePlugin(Plugin):
         # InvalidBlobError, BlobVersionError or BlobDeviceError. The passes do not run
         # again: the blob holds the transformed graph.
         exported = load(blob, self.device_name)
-        parsed = parse_config({**exported.config, **(config or {})}, self.supported_properties)
+        parsed = self.parse_config({**exported.config, **(config or {})})
         return TwoStageCompiledModel(
             self, exported.model, exported.inputs, exported.outputs, parsed
         )
