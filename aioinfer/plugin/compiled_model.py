@@ -6,9 +6,7 @@ import itertools
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO
-
-import onnx_ir as ir
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from aioinfer.errors import ExportError, RequestClosedError
 from aioinfer.model import HasPorts, Port
@@ -21,30 +19,39 @@ if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
     from aioinfer.results import InferResults
 
+E = TypeVar("E", bound=Executor)
+
 
 class CompiledModel(HasPorts, ABC):
     """A model compiled for one device.
 
-    Holds the transformed graph, the config it was compiled with, the port index, a
-    request counter, and the executors shared by its requests: the *task executor*
-    (compute, ``streams`` worker threads) and the *callback executor* (user callbacks).
-    A device subclasses it, compiles in ``__init__`` and implements
-    :meth:`create_sync_infer_request`.
+    Holds the name, the port index, the config it was compiled with, a request counter
+    and the executors shared by its requests: the *loop executor* (stages inline on the
+    event loop) and the *callback executor* (user callbacks, one thread started on first
+    use). A device subclasses it, compiles in ``__init__``, creates the executors its
+    pipeline needs (:meth:`add_executor`: a ``task_executor`` of ``streams`` threads for
+    a device that computes on threads of its own; none for a device that awaits an engine
+    or another process) and implements :meth:`create_sync_infer_request`.
     """
+
+    streams: int = 1
+    """How many inferences this model computes at once (``NUM_STREAMS``); a device that
+    runs several sets it in its constructor."""
+    task_executor: Executor
+    """Where the default :meth:`pipeline` runs ``start_pipeline``: a device that keeps
+    that pipeline creates it (``ThreadExecutor(name, streams)``, with :meth:`add_executor`)."""
 
     def __init__(
         self,
         plugin: Plugin,
-        graph: ir.Graph,
+        name: str,
         inputs: Sequence[Port],
         outputs: Sequence[Port],
         config: Mapping[str, Any],
-        streams: int = 1,
     ) -> None:
         self.plugin = plugin
-        self.graph = graph
+        self._name = name
         self.config = dict(config)
-        self.streams = streams
         self._inputs = list(inputs)
         self._outputs = list(outputs)
         self._request_ids = itertools.count()
@@ -52,9 +59,18 @@ class CompiledModel(HasPorts, ABC):
         self._closed = False
         self._pool: list[AsyncInferRequest] = []
         """Idle requests of :meth:`infer`."""
+        self._executors: list[Executor] = []
+        """What :meth:`close` releases after the requests."""
         self.loop_executor: Executor = LoopExecutor()
-        self.task_executor: Executor = ThreadExecutor(f"{plugin.device_name}-task", streams)
-        self.callback_executor: Executor = ThreadExecutor(f"{plugin.device_name}-callback", 1)
+        self.callback_executor: Executor = self.add_executor(
+            ThreadExecutor(f"{plugin.device_name}-callback", 1)
+        )
+
+    def add_executor(self, executor: E) -> E:
+        """Keep ``executor`` for this model's stages and return it; :meth:`close` releases
+        it once every request is closed (no stage runs on it any more)."""
+        self._executors.append(executor)
+        return executor
 
     # -- requests -------------------------------------------------------------------------
 
@@ -65,9 +81,10 @@ class CompiledModel(HasPorts, ABC):
     def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
         """The (executor, stage) pairs one inference runs through, in order.
 
-        The default runs preprocessing on the loop, the compute on the task executor,
-        and waiting and postprocessing on the loop. A device with more stages (upload,
-        compute, download) returns more pairs, on several executors.
+        The default runs preprocessing on the loop, the compute on the task executor
+        (which the device creates), and waiting and postprocessing on the loop. A device
+        with more stages (upload, compute, download) returns more pairs, on several
+        executors.
         """
         return [
             (self.loop_executor, request.infer_preprocess),
@@ -153,8 +170,8 @@ class CompiledModel(HasPorts, ABC):
         self._pool.clear()  # infer() now says that the model is closed, not a request
         for request in list(self._requests):
             await request.close()
-        self.task_executor.close()
-        self.callback_executor.close()
+        for executor in self._executors:
+            executor.close()
 
     async def __aenter__(self) -> CompiledModel:
         return self
@@ -183,7 +200,7 @@ class CompiledModel(HasPorts, ABC):
     @property
     def name(self) -> str:
         """The compiled model's name (``NETWORK_NAME``)."""
-        return self.graph.name or "model"
+        return self._name
 
     def get_property(self, name: str) -> Any:
         """Read a property: the compile config or a read-only one.

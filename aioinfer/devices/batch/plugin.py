@@ -15,11 +15,11 @@ import anyio
 
 from aioinfer.devices.batch.batcher import Batcher, BatchItem
 from aioinfer.devices.batch.properties import BATCH_TIMEOUT_MS, MAX_BATCH_SIZE
-from aioinfer.devices.batch.request import AwaitExecutor, BatchInferRequest
+from aioinfer.devices.batch.request import BatchInferRequest
 from aioinfer.errors import NotBatchableError, RequestClosedError, UnknownDeviceError
 from aioinfer.model import Model, Port
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.executors import Executor
+from aioinfer.plugin.executors import AwaitExecutor, Executor
 from aioinfer.plugin.plugin import TARGET_DEVICE, Plugin, VirtualPlugin
 from aioinfer.properties import DEVICE_NAME, NUM_CORES, SUPPORTED_PROPERTIES, declare
 from aioinfer.results import InferResults
@@ -152,9 +152,8 @@ class BatchCompiledModel(CompiledModel):
     """
 
     def __init__(self, plugin: BatchPlugin, target: CompiledModel, config: dict[str, Any]) -> None:
-        super().__init__(
-            plugin, target.graph, target.inputs, target.outputs, config, target.streams
-        )
+        super().__init__(plugin, target.name, target.inputs, target.outputs, config)
+        self.streams = target.streams
         self.target = target
         """The compiled model that runs the batches."""
         self.batcher = Batcher(

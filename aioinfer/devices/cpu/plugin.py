@@ -30,6 +30,7 @@ from aioinfer.errors import (
 from aioinfer.model import Model, Port
 from aioinfer.opsets import MAX_ONNX_OPSET, check_onnx_opset, node_opset
 from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.plugin.executors import ThreadExecutor, streams_for
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.state import split_ports
 from aioinfer.properties import (
@@ -234,11 +235,16 @@ class CPUCompiledModel(CompiledModel):
             dataclasses.replace(v, shape=shapes.get(v.name, v.shape)) for v in variables
         ]
         config = {**config, "STATEFUL": dict(made)}
-        streams = _streams(config)
-        self.threads_per_stream = _configure_blas(config, streams)
+        self.streams = streams_for(config, num_cores())
+        self.threads_per_stream = _configure_blas(config, self.streams)
         self.loaded_from_cache = False
         self._sync_requests: weakref.WeakSet[CPUInferRequest] = weakref.WeakSet()
-        super().__init__(plugin, ir_model.graph, inputs, outputs, config, streams)
+        super().__init__(plugin, ir_model.graph.name or "model", inputs, outputs, config)
+        self.graph = ir_model.graph
+        """The transformed graph (what the passes fused and folded)."""
+        self.task_executor = self.add_executor(
+            ThreadExecutor(f"{plugin.device_name}-task", self.streams)
+        )
 
     @classmethod
     def compile(cls, plugin: CPUPlugin, model: Model, config: dict[str, Any]) -> CPUCompiledModel:
@@ -288,11 +294,3 @@ def _configure_blas(config: Mapping[str, Any], streams: int) -> int:
     per_stream = max(1, total // streams)
     set_intra_op_threads(per_stream)
     return per_stream
-
-
-def _streams(config: Mapping[str, Any]) -> int:
-    if config["NUM_STREAMS"] != "AUTO":
-        return int(config["NUM_STREAMS"])
-    if config["PERFORMANCE_HINT"] == "THROUGHPUT":
-        return max(1, num_cores())
-    return 1

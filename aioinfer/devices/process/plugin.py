@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 import onnx_ir as ir
 
-from aioinfer.devices.batch.request import AwaitExecutor
 from aioinfer.devices.process.request import ProcessInferRequest
 from aioinfer.devices.process.supervisor import WorkerSupervisor
 from aioinfer.errors import InvalidPropertyValueError, UnknownDeviceError
 from aioinfer.model import Model
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.executors import Executor
+from aioinfer.plugin.executors import AwaitExecutor, Executor
 from aioinfer.plugin.plugin import TARGET_DEVICE, VirtualPlugin
 from aioinfer.properties import (
     DEVICE_NAME,
@@ -143,9 +142,9 @@ class ProcessCompiledModel(CompiledModel):
         info: dict[str, Any],
         own: dict[str, Any],
     ) -> None:
-        graph = ir.Graph((), (), nodes=(), name=info["name"])
         config = {**info["config"], **own}
-        super().__init__(plugin, graph, info["inputs"], info["outputs"], config, info["streams"])
+        super().__init__(plugin, info["name"], info["inputs"], info["outputs"], config)
+        self.streams = info["streams"]
         self.own_config = dict(own)
         """The PROCESS device's own properties (``TARGET_DEVICE``, ``WORKER_TIMEOUT_S``)."""
         self.supervisor = supervisor

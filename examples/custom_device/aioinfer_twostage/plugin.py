@@ -23,6 +23,7 @@ from aioinfer.devices.cpu.export import Exported, dump, load
 from aioinfer.devices.cpu.plugin import CPUPlugin
 from aioinfer.model import Model, Port
 from aioinfer.plugin import CompiledModel, Executor, Plugin, SyncInferRequest, ThreadExecutor
+from aioinfer.plugin.executors import streams_for
 from aioinfer.properties import (
     DEVICE_NAME,
     NETWORK_NAME,
@@ -82,8 +83,8 @@ class TwoStagePlugin(Plugin):
 
 
 class TwoStageCompiledModel(CompiledModel):
-    """A model compiled for ``TWOSTAGE``: the plan, and a host executor next to the
-    compute (task) executor of the base class."""
+    """A model compiled for ``TWOSTAGE``: the plan, a compute (task) executor and a host
+    executor."""
 
     def __init__(
         self,
@@ -97,12 +98,15 @@ class TwoStageCompiledModel(CompiledModel):
         # read once here and shared (read-only) by every request.
         self.ir_model = ir_model
         self.plan = lower(ir_model.graph, ir_model.opset_imports)
-        streams = _streams(config)
-        # The base class creates the task executor (one compute thread per stream) and
-        # the callback executor.
-        super().__init__(plugin, ir_model.graph, inputs, outputs, config, streams)
-        # One host thread stages inputs and outputs for all requests of this model.
-        self.host_executor: Executor = ThreadExecutor(f"{plugin.device_name}-host", 1)
+        self.streams = streams_for(config, num_cores())
+        super().__init__(plugin, ir_model.graph.name or "model", inputs, outputs, config)
+        # The executors are the device's choice: one compute thread per stream, and one
+        # host thread that stages inputs and outputs for all requests of this model.
+        # close() releases what add_executor keeps, once no request runs.
+        self.task_executor = self.add_executor(
+            ThreadExecutor(f"{plugin.device_name}-task", self.streams)
+        )
+        self.host_executor = self.add_executor(ThreadExecutor(f"{plugin.device_name}-host", 1))
 
     def create_sync_infer_request(self) -> TwoStageInferRequest:
         return TwoStageInferRequest(self)
@@ -136,14 +140,3 @@ class TwoStageCompiledModel(CompiledModel):
             # One request per stream computing, plus one on the host stage.
             return self.streams + 1
         return super().read_only_property(name)
-
-    async def close(self) -> None:
-        await super().close()  # closes the requests first: nothing runs on the host thread
-        self.host_executor.close()
-
-
-def _streams(config: Mapping[str, Any]) -> int:
-    """Compute streams: explicit ``NUM_STREAMS``, else one (LATENCY) or one per core."""
-    if config["NUM_STREAMS"] != "AUTO":
-        return int(config["NUM_STREAMS"])
-    return num_cores() if config["PERFORMANCE_HINT"] == "THROUGHPUT" else 1
