@@ -12,7 +12,8 @@ from typing import IO, Any, overload
 
 import anyio.to_thread
 
-from aioinfer.devices.batch.plugin import auto_batching
+from aioinfer.cache import compile_cached
+from aioinfer.devices.batch.plugin import auto_batching as batches_automatically
 from aioinfer.errors import UnknownDeviceError, UnknownPropertyError
 from aioinfer.frontend import ModelSource, read_ir_model, read_stream
 from aioinfer.model import Model
@@ -307,6 +308,8 @@ class Core:
         model: Model | ModelSource,
         device: str = "CPU",
         config: Mapping[str, Any] | None = None,
+        *,
+        auto_batching: bool = True,
     ) -> CompiledModel:
         """Compile ``model`` for ``device``: transformation passes, lowering, weights.
 
@@ -314,7 +317,12 @@ class Core:
         device names its target after a colon: ``"BATCH:CPU"`` batches on the CPU (the
         target goes to the virtual device as its ``TARGET_DEVICE`` property). With the
         ``THROUGHPUT`` hint, a device that supports ``ALLOW_AUTO_BATCHING`` gets a
-        batchable, stateless model wrapped in ``BATCH`` (see docs/batching.md).
+        batchable, stateless model wrapped in ``BATCH`` (see docs/batching.md), unless
+        ``auto_batching`` is False (a virtual device compiles its target so).
+
+        With ``CACHE_DIR``, on a device that declares it, the model is loaded from the
+        model cache when it was compiled before with the same device, config and aioinfer
+        version, else compiled and stored there (see :mod:`aioinfer.cache`).
 
         Raises:
             UnknownDeviceError: no such device, or a target given to a device that takes
@@ -336,12 +344,12 @@ class Core:
                     f"device {name!r} takes no target device, but {device!r} names one"
                 )
             config["TARGET_DEVICE"] = target
-        elif auto_batching(plugin, model, config):
+        elif auto_batching and batches_automatically(plugin, model, config):
             if self._settings:  # the BATCH device's own settings apply too
                 config = {**self._settings_for("BATCH", {"TARGET_DEVICE": name}), **config}
             config["TARGET_DEVICE"] = name
             plugin = self.get_plugin("BATCH")
-        return plugin.compile_model(model, config)
+        return compile_cached(plugin, model, config)
 
     def import_model(
         self,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 from aioinfer.errors import ExportError, RequestClosedError
 from aioinfer.model import HasPorts, Port
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
+from aioinfer.plugin.blob import ExportedModel, dump
 from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
 from aioinfer.properties import check_readable, property_name
 
@@ -59,6 +60,7 @@ class CompiledModel(HasPorts, ABC):
         self._closed = False
         self._pool: list[AsyncInferRequest] = []
         """Idle requests of :meth:`infer`."""
+        self._loaded_from_cache = False
         self._executors: list[Executor] = []
         """What :meth:`close` releases after the requests."""
         self.loop_executor: Executor = LoopExecutor()
@@ -190,10 +192,46 @@ class CompiledModel(HasPorts, ABC):
         ``Core.import_model(blob, device)`` turns back into an equivalent compiled model
         without running the passes again; also written to ``stream`` when one is given.
 
+        The blob is the shared framing (:mod:`aioinfer.plugin.blob`: the device, the
+        config, the source ports) around the device's :meth:`export_payload`.
+
+        Raises:
+            ExportError: the device does not support export.
+        """
+        inputs, outputs = self.source_ports()
+        blob = dump(
+            ExportedModel(
+                device=self.plugin.device_name,
+                config={k: v for k, v in self.config.items() if k != "CACHE_DIR"},
+                inputs=inputs,
+                outputs=outputs,
+                payload=self.export_payload(),
+            )
+        )
+        if stream is not None:
+            stream.write(blob)
+        return blob
+
+    def export_payload(self) -> bytes:
+        """A device that exports overrides this: the bytes its plugin's ``import_payload``
+        rebuilds this compiled model from (the engine's own serialisation, the transformed
+        graph, ...).
+
         Raises:
             ExportError: the device does not support export.
         """
         raise ExportError(f"device {self.plugin.device_name!r} does not export compiled models")
+
+    def source_ports(self) -> tuple[list[Port], list[Port]]:
+        """The ports of the model this was compiled from, which an export records and the
+        model cache compares: this model's own, unless compiling took some of them as
+        variable state."""
+        return self.inputs, self.outputs
+
+    def mark_loaded_from_cache(self) -> None:
+        """Called by the Core when this compiled model came from its model cache
+        (``LOADED_FROM_CACHE`` then reads True)."""
+        self._loaded_from_cache = True
 
     # -- properties -----------------------------------------------------------------------
 
@@ -231,6 +269,8 @@ class CompiledModel(HasPorts, ABC):
             return self.streams * 2 if throughput else self.streams
         if name == "SUPPORTED_PROPERTIES":
             return self.supported_properties()
+        if name == "LOADED_FROM_CACHE":
+            return self._loaded_from_cache
         return self.plugin.get_property(name)
 
     def __repr__(self) -> str:

@@ -7,12 +7,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from aioinfer.errors import ImportModelError, UnknownDeviceError
+from aioinfer.errors import ImportModelError, InvalidBlobError, PropertyError, UnknownDeviceError
+from aioinfer.plugin.blob import ExportedModel, load
 from aioinfer.properties import (
     DEVICE_NAME,
     NUM_CORES,
     SUPPORTED_PROPERTIES,
     Property,
+    check_mutable,
     check_readable,
     declare,
     num_cores,
@@ -66,13 +68,62 @@ class Plugin(ABC):
 
     def import_model(self, blob: bytes, config: Mapping[str, Any] | None = None) -> CompiledModel:
         """A compiled model from a blob of ``CompiledModel.export_model``; ``config`` may
-        change run-time properties.
+        change the run-time (``mutable``) properties. The framing is checked here, the
+        payload by :meth:`import_payload`.
 
         Raises:
-            ImportModelError: the device cannot import models, or (subclasses) the blob is
-                invalid, truncated or corrupted, of another version, or for another device.
+            ImportModelError: the device does not import models.
+            InvalidBlobError, BlobVersionError, BlobDeviceError: see
+                :func:`aioinfer.plugin.blob.load`, and :meth:`import_exported`.
+            InvalidPropertyValueError: a property fixed by the compile (``STATEFUL``), or
+                a bad value.
+            UnknownPropertyError: a name the device does not support.
         """
-        raise ImportModelError(f"device {self.device_name!r} does not import compiled models")
+        given = dict(config or {})
+        self._check_imports()
+        check_mutable(given, self.properties, "when importing")
+        self.parse_config(given)  # the caller's mistakes first, before the blob's
+        return self.import_exported(load(blob, self.device_name), given)
+
+    def import_exported(
+        self, exported: ExportedModel, config: Mapping[str, Any] | None = None
+    ) -> CompiledModel:
+        """A compiled model from a checked blob (:func:`aioinfer.plugin.blob.load`): the
+        blob's config, validated like a compile config, with the names ``config`` gives
+        overriding it, goes to :meth:`import_payload`. The Core's model cache imports
+        through here.
+
+        Raises:
+            ImportModelError: the device does not import models.
+            InvalidBlobError: the blob's config is not one this device accepts, or (from
+                :meth:`import_payload`) its payload is bad.
+        """
+        self._check_imports()
+        try:
+            stored = self.parse_config(exported.config)
+        except PropertyError as exc:
+            raise InvalidBlobError(f"the blob's config is not valid: {exc}") from None
+        given = self.parse_config(config)
+        names = {property_name(name) for name in config or {}}
+        return self.import_payload(exported, {**stored, **{n: given[n] for n in names}})
+
+    def import_payload(self, exported: ExportedModel, config: dict[str, Any]) -> CompiledModel:
+        """A device that imports models overrides this: build the compiled model from
+        ``exported.payload`` (what its ``export_payload`` wrote), its source ports
+        ``exported.inputs``/``outputs`` and ``config`` (parsed, final), without compiling
+        again.
+
+        Raises:
+            InvalidBlobError: a payload that does not parse or does not fit the header.
+        """
+        raise self._no_import()
+
+    def _check_imports(self) -> None:
+        if type(self).import_payload is Plugin.import_payload:
+            raise self._no_import()
+
+    def _no_import(self) -> ImportModelError:
+        return ImportModelError(f"device {self.device_name!r} does not import compiled models")
 
     @abstractmethod
     def query_model(self, model: Model) -> dict[str, str]:

@@ -127,13 +127,7 @@ class BatchPlugin(VirtualPlugin):
         problem = batch_problem(model.inputs, model.outputs)
         if problem is not None:
             raise NotBatchableError(f"model {model.name!r} cannot be batched: {problem}")
-        if ":" in target_device:
-            # A virtual target with a target of its own ("PROCESS:CPU"): the Core compiles
-            # it, and never auto-batches a device that names a target.
-            target = self.core.compile_model(model, target_device, rest)
-        else:
-            # Through the target's plugin, not the Core: the Core would batch it again.
-            target = self.core.get_plugin(target_device).compile_model(model, rest)
+        target = self.core.compile_model(model, target_device, rest, auto_batching=False)
         return BatchCompiledModel(self, target, own)
 
     def query_model(self, model: Model) -> dict[str, str]:

@@ -75,8 +75,9 @@ def compile_in_worker(payload: dict[str, Any]) -> CompiledModel:
     ir_model = ir.serde.deserialize_model(proto)
     if payload["base_dir"]:
         ir.external_data.set_base_dir(ir_model.graph, payload["base_dir"])
-    plugin = Core().get_plugin(payload["target"])
-    return plugin.compile_model(Model(ir_model), payload["config"])
+    return Core().compile_model(
+        Model(ir_model), payload["target"], payload["config"], auto_batching=False
+    )
 
 
 def describe(compiled: CompiledModel) -> dict[str, Any]:

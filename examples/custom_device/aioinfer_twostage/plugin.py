@@ -7,25 +7,28 @@ host work and the compute run on two different executors, so while request A com
 request B stages its inputs: stages of different requests overlap.
 
 The compute reuses the CPU device's compiler (passes and lowering to a plan of numpy
-kernels) and its export format; a real device would lower to its own executable form.
+kernels), and exports the transformed graph as an ONNX payload; a real device would
+lower to its own executable form and export that.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import onnx_ir as ir
 
-from aioinfer import __version__
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
-from aioinfer.devices.cpu.export import Exported, dump, load
 from aioinfer.devices.cpu.plugin import CPUPlugin
 from aioinfer.model import Model, Port
 from aioinfer.plugin import CompiledModel, Executor, Plugin, SyncInferRequest, ThreadExecutor
+from aioinfer.plugin.blob import ExportedModel
 from aioinfer.plugin.executors import streams_for
+from aioinfer.plugin.onnx_payload import onnx_payload, read_onnx_payload
 from aioinfer.properties import (
+    CACHE_DIR,
     DEVICE_NAME,
+    LOADED_FROM_CACHE,
     NETWORK_NAME,
     NUM_CORES,
     NUM_STREAMS,
@@ -49,6 +52,8 @@ class TwoStagePlugin(Plugin):
     properties = declare(
         PERFORMANCE_HINT,
         NUM_STREAMS,
+        CACHE_DIR,  # its models export: the Core keeps them in CACHE_DIR
+        LOADED_FROM_CACHE,
         NETWORK_NAME,
         OPTIMAL_NUMBER_OF_INFER_REQUESTS,
         SUPPORTED_PROPERTIES,
@@ -65,17 +70,15 @@ class TwoStagePlugin(Plugin):
         compile_passes(evaluate_node)(ir_model)
         return TwoStageCompiledModel(self, ir_model, model.inputs, model.outputs, parsed)
 
-    def import_model(
-        self, blob: bytes, config: Mapping[str, Any] | None = None
+    def import_payload(
+        self, exported: ExportedModel, config: dict[str, Any]
     ) -> TwoStageCompiledModel:
-        # load() checks the magic, the checksum, the versions and the device, and raises
-        # InvalidBlobError, BlobVersionError or BlobDeviceError. The passes do not run
-        # again: the blob holds the transformed graph.
-        exported = load(blob, self.device_name)
-        parsed = self.parse_config({**exported.config, **(config or {})})
-        return TwoStageCompiledModel(
-            self, exported.model, exported.inputs, exported.outputs, parsed
-        )
+        # The base class checked the framing (magic, checksum, versions, device: else
+        # InvalidBlobError, BlobVersionError or BlobDeviceError) and merged the config.
+        # read_onnx_payload refuses a malformed or not self-contained graph. The passes do
+        # not run again: the payload holds the transformed graph.
+        ir_model = read_onnx_payload(exported.payload)
+        return TwoStageCompiledModel(self, ir_model, exported.inputs, exported.outputs, config)
 
     def query_model(self, model: Model) -> dict[str, str]:
         # The compute runs the CPU device's kernels, so the supported nodes are the same.
@@ -120,20 +123,10 @@ class TwoStageCompiledModel(CompiledModel):
             (self.host_executor, request.infer_postprocess),
         ]
 
-    def export_model(self, stream: BinaryIO | None = None) -> bytes:
-        blob = dump(
-            Exported(
-                device=self.plugin.device_name,
-                aioinfer_version=__version__,
-                config=self.config,
-                inputs=self.inputs,
-                outputs=self.outputs,
-                model=self.ir_model,
-            )
-        )
-        if stream is not None:
-            stream.write(blob)
-        return blob
+    def export_payload(self) -> bytes:
+        # The transformed graph, weights included; the base class frames it with the
+        # device name, the config and the ports.
+        return onnx_payload(self.ir_model)
 
     def read_only_property(self, name: str) -> Any:
         if name == "OPTIMAL_NUMBER_OF_INFER_REQUESTS":
