@@ -13,10 +13,9 @@ from typing import IO, Any, overload
 import anyio.to_thread
 
 from aioinfer.cache import compile_cached
-from aioinfer.devices.batch.plugin import auto_batching as batches_automatically
 from aioinfer.errors import UnknownDeviceError, UnknownPropertyError
 from aioinfer.frontend import ModelSource, read_ir_model, read_stream
-from aioinfer.model import Model
+from aioinfer.model import Model, batch_problem
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.properties import COMMON, Property, parse_config, property_name
@@ -298,10 +297,22 @@ class Core:
         (a file object is read there too)."""
         return await anyio.to_thread.run_sync(self.read_model, model, abandon_on_cancel=True)
 
-    def query_model(self, model: Model | ModelSource, device: str = "CPU") -> dict[str, str]:
-        """Which nodes of ``model`` the device can run (node name -> device)."""
+    def query_model(
+        self,
+        model: Model | ModelSource,
+        device: str = "CPU",
+        config: Mapping[str, Any] | None = None,
+    ) -> dict[str, str]:
+        """Which nodes of ``model`` the device can run (node name -> device); a virtual
+        device answers for its target (``"BATCH:PROCESS:CPU"``: what the CPU runs).
+
+        Raises:
+            UnknownDeviceError: no such device, or a target given to a device that takes
+                none.
+        """
         model = model if isinstance(model, Model) else self.read_model(model)
-        return self.get_plugin(device).query_model(model)
+        plugin, config = self._device_config(device, config)
+        return plugin.query_model(model, config)
 
     def compile_model(
         self,
@@ -332,24 +343,57 @@ class Core:
             NotBatchableError: ``BATCH`` was asked for a model it cannot batch.
             ModelReadError: ``model`` could not be read.
         """
+        model = model if isinstance(model, Model) else self.read_model(model)
+        plugin, config = self._device_config(device, config)
+        if (
+            auto_batching
+            and ":" not in device
+            and self._batches_automatically(plugin, model, config)
+        ):
+            if self._settings:  # the BATCH device's own settings apply too
+                config = {**self._settings_for("BATCH", {"TARGET_DEVICE": device}), **config}
+            config["TARGET_DEVICE"] = device
+            plugin = self.get_plugin("BATCH")
+        return compile_cached(plugin, model, config)
+
+    def _device_config(
+        self, device: str, config: Mapping[str, Any] | None
+    ) -> tuple[Plugin, dict[str, Any]]:
+        """The plugin ``device`` names and the config it gets: ``config`` over this Core's
+        settings, with the target of ``"BATCH:CPU"`` as ``TARGET_DEVICE``."""
         name, _, target = device.partition(":")
         plugin = self.get_plugin(name)
-        model = model if isinstance(model, Model) else self.read_model(model)
-        config = {property_name(key): value for key, value in (config or {}).items()}
+        given = {property_name(key): value for key, value in (config or {}).items()}
         if self._settings:
-            config = {**self._settings_for(device, config), **config}
+            given = {**self._settings_for(device, given), **given}
         if target:
-            if "TARGET_DEVICE" not in plugin.supported_properties:
+            if "TARGET_DEVICE" not in plugin.properties:
                 raise UnknownDeviceError(
                     f"device {name!r} takes no target device, but {device!r} names one"
                 )
-            config["TARGET_DEVICE"] = target
-        elif auto_batching and batches_automatically(plugin, model, config):
-            if self._settings:  # the BATCH device's own settings apply too
-                config = {**self._settings_for("BATCH", {"TARGET_DEVICE": name}), **config}
-            config["TARGET_DEVICE"] = name
-            plugin = self.get_plugin("BATCH")
-        return compile_cached(plugin, model, config)
+            given["TARGET_DEVICE"] = target
+        return plugin, given
+
+    @staticmethod
+    def _batches_automatically(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> bool:
+        """Whether to batch ``model`` on the BATCH device although ``plugin``'s device was
+        asked for: the device opts in (it declares ``ALLOW_AUTO_BATCHING``), the config
+        has the ``THROUGHPUT`` hint and does not set ``ALLOW_AUTO_BATCHING`` to NO, the
+        model keeps no state and is batchable (:func:`aioinfer.model.batch_problem`)."""
+        declared = plugin.properties
+        if "ALLOW_AUTO_BATCHING" not in declared or "PERFORMANCE_HINT" not in declared:
+            return False
+        try:
+            hint = declared["PERFORMANCE_HINT"].parse(config.get("PERFORMANCE_HINT", "LATENCY"))
+            allowed = declared["ALLOW_AUTO_BATCHING"].parse(config.get("ALLOW_AUTO_BATCHING", True))
+        except ValueError:
+            return False  # the device itself reports the bad value
+        return (
+            hint == "THROUGHPUT"
+            and allowed
+            and not config.get("STATEFUL")
+            and batch_problem(model.inputs, model.outputs) is None
+        )
 
     def import_model(
         self,

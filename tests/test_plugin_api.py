@@ -20,6 +20,7 @@ import onnx.helper as oh
 import pytest
 
 import aioinfer as ai
+from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.devices.cpu.plugin import CPUPlugin
 from aioinfer.model import Model
 from aioinfer.plugin import AwaitExecutor, CompiledModel, Executor, Plugin, SyncInferRequest
@@ -30,6 +31,7 @@ from aioinfer.properties import (
     LOADED_FROM_CACHE,
     NETWORK_NAME,
     OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    PERFORMANCE_HINT,
     SUPPORTED_PROPERTIES,
     Property,
     choice,
@@ -132,6 +134,8 @@ class NegatePlugin(Plugin):
     device_name = "NEGATE"
     properties = declare(
         SCALE,
+        PERFORMANCE_HINT,
+        ALLOW_AUTO_BATCHING,
         CACHE_DIR,
         LOADED_FROM_CACHE,
         NETWORK_NAME,
@@ -155,7 +159,7 @@ class NegatePlugin(Plugin):
         return NegateCompiledModel(self, name, exported.inputs, exported.outputs, config)
 
     def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
-        return {}
+        return {node.name or "negate": self.device_name for node in model.ir.graph}
 
 
 class NegateCompiledModel(CompiledModel):
@@ -263,3 +267,47 @@ def test_a_device_payload_goes_into_the_shared_framing(
         core.import_model(blob[:-1] + bytes([blob[-1] ^ 1]), "NEGATE")
     with pytest.raises(ai.InvalidPropertyValueError, match="SCALE cannot be set when importing"):
         core.import_model(blob, "NEGATE", {"SCALE": 1})
+
+
+# -- virtual devices and the Core ask devices through generic methods --------------------
+
+
+def test_a_virtual_device_answers_query_model_for_its_target(
+    negate: tuple[ai.Core, NegatePlugin],
+) -> None:
+    core, _ = negate
+    assert core.query_model(NEG, "NEGATE") == {"negate": "NEGATE"}
+    assert core.query_model(NEG, "BATCH:NEGATE") == {"negate": "BATCH"}
+    assert core.query_model(NEG, "PROCESS:NEGATE") == {"negate": "PROCESS"}
+    assert core.query_model(NEG, "BATCH:PROCESS:NEGATE") == {"negate": "BATCH"}
+    assert core.query_model(NEG, "BATCH", {"TARGET_DEVICE": "NEGATE"}) == {"negate": "BATCH"}
+    with pytest.raises(ai.UnknownDeviceError, match="'NEGATE' takes no target"):
+        core.query_model(NEG, "NEGATE:CPU")
+
+
+def test_the_core_batches_any_device_that_opts_in(negate: tuple[ai.Core, NegatePlugin]) -> None:
+    core, _ = negate
+    compiled = core.compile_model(NEG, "NEGATE", {"PERFORMANCE_HINT": "THROUGHPUT", "SCALE": 2})
+    assert compiled.get_property("DEVICE_NAME") == "BATCH:NEGATE"
+    assert compiled.get_property("SCALE") == 2.0  # the target's property
+    y = compiled.create_infer_request().infer_sync({"x": X})[0]
+    np.testing.assert_array_equal(y, -2 * X)
+    alone = core.compile_model(
+        NEG, "NEGATE", {"PERFORMANCE_HINT": "THROUGHPUT", "ALLOW_AUTO_BATCHING": False}
+    )
+    assert alone.get_property("DEVICE_NAME") == "NEGATE"
+
+
+@pytest.mark.anyio
+async def test_every_compiled_model_says_whether_it_batches() -> None:
+    """What a server needs to size its admission and count executions, without testing
+    for a device class."""
+    core = ai.Core()
+    cpu = core.compile_model(MLP, "CPU", {"NUM_STREAMS": 2})
+    assert cpu.max_batch_size() is None and cpu.batch_statistics() is None
+    batched = core.compile_model(MLP, "BATCH:CPU", {"NUM_STREAMS": 2, "MAX_BATCH_SIZE": 8})
+    assert batched.max_batch_size() == 8
+    assert batched.streams == 2  # the target's
+    await batched.infer({"x": X})
+    assert batched.batch_statistics() == {2: 1}  # one batch of X's two rows
+    await batched.close()

@@ -166,6 +166,18 @@ class CompiledModel(HasPorts, ABC):
                 request.release_memory()
         self._pool.clear()
 
+    def batch_statistics(self) -> dict[int, int] | None:
+        """How many executions so far ran how many rows taken from concurrent inferences
+        (``{rows: count}``); None for a device that runs each inference on its own (then
+        a caller counts the inferences itself)."""
+        return None
+
+    def max_batch_size(self) -> int | None:
+        """The most rows one execution takes from concurrent inferences (``MAX_BATCH_SIZE``
+        of a batching device); None for a device that runs each inference on its own. To
+        keep such a device busy, keep this many times ``streams`` inferences in flight."""
+        return None
+
     async def close(self) -> None:
         """Close every request (cancelling what runs), then release the executors."""
         self._closed = True

@@ -126,8 +126,9 @@ class Plugin(ABC):
         return ImportModelError(f"device {self.device_name!r} does not import compiled models")
 
     @abstractmethod
-    def query_model(self, model: Model) -> dict[str, str]:
-        """Map each node name this device can run to the device name."""
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """Map each node name this device can run to the device name; ``config`` is a
+        compile config (a virtual device finds its ``TARGET_DEVICE`` there)."""
 
     def get_property(self, name: str) -> Any:
         """A device-level property (``SUPPORTED_PROPERTIES``, ``DEVICE_NAME``,
@@ -184,6 +185,21 @@ class VirtualPlugin(Plugin):
     def set_core(self, core: Core) -> None:
         """Called by the Core that loads this plugin."""
         self._core = core
+
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """The nodes the target device runs (``TARGET_DEVICE`` of ``config``, else its
+        default), mapped to this device.
+
+        Raises:
+            UnknownDeviceError: the target is unknown, or this device itself.
+        """
+        own, _ = self.split_config(config or {})
+        target = own["TARGET_DEVICE"]
+        if target.partition(":")[0] == self.device_name:
+            raise UnknownDeviceError(
+                f"the {self.device_name} device cannot target itself; got {target!r}"
+            )
+        return {name: self.device_name for name in self.core.query_model(model, target)}
 
     @property
     def core(self) -> Core:

@@ -8,7 +8,7 @@ axis, run once on the target and split back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -17,68 +17,15 @@ from aioinfer.devices.batch.batcher import Batcher, BatchItem
 from aioinfer.devices.batch.properties import BATCH_TIMEOUT_MS, MAX_BATCH_SIZE
 from aioinfer.devices.batch.request import BatchInferRequest
 from aioinfer.errors import NotBatchableError, RequestClosedError, UnknownDeviceError
-from aioinfer.model import Model, Port
+from aioinfer.model import Model, batch_problem
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.executors import AwaitExecutor, Executor
-from aioinfer.plugin.plugin import TARGET_DEVICE, Plugin, VirtualPlugin
+from aioinfer.plugin.plugin import TARGET_DEVICE, VirtualPlugin
 from aioinfer.properties import DEVICE_NAME, NUM_CORES, SUPPORTED_PROPERTIES, declare
 from aioinfer.results import InferResults
 
 if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
-
-
-def batch_problem(inputs: Sequence[Port], outputs: Sequence[Port]) -> str | None:
-    """Why a model with these ports cannot be batched along its first axis (None: it can).
-
-    Batchable means: every input and output is a tensor whose first dimension is one and
-    the same symbolic dimension (``"batch"``), so rows can be joined and split back.
-    """
-    if not inputs:
-        return "the model has no inputs"
-    symbols: dict[str, str] = {}
-    for kind, ports in (("input", inputs), ("output", outputs)):
-        for port in ports:
-            if port.kind != "tensor":
-                return f"{kind} {port.name!r} is a {port.kind.replace('_', ' ')}, not a tensor"
-            if not port.shape:
-                rank = "unknown" if port.shape is None else "0"
-                return f"{kind} {port.name!r} has rank {rank}; batching needs a first dimension"
-            first = port.shape[0]
-            if not isinstance(first, str):
-                return (
-                    f"{kind} {port.name!r} ({port}) has first dimension "
-                    f"{'unknown' if first is None else first}, not a symbolic batch dimension"
-                )
-            symbols.setdefault(first, f"{kind} {port.name!r}")
-    if len(symbols) > 1:
-        which = ", ".join(f"{where}: {symbol!r}" for symbol, where in symbols.items())
-        return f"the first dimensions are different symbols ({which}); batching needs one"
-    return None
-
-
-def auto_batching(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> bool:
-    """Whether the Core should batch ``model`` on the BATCH device although ``plugin``'s
-    device was asked for: the config has the ``THROUGHPUT`` hint and does not set
-    ``ALLOW_AUTO_BATCHING`` to NO, the device opts in (it supports
-    ``ALLOW_AUTO_BATCHING``), the model keeps no state and is batchable."""
-    if plugin.device_name == BatchPlugin.device_name:
-        return False
-    declared = plugin.properties
-    if "ALLOW_AUTO_BATCHING" not in declared or "PERFORMANCE_HINT" not in declared:
-        return False
-    names = {str(getattr(k, "value", k)): v for k, v in config.items()}
-    try:
-        hint = declared["PERFORMANCE_HINT"].parse(names.get("PERFORMANCE_HINT", "LATENCY"))
-        allowed = declared["ALLOW_AUTO_BATCHING"].parse(names.get("ALLOW_AUTO_BATCHING", True))
-    except ValueError:
-        return False  # the device itself reports the bad value
-    return (
-        hint == "THROUGHPUT"
-        and allowed
-        and not names.get("STATEFUL")
-        and batch_problem(model.inputs, model.outputs) is None
-    )
 
 
 class BatchPlugin(VirtualPlugin):
@@ -129,10 +76,6 @@ class BatchPlugin(VirtualPlugin):
             raise NotBatchableError(f"model {model.name!r} cannot be batched: {problem}")
         target = self.core.compile_model(model, target_device, rest, auto_batching=False)
         return BatchCompiledModel(self, target, own)
-
-    def query_model(self, model: Model) -> dict[str, str]:
-        """The nodes the default target device (``CPU``) runs, mapped to ``BATCH``."""
-        return {name: self.device_name for name in self.core.query_model(model, "CPU")}
 
 
 class BatchCompiledModel(CompiledModel):
@@ -213,6 +156,10 @@ class BatchCompiledModel(CompiledModel):
     def batch_statistics(self) -> dict[int, int]:
         """How many batches ran so far, by number of rows (``{rows: count}``)."""
         return dict(self.batcher.statistics)
+
+    def max_batch_size(self) -> int:
+        """``MAX_BATCH_SIZE``: the most rows one batch takes from concurrent inferences."""
+        return int(self.config["MAX_BATCH_SIZE"])
 
     def supported_properties(self) -> tuple[str, ...]:
         own = tuple(self.config)

@@ -138,7 +138,8 @@ class CPUPlugin(Plugin):
             return cpu_model_name()
         return super().get_property(name)
 
-    def query_model(self, model: Model) -> dict[str, str]:
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """The nodes the CPU has a kernel for (in the model's opset), mapped to ``CPU``."""
         opsets = model.ir.opset_imports
         supported = {}
         for index, node in enumerate(model.ir.graph):

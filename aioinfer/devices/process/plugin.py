@@ -101,10 +101,6 @@ class ProcessPlugin(VirtualPlugin):
         info = supervisor.start()
         return ProcessCompiledModel(self, supervisor, info, own)
 
-    def query_model(self, model: Model) -> dict[str, str]:
-        """The nodes the default target device (``CPU``) runs, mapped to ``PROCESS``."""
-        return {name: self.device_name for name in self.core.query_model(model, "CPU")}
-
 
 def _external_data_dir(graph: ir.Graph) -> str:
     """The directory external weights are read from ('' when all are in memory)."""

@@ -80,7 +80,7 @@ class TwoStagePlugin(Plugin):
         ir_model = read_onnx_payload(exported.payload)
         return TwoStageCompiledModel(self, ir_model, exported.inputs, exported.outputs, config)
 
-    def query_model(self, model: Model) -> dict[str, str]:
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         # The compute runs the CPU device's kernels, so the supported nodes are the same.
         return {node: self.device_name for node in CPUPlugin().query_model(model)}
 
