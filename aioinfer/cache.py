@@ -38,7 +38,9 @@ def compile_cached(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> C
     ``CACHE_DIR`` (none, or a device that does not declare it: compile).
 
     Raises:
-        The errors of ``plugin.compile_model``; OSError when the entry cannot be written.
+        AioinferError: what ``plugin.compile_model`` raises (a bad config, an operator
+            the device cannot run).
+        OSError: the entry cannot be written.
     """
     if "CACHE_DIR" not in plugin.properties:  # a virtual device: its target may cache
         return plugin.compile_model(model, config)
