@@ -97,8 +97,10 @@ class Plugin(ABC):
             ImportModelError: the device does not import models.
             InvalidBlobError: the blob's config is not one this device accepts, or (from
                 :meth:`import_payload`) its payload is bad.
+            InvalidPropertyValueError: ``config`` sets a property fixed by the compile.
         """
         self._check_imports()
+        check_mutable(config or {}, self.properties, "when importing")
         try:
             stored = self.parse_config(exported.config)
         except PropertyError as exc:
