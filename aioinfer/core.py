@@ -16,6 +16,7 @@ from aioinfer.frontend import ModelSource, read_ir_model
 from aioinfer.model import Model
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.stateful import compile_stateful
 
 PLUGIN_GROUP = "aioinfer.plugins"
 """Entry-point group under which a package registers a device (name = device name)."""
@@ -131,7 +132,9 @@ class Core:
         device names its target after a colon: ``"BATCH:CPU"`` batches on the CPU (the
         target goes to the virtual device as its ``TARGET_DEVICE`` property). With the
         ``THROUGHPUT`` hint, a device that supports ``ALLOW_AUTO_BATCHING`` gets a
-        batchable, stateless model wrapped in ``BATCH`` (see docs/batching.md).
+        batchable, stateless model wrapped in ``BATCH`` (see docs/batching.md). A device
+        that does not handle ``STATEFUL`` itself gets its variables kept above it (see
+        :mod:`aioinfer.plugin.stateful`).
 
         Raises:
             UnknownDeviceError: no such device, or a target given to a device that takes
@@ -154,6 +157,10 @@ class Core:
         elif auto_batching(plugin, model, config):
             config["TARGET_DEVICE"] = name
             plugin = self.get_plugin("BATCH")
+        if not plugin.handles_state and any(
+            str(getattr(k, "value", k)) == "STATEFUL" for k in config
+        ):
+            return compile_stateful(plugin, model, config)
         return plugin.compile_model(model, config)
 
     def import_model(

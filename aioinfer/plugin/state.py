@@ -25,7 +25,7 @@ from aioinfer.errors import (
     InputTypeError,
     MissingInputError,
 )
-from aioinfer.model import Dim, Port
+from aioinfer.model import Dim, Port, unnamed_dim_sizes
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,21 @@ def split_ports(
     kept_inputs = [p for p in inputs if p.name not in taken_inputs]
     kept_outputs = [p for p in outputs if p.name not in taken_outputs]
     return _reindexed(kept_inputs), _reindexed(kept_outputs), made
+
+
+def dimension_sizes(ports: Sequence[Port], values: Sequence[Any]) -> dict[str, int]:
+    """The sizes that input ``values`` (in port order, None where not set) give to the
+    dimensions a variable's shape may name: each symbolic dimension (the first input that
+    has it), and each unknown one by :func:`aioinfer.model.unnamed_dim_name` (a variable
+    may follow it, see :class:`aioinfer.transforms.make_stateful.SizeStatesPass`)."""
+    symbolic: dict[str, int] = {}
+    for port, value in zip(ports, values):
+        if port.shape is None or not isinstance(value, np.ndarray):
+            continue
+        for dim, size in zip(port.shape, value.shape):
+            if isinstance(dim, str):
+                symbolic.setdefault(dim, size)
+    return {**unnamed_dim_sizes(ports, values), **symbolic}
 
 
 def _reindexed(ports: Iterable[Port]) -> list[Port]:
