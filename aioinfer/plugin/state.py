@@ -11,6 +11,7 @@ that does not complete (cancelled or failed) leaves every value as it was.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +43,7 @@ class Variable:
     compiler may have given an unknown dimension a size or a name, see
     :class:`aioinfer.transforms.make_stateful.SizeStatesPass`)."""
 
-    @property
+    @functools.cached_property
     def dtype(self) -> np.dtype:
         """The numpy dtype of the element type."""
         return np.dtype(self.element_type.numpy())
@@ -79,16 +80,15 @@ class Variable:
             raise InputTypeError(
                 f"variable {self.name!r}: expected element type {self.dtype}, got {array.dtype}"
             )
-        expected = _shape_text(self.shape)
         if array.ndim != len(self.shape):
             raise InputShapeError(
-                f"variable {self.name!r}: expected rank {len(self.shape)} (shape {expected}), "
-                f"got shape {list(array.shape)}"
+                f"variable {self.name!r}: expected rank {len(self.shape)} (shape "
+                f"{_shape_text(self.shape)}), got shape {list(array.shape)}"
             )
         for axis, (dim, size) in enumerate(zip(self.shape, array.shape)):
             if isinstance(dim, int) and dim != size:
                 raise InputShapeError(
-                    f"variable {self.name!r}: expected shape {expected}, got "
+                    f"variable {self.name!r}: expected shape {_shape_text(self.shape)}, got "
                     f"{list(array.shape)} (dimension {axis} is {size}, expected {dim})"
                 )
 
