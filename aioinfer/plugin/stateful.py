@@ -16,8 +16,9 @@ process, also for ``PROCESS``):
 
 A step cancelled or failed before the end of its last stage changes no variable. The
 device runs an ordinary stateless inference with its own pipeline and executors, so none
-of this is device code. ``CPU`` keeps its native variables (plan inputs and outputs): on
-a GRU step the layer costs it about 4 µs more per step (see docs/stateful.md).
+of this is device code. ``CPU`` keeps its native variables (plan inputs and outputs):
+forced onto ``CPU``, the layer costs about 10 µs more per step of a small GRU or KV-cache
+model, 10-20 % of such a step (``benchmarks/state_step.py``, docs/stateful.md).
 """
 
 from __future__ import annotations
