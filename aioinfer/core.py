@@ -18,6 +18,7 @@ from aioinfer.frontend import ModelSource, read_ir_model, read_stream
 from aioinfer.model import Model
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.stateful import compile_stateful
 from aioinfer.properties import PROPERTIES, parse_config
 
 PLUGIN_GROUP = "aioinfer.plugins"
@@ -300,7 +301,9 @@ class Core:
         device names its target after a colon: ``"BATCH:CPU"`` batches on the CPU (the
         target goes to the virtual device as its ``TARGET_DEVICE`` property). With the
         ``THROUGHPUT`` hint, a device that supports ``ALLOW_AUTO_BATCHING`` gets a
-        batchable, stateless model wrapped in ``BATCH`` (see docs/batching.md).
+        batchable, stateless model wrapped in ``BATCH`` (see docs/batching.md). A device
+        that does not handle ``STATEFUL`` itself gets its variables kept above it (see
+        :mod:`aioinfer.plugin.stateful`).
 
         Raises:
             UnknownDeviceError: no such device, or a target given to a device that takes
@@ -327,6 +330,10 @@ class Core:
                 config = {**self._settings_for("BATCH", {"TARGET_DEVICE": name}), **config}
             config["TARGET_DEVICE"] = name
             plugin = self.get_plugin("BATCH")
+        if not plugin.handles_state and any(
+            str(getattr(k, "value", k)) == "STATEFUL" for k in config
+        ):
+            return compile_stateful(plugin, model, config)
         return plugin.compile_model(model, config)
 
     def import_model(

@@ -90,6 +90,7 @@ class BatchPlugin(VirtualPlugin):
     """
 
     device_name = "BATCH"
+    handles_state = True  # it refuses STATEFUL: each request would keep its own state
     supported_properties = (*BATCH_PROPERTIES, "SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> BatchCompiledModel:

@@ -41,6 +41,7 @@ class CPUPlugin(Plugin):
     """The built-in ``"CPU"`` device."""
 
     device_name = "CPU"
+    handles_state = True  # variables are inputs and outputs of the plan: see docs/stateful.md
     supported_properties = (
         "PERFORMANCE_HINT",
         "NUM_STREAMS",
