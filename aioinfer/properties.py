@@ -137,6 +137,17 @@ def _directory(value: Any) -> str:
     return str(path)
 
 
+def _names(value: Any) -> tuple[str, ...]:
+    """A non-empty list of names, or one string of comma-separated names."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"expected a list of names, not {type(value).__name__}")
+    names = tuple(str(item).strip() for item in items)
+    if not names or not all(names):
+        raise ValueError("expected a non-empty list of non-empty names")
+    return names
+
+
 def _device_name(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError("expected a device name such as 'CPU'")
@@ -234,6 +245,20 @@ PROPERTIES: dict[str, Property] = {
             "With the THROUGHPUT hint, let the Core batch concurrent requests of a batchable "
             "model on the BATCH device.",
             default=True,
+            parse=_yes_no,
+        ),
+        Property(
+            "ORT_PROVIDERS",
+            "ORT device: onnxruntime execution providers, in order of preference (a list or "
+            "a comma-separated string). Read back: the providers the session uses.",
+            default=("CPUExecutionProvider",),
+            parse=_names,
+        ),
+        Property(
+            "ORT_ALLOW_SPINNING",
+            "ORT device: let onnxruntime's idle intra-op threads spin (off by default: "
+            "spinning threads take cores from the event loop and other streams).",
+            default=False,
             parse=_yes_no,
         ),
     )
