@@ -261,6 +261,14 @@ PROPERTIES: dict[str, Property] = {
             default=False,
             parse=_yes_no,
         ),
+        Property(
+            "ORT_INLINE_RUN_US",
+            "ORT device with one stream: a run whose last run on inputs of the same shapes "
+            "took less than this many microseconds runs on the event loop's thread when no "
+            "other run is in flight, saving the hop to a compute thread (0: never).",
+            default=200,
+            parse=_non_negative_int,
+        ),
     )
 }
 

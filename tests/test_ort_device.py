@@ -13,10 +13,12 @@ import math
 import os
 import signal
 import statistics
+import threading
 import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 import onnx
@@ -485,3 +487,62 @@ def test_aioinfer_serve_serves_a_model_on_ort(tmp_path):
     finally:
         process.kill()
         process.wait()
+
+
+# -- short runs on the event loop -------------------------------------------------------
+
+
+def _ran_on(request: ai.AsyncInferRequest) -> int:
+    """The native id of the thread the request's last run used (PERF_COUNT records it)."""
+    return request._request.node_profile.record.thread  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_short_runs_of_an_idle_stream_run_on_the_loop(core):
+    loop_thread = threading.get_native_id()
+    model = chain_model(3, 64)
+    config = {"PERF_COUNT": True}
+    compiled = core.compile_model(model, "ORT", config)
+    request = compiled.create_infer_request()
+    x = rows(1, width=64)
+    await request.infer({"x": x})
+    assert _ran_on(request) != loop_thread  # new input shapes: measured on a thread
+    for _ in range(3):  # the first run of a session may be slow; then they are short
+        await request.infer({"x": x})
+    assert _ran_on(request) == loop_thread  # known to be short, nothing else runs
+    # Another run in flight on the stream: a short one waits for the thread too.
+    long_request = compiled.create_infer_request()
+    long_request.start_async({"x": rows(20000, width=64)})
+    await anyio.sleep(0)
+    await request.infer({"x": x})
+    assert _ran_on(request) != loop_thread
+    await long_request.wait()
+    for other in ({"NUM_STREAMS": 2}, {"ORT_INLINE_RUN_US": 0}):
+        never = core.compile_model(model, "ORT", {**config, **other}).create_infer_request()
+        for _ in range(3):
+            await never.infer({"x": x})
+            assert _ran_on(never) != loop_thread
+
+
+@pytest.mark.anyio
+async def test_runs_on_the_loop_still_let_other_tasks_run(core):
+    # A budget no run exceeds: every run after the first is on the loop.
+    config = {"ORT_INLINE_RUN_US": 10**6}
+    request = core.compile_model(chain_model(3, 64), "ORT", config).create_infer_request()
+    x = rows(1, width=64)
+    ticks = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(ticker)
+        await anyio.lowlevel.checkpoint()
+        for _ in range(200):
+            await request.infer({"x": x})
+        done = True
+    assert ticks >= 190, ticks  # one per inference

@@ -9,12 +9,15 @@ from typing import Any
 
 import onnxruntime as ort
 
+from aioinfer.devices.ort.executor import RunExecutor, RunTimes
 from aioinfer.devices.ort.profile import SessionProfiler, profile_directory
 from aioinfer.devices.ort.request import ORTInferRequest
 from aioinfer.devices.ort.session import SessionSpec, supported_nodes
 from aioinfer.model import Model
 from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.plugin.executors import Executor
 from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.sync_request import SyncInferRequest
 from aioinfer.properties import num_cores, parse_config
 
 
@@ -30,6 +33,7 @@ class ORTPlugin(Plugin):
         "PERF_COUNT",
         "ORT_PROVIDERS",
         "ORT_ALLOW_SPINNING",
+        "ORT_INLINE_RUN_US",
         "NETWORK_NAME",
         "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
         "SUPPORTED_PROPERTIES",
@@ -89,6 +93,9 @@ class ORTCompiledModel(CompiledModel):
         if self.profiler is not None:
             weakref.finalize(self, self.profiler.close)
         config = {**config, "ORT_PROVIDERS": tuple(self.session.get_providers())}
+        budget = int(config["ORT_INLINE_RUN_US"]) / 1e6 if streams == 1 else 0.0
+        self.run_times = RunTimes(budget)
+        """The last run times that decide where a run goes (see :mod:`.executor`)."""
         super().__init__(plugin, model.ir.graph, model.inputs, model.outputs, config, streams)
 
     @property
@@ -101,6 +108,18 @@ class ORTCompiledModel(CompiledModel):
 
     def create_sync_infer_request(self) -> ORTInferRequest:
         return ORTInferRequest(self)
+
+    def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
+        """The default pipeline, but the run goes through a :class:`RunExecutor`: inline
+        on the loop when it is short and the stream idle, else on the task executor."""
+        assert isinstance(request, ORTInferRequest)
+        run = RunExecutor(self.task_executor, self.run_times, request.input_shapes)
+        return [
+            (self.loop_executor, request.infer_preprocess),
+            (run, request.start_pipeline),
+            (self.loop_executor, request.wait_pipeline),
+            (self.loop_executor, request.infer_postprocess),
+        ]
 
     def read_only_property(self, name: str) -> Any:
         if name == "INFERENCE_NUM_THREADS":

@@ -3,6 +3,7 @@ with a ``RunOptions`` of its own so that a cancel stops this request's run only.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import onnxruntime as ort
@@ -36,6 +37,8 @@ class ORTInferRequest(SyncInferRequest):
         self._input_names = [port.name for port in self._input_ports]
         self._output_names = [port.name for port in self._output_ports]
         self._feed: dict[str, Any] = {}
+        self._shapes: tuple[object, ...] = ()
+        self._times = compiled_model.run_times
         self._outputs: list[Any] = []
         self._run_profile: RunProfile | None = None
         if compiled_model.profiler is not None:
@@ -48,6 +51,11 @@ class ORTInferRequest(SyncInferRequest):
         self._feed = {
             name: value for name, value in zip(self._input_names, self._inputs) if value is not None
         }
+        self._shapes = tuple(getattr(value, "shape", None) for value in self._inputs)
+
+    def input_shapes(self) -> tuple[object, ...]:
+        """The shapes of the inputs of the inference being run (None for a non-tensor)."""
+        return self._shapes
 
     def start_pipeline(self) -> None:
         """Run the session on the feed (on a thread of the task executor).
@@ -61,6 +69,7 @@ class ORTInferRequest(SyncInferRequest):
         if self.cancel_token.requested:
             raise InferCancelledError("the inference was cancelled")
         feed, self._feed = self._feed, {}
+        start = time.perf_counter()
         try:
             if self._run_profile is not None:
                 self._outputs = self._run_profile.profiler.run(
@@ -74,6 +83,7 @@ class ORTInferRequest(SyncInferRequest):
             if TERMINATED in message:
                 raise InferCancelledError("the inference was cancelled") from None
             raise InferenceError(f"model {self._name!r} failed in onnxruntime: {message}") from None
+        self._times.record(self._shapes, time.perf_counter() - start)
 
     def infer_postprocess(self) -> None:
         """Publish the arrays of the run."""

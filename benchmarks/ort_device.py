@@ -1,0 +1,370 @@
+"""The ORT device against onnxruntime used directly, in one process.
+
+    python -m benchmarks.ort_device [--rounds 5] [--seconds 1.0] [--backend asyncio|trio]
+
+(1) Latency: ``await request.infer()`` on ORT against ``session.run`` on the same session
+    (the compiled model's, LATENCY hint: one stream, intra-op threads = cores), over
+    models of benchmarks/models.py and the bundled tiny CNN; median of each side,
+    their ratio and the geometric mean of the ratios.
+(2) Throughput, batch 1: an AsyncInferQueue on ORT (THROUGHPUT hint, and the other
+    stream/thread splits for comparison) against the same kind of session driven by
+    ``anyio.to_thread.run_sync`` with as many concurrent callers and a limit of as many
+    threads as the device has streams.
+(3) Event-loop lag (1 ms sleeps, p50/p99) while 4 requests compute, on ORT (spinning
+    off and on) and on the CPU device.
+(4) Cancellation: from the cancel to the return of the awaiting task, at a random point
+    of a run, against the full run.
+
+Every comparison alternates its sides in blocks (ABBA within each round), each block
+starting with untimed warm-up runs, so that onnxruntime's spinning threads or a burst of
+load from other processes tax both sides alike. Figures are medians over all rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+import aioinfer as ai
+from aioinfer.models import default_model_path
+from benchmarks import models
+from benchmarks.compare import geomean, machine
+
+Feed = dict[str, np.ndarray]
+
+
+def _rand(*shape: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+def chain(steps: int = 400, width: int = 384) -> onnx.ModelProto:
+    """(MatMul, Tanh) x ``steps``: a run of many small kernels, for cancellation."""
+    import onnx.helper as oh
+
+    weight = (_rand(width, width) / np.sqrt(width)).astype(np.float32)
+    nodes, last = [], "x"
+    for i in range(steps):
+        nodes.append(oh.make_node("MatMul", [last, "w"], [f"m{i}"], name=f"matmul{i}"))
+        last = "y" if i == steps - 1 else f"t{i}"
+        nodes.append(oh.make_node("Tanh", [f"m{i}"], [last], name=f"tanh{i}"))
+    graph = oh.make_graph(
+        nodes,
+        "chain",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", width])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", width])],
+        [onnx.numpy_helper.from_array(weight, "w")],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", models.OPSET)])
+
+
+def latency_set() -> list[tuple[str, onnx.ModelProto, Feed]]:
+    """(name, model, inputs): from well under a millisecond to tens of milliseconds."""
+    squeezenet = models.light_model("squeezenet")
+    image = _rand(1, 3, 224, 224)
+    return [
+        (
+            "tiny CNN (bundled), batch 1",
+            onnx.load(default_model_path()),
+            {"image": _rand(1, 3, 32, 32)},
+        ),
+        ("LSTM 2x50, 50 steps x 4", models.lstm(), {"x": _rand(50, 4, 50)}),
+        ("MLP 4x1024, batch 1", models.mlp(), {"x": _rand(1, 1024)}),
+        ("CNN 64x64, batch 1", models.cnn(), {"x": _rand(1, 3, 64, 64)}),
+        ("MLP 4x1024, batch 64", models.mlp(), {"x": _rand(64, 1024)}),
+        ("SqueezeNet, 1x3x224x224", squeezenet, {squeezenet.graph.input[0].name: image}),
+        ("ResNet-18-like, 1x3x224x224", models.resnet18(), {"x": _rand(1, 3, 224, 224)}),
+    ]
+
+
+def session_like(compiled: ai.CompiledModel, model: onnx.ModelProto) -> ort.InferenceSession:
+    """A plain session with the options of the compiled model's session."""
+    used = compiled.session.get_session_options()  # type: ignore[attr-defined]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = used.intra_op_num_threads
+    key = "session.intra_op.allow_spinning"
+    options.add_session_config_entry(key, used.get_session_config_entry(key))
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+async def timed_runs(run: Callable[[], Awaitable[object]], seconds: float) -> list[float]:
+    """Warm-up for a tenth of ``seconds`` (at least 5 runs), then runs for ``seconds``."""
+    end = time.perf_counter() + seconds / 10
+    for _ in range(5):
+        await run()
+    while time.perf_counter() < end:
+        await run()
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 5:
+        start = time.perf_counter()
+        await run()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+async def alternate(sides: dict[str, Any], rounds: int, measure: Callable) -> dict[str, list]:
+    """``measure(side)`` for each side, ``rounds`` times, in ABBA order."""
+    names = list(sides)
+    results: dict[str, list] = {name: [] for name in names}
+    for index in range(rounds):
+        order = names if index % 2 == 0 else names[::-1]
+        for name in order:
+            results[name].append(await measure(sides[name]))
+    return results
+
+
+# -- (1) latency -------------------------------------------------------------------------
+
+
+async def latency(core: ai.Core, rounds: int, seconds: float) -> None:
+    print("(1) latency, LATENCY hint: await request.infer() on ORT vs session.run directly")
+    print("| model | ORT ms | session.run ms | ratio |")
+    print("|---|---:|---:|---:|")
+    ratios = []
+    for name, model, feed in latency_set():
+        compiled = core.compile_model(model, "ORT", {"PERFORMANCE_HINT": "LATENCY"})
+        request = compiled.create_infer_request()
+        session = compiled.session  # type: ignore[attr-defined]
+
+        async def device(request: ai.AsyncInferRequest = request, feed: Feed = feed) -> None:
+            await request.infer(feed)
+
+        async def direct(session: ort.InferenceSession = session, feed: Feed = feed) -> None:
+            session.run(None, feed)
+
+        measure = functools.partial(timed_runs, seconds=seconds / 2)
+        got = await alternate({"ORT": device, "direct": direct}, rounds, measure)
+        ours = statistics.median(t for block in got["ORT"] for t in block) * 1e3
+        theirs = statistics.median(t for block in got["direct"] for t in block) * 1e3
+        ratios.append(ours / theirs)
+        print(f"| {name} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f} |")
+        await compiled.close()
+    print(f"| geometric mean of the ratios | | | {geomean(ratios):.2f} |")
+
+
+# -- (2) throughput ----------------------------------------------------------------------
+
+
+async def queue_rate(compiled: ai.CompiledModel, feed: Feed, seconds: float) -> float:
+    queue = ai.AsyncInferQueue(compiled)
+    done = 0
+
+    async def count(request: ai.AsyncInferRequest, userdata: object) -> None:
+        nonlocal done
+        done += 1
+
+    queue.set_callback(count)
+    end = time.perf_counter() + seconds / 5
+    while time.perf_counter() < end:  # warm-up
+        await queue.start_async(feed)
+    await queue.wait_all()
+    done = 0
+    start = time.perf_counter()
+    end = start + seconds
+    while time.perf_counter() < end:
+        await queue.start_async(feed)
+    await queue.wait_all()
+    rate = done / (time.perf_counter() - start)
+    await queue.close()
+    return rate
+
+
+async def threads_rate(
+    session: ort.InferenceSession, feed: Feed, callers: int, threads: int, seconds: float
+) -> float:
+    limiter = anyio.CapacityLimiter(threads)
+    done = 0
+
+    async def caller(until: float, counting: bool) -> None:
+        nonlocal done
+        while time.perf_counter() < until:
+            await anyio.to_thread.run_sync(session.run, None, feed, limiter=limiter)
+            done += counting
+
+    async with anyio.create_task_group() as group:
+        for _ in range(callers):
+            group.start_soon(caller, time.perf_counter() + seconds / 5, False)
+    start = time.perf_counter()
+    async with anyio.create_task_group() as group:
+        for _ in range(callers):
+            group.start_soon(caller, start + seconds, True)
+    return done / (time.perf_counter() - start)
+
+
+async def throughput(core: ai.Core, rounds: int, seconds: float) -> None:
+    print()
+    print("(2) throughput, batch 1 (inferences/s): AsyncInferQueue on ORT vs to_thread glue")
+    cases = [
+        ("MLP 4x1024", models.mlp(), {"x": _rand(1, 1024)}),
+        ("tiny CNN", onnx.load(default_model_path()), {"image": _rand(1, 3, 32, 32)}),
+    ]
+    configs = {
+        "THROUGHPUT (2 streams x 1 thread)": {"PERFORMANCE_HINT": "THROUGHPUT"},
+        "1 stream x 2 threads": {"NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": 2},
+        "2 streams x 2 threads": {"NUM_STREAMS": 2, "INFERENCE_NUM_THREADS": 4},
+    }
+    print("| model | ORT config | ORT inf/s | glue inf/s (same threads) | ratio |")
+    print("|---|---|---:|---:|---:|")
+    for name, model, feed in cases:
+        for label, config in configs.items():
+            compiled = core.compile_model(model, "ORT", config)
+            streams = compiled.get_property("NUM_STREAMS")
+            callers = compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")
+            callers = max(callers, 2 * streams)
+            session = session_like(compiled, model)
+            sides = {
+                "ORT": functools.partial(queue_rate, compiled, feed, seconds),
+                "glue": functools.partial(threads_rate, session, feed, callers, streams, seconds),
+            }
+            got = await alternate(sides, rounds, lambda measure: measure())
+            ours, theirs = statistics.median(got["ORT"]), statistics.median(got["glue"])
+            print(f"| {name} | {label} | {ours:.0f} | {theirs:.0f} | {ours / theirs:.2f} |")
+            await compiled.close()
+
+
+# -- (3) event-loop lag ------------------------------------------------------------------
+
+
+async def lag_while_computing(
+    compiled: ai.CompiledModel, feed: Feed, seconds: float
+) -> list[float]:
+    """Delays of a 1 ms ticker while 4 requests compute back to back."""
+    delays: list[float] = []
+    requests = [compiled.create_infer_request() for _ in range(4)]
+    end = time.perf_counter() + seconds
+
+    async def worker(request: ai.AsyncInferRequest) -> None:
+        while time.perf_counter() < end:
+            await request.infer(feed)
+
+    async def ticker() -> None:
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            await anyio.sleep(0.001)
+            delays.append(time.perf_counter() - start - 0.001)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(ticker)
+        for request in requests:
+            group.start_soon(worker, request)
+    return delays
+
+
+async def loop_lag(core: ai.Core, rounds: int, seconds: float) -> None:
+    print()
+    print("(3) event-loop lag (1 ms sleeps) while 4 requests compute, CNN 64x64 batch 8")
+    model, feed = models.cnn(), {"x": _rand(8, 3, 64, 64)}
+    sides = {
+        "ORT": core.compile_model(model, "ORT"),
+        "ORT, spinning on": core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": True}),
+        "CPU": core.compile_model(model, "CPU"),
+    }
+
+    async def measure(compiled: ai.CompiledModel) -> list[float]:
+        await compiled.create_infer_request().infer(feed)  # warm-up
+        return await lag_while_computing(compiled, feed, seconds)
+
+    got = await alternate(sides, rounds, measure)
+    print("| device | p50 ms | p99 ms (median of rounds) | max ms |")
+    print("|---|---:|---:|---:|")
+    for name, blocks in got.items():
+        p50 = statistics.median(np.percentile(b, 50) for b in blocks) * 1e3
+        p99 = statistics.median(np.percentile(b, 99) for b in blocks) * 1e3
+        worst = max(max(b) for b in blocks) * 1e3
+        print(f"| {name} | {p50:.2f} | {p99:.2f} | {worst:.1f} |")
+    for compiled in sides.values():
+        await compiled.close()
+
+
+# -- (4) cancellation --------------------------------------------------------------------
+
+
+async def cancelled_return(request: ai.AsyncInferRequest, feed: Feed, after: float) -> float | None:
+    """Seconds from cancelling an inference ``after`` seconds into it until its awaiting
+    task returned (None when it completed first)."""
+    cancelled_at = 0.0
+    with anyio.CancelScope() as scope:
+
+        async def cancel_later() -> None:
+            nonlocal cancelled_at
+            await anyio.sleep(after)
+            cancelled_at = time.perf_counter()
+            scope.cancel()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(cancel_later)
+            await request.infer(feed)
+    if cancelled_at and isinstance(request.error, ai.InferCancelledError):
+        return time.perf_counter() - cancelled_at
+    return None
+
+
+async def cancellation(core: ai.Core, trials: int) -> None:
+    print()
+    print("(4) cancellation: from the cancel to the return of the awaiting task")
+    print("| model | full run ms | cancel -> return ms, median | p90 | max |")
+    print("|---|---:|---:|---:|---:|")
+    cases = [
+        ("chain of 800 small kernels, 256x384", chain(), {"x": _rand(256, 384)}),
+        ("ResNet-18-like, 1x3x224x224", models.resnet18(), {"x": _rand(1, 3, 224, 224)}),
+    ]
+    rng = random.Random(0)
+    for name, model, feed in cases:
+        compiled = core.compile_model(model, "ORT")
+        request = compiled.create_infer_request()
+        await request.infer(feed)
+        fulls = []
+        for _ in range(3):
+            start = time.perf_counter()
+            await request.infer(feed)
+            fulls.append(time.perf_counter() - start)
+        full = statistics.median(fulls)
+        latencies = []
+        for _ in range(trials):
+            seconds = await cancelled_return(request, feed, full * rng.uniform(0.1, 0.8))
+            if seconds is not None:
+                latencies.append(seconds)
+        ms = sorted(t * 1e3 for t in latencies)
+        p90 = ms[int(0.9 * (len(ms) - 1))]
+        print(
+            f"| {name} | {full * 1e3:.1f} | {statistics.median(ms):.2f} | {p90:.2f} "
+            f"| {ms[-1]:.2f} |"
+        )
+        await compiled.close()
+
+
+async def main(args: argparse.Namespace) -> None:
+    print(machine())
+    print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), f"backend {args.backend}")
+    core = ai.Core()
+    await latency(core, args.rounds, args.seconds)
+    await throughput(core, args.rounds, args.seconds)
+    await loop_lag(core, args.rounds, args.seconds)
+    await cancellation(core, args.trials)
+
+
+def cli(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds per comparison")
+    parser.add_argument("--seconds", type=float, default=1.0, help="seconds per block")
+    parser.add_argument("--trials", type=int, default=30, help="cancellations per model")
+    parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    args = parser.parse_args(argv)
+    anyio.run(main, args, backend=args.backend)
+
+
+if __name__ == "__main__":
+    cli()
