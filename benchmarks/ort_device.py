@@ -1,11 +1,13 @@
 """The ORT device against onnxruntime used directly, in one process.
 
-    python -m benchmarks.ort_device [--rounds 5] [--seconds 1.0] [--backend asyncio|trio]
+    python -m benchmarks.ort_device [--rounds 4] [--seconds 1.0] [--trials 30]
+                                    [--backend asyncio|trio] [--sections 1,2,3,4,5]
 
 (1) Latency: ``await request.infer()`` on ORT against ``session.run`` on the same session
     (the compiled model's, LATENCY hint: one stream, intra-op threads = cores), over
     models of benchmarks/models.py and the bundled tiny CNN; median of each side,
-    their ratio and the geometric mean of the ratios.
+    their ratio and the geometric mean of the ratios. ``session.run`` is called back to
+    back, and, in a second column, 10 us apart (only the run timed).
 (2) Throughput, batch 1: an AsyncInferQueue on ORT (THROUGHPUT hint, and the other
     stream/thread splits for comparison) against the same kind of session driven by
     ``anyio.to_thread.run_sync`` with as many concurrent callers and a limit of as many
@@ -14,6 +16,7 @@
     off and on) and on the CPU device.
 (4) Cancellation: from the cancel to the return of the awaiting task, at a random point
     of a run, against the full run.
+(5) Latency on ORT with onnxruntime's intra-op spinning off (the default) and on.
 
 Every comparison alternates its sides in blocks (ABBA within each round), each block
 starting with untimed warm-up runs, so that onnxruntime's spinning threads or a burst of
@@ -42,6 +45,11 @@ from benchmarks import models
 from benchmarks.compare import geomean, machine
 
 Feed = dict[str, np.ndarray]
+
+PAUSE = 10e-6
+"""Seconds between the direct runs of the "apart" column: any caller does some work
+between runs, and onnxruntime's intra-op threads (spinning off) fall asleep within a few
+microseconds; the next run then pays to wake them."""
 
 
 def _rand(*shape: int) -> np.ndarray:
@@ -100,7 +108,8 @@ def session_like(compiled: ai.CompiledModel, model: onnx.ModelProto) -> ort.Infe
 
 
 async def timed_runs(run: Callable[[], Awaitable[object]], seconds: float) -> list[float]:
-    """Warm-up for a tenth of ``seconds`` (at least 5 runs), then runs for ``seconds``."""
+    """Warm-up for a tenth of ``seconds`` (at least 5 runs), then runs for ``seconds``; a
+    run that returns a number returns its own duration (it times only a part)."""
     end = time.perf_counter() + seconds / 10
     for _ in range(5):
         await run()
@@ -110,8 +119,8 @@ async def timed_runs(run: Callable[[], Awaitable[object]], seconds: float) -> li
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or len(times) < 5:
         start = time.perf_counter()
-        await run()
-        times.append(time.perf_counter() - start)
+        own = await run()
+        times.append(own if isinstance(own, float) else time.perf_counter() - start)
     return times
 
 
@@ -131,9 +140,9 @@ async def alternate(sides: dict[str, Any], rounds: int, measure: Callable) -> di
 
 async def latency(core: ai.Core, rounds: int, seconds: float) -> None:
     print("(1) latency, LATENCY hint: await request.infer() on ORT vs session.run directly")
-    print("| model | ORT ms | session.run ms | ratio |")
-    print("|---|---:|---:|---:|")
-    ratios = []
+    print("| model | ORT ms | session.run ms | ratio | session.run 10 us apart ms | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    ratios, ratios_apart = [], []
     for name, model, feed in latency_set():
         compiled = core.compile_model(model, "ORT", {"PERFORMANCE_HINT": "LATENCY"})
         request = compiled.create_infer_request()
@@ -145,14 +154,31 @@ async def latency(core: ai.Core, rounds: int, seconds: float) -> None:
         async def direct(session: ort.InferenceSession = session, feed: Feed = feed) -> None:
             session.run(None, feed)
 
-        measure = functools.partial(timed_runs, seconds=seconds / 2)
-        got = await alternate({"ORT": device, "direct": direct}, rounds, measure)
-        ours = statistics.median(t for block in got["ORT"] for t in block) * 1e3
-        theirs = statistics.median(t for block in got["direct"] for t in block) * 1e3
+        async def paused(session: ort.InferenceSession = session, feed: Feed = feed) -> float:
+            pause = time.perf_counter() + PAUSE
+            while time.perf_counter() < pause:  # the caller's own work between runs
+                pass
+            start = time.perf_counter()
+            session.run(None, feed)
+            return time.perf_counter() - start
+
+        measure = functools.partial(timed_runs, seconds=seconds / 3)
+        sides = {"ORT": device, "direct": direct, "paused": paused}
+        got = await alternate(sides, rounds, measure)
+        ours, theirs, apart = (
+            statistics.median(t for block in got[side] for t in block) * 1e3 for side in sides
+        )
         ratios.append(ours / theirs)
-        print(f"| {name} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f} |")
+        ratios_apart.append(ours / apart)
+        print(
+            f"| {name} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f} | {apart:.3f} "
+            f"| {ours / apart:.2f} |"
+        )
         await compiled.close()
-    print(f"| geometric mean of the ratios | | | {geomean(ratios):.2f} |")
+    print(
+        f"| geometric mean of the ratios | | | {geomean(ratios):.2f} | "
+        f"| {geomean(ratios_apart):.2f} |"
+    )
 
 
 # -- (2) throughput ----------------------------------------------------------------------
@@ -346,14 +372,39 @@ async def cancellation(core: ai.Core, trials: int) -> None:
         await compiled.close()
 
 
+# -- (5) spinning -----------------------------------------------------------------------
+
+
+async def spinning(core: ai.Core, rounds: int, seconds: float) -> None:
+    print()
+    print("(5) ORT latency (await request.infer, LATENCY) with intra-op spinning off and on")
+    print("| model | spinning off ms | spinning on ms | on/off |")
+    print("|---|---:|---:|---:|")
+    for name, model, feed in latency_set()[:4]:
+        sides = {}
+        for label, spin in (("off", False), ("on", True)):
+            compiled = core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": spin})
+            request = compiled.create_infer_request()
+            sides[label] = functools.partial(request.infer, feed)
+        measure = functools.partial(timed_runs, seconds=seconds / 2)
+        got = await alternate(sides, rounds, measure)
+        off, on = (statistics.median(t for b in got[k] for t in b) * 1e3 for k in ("off", "on"))
+        print(f"| {name} | {off:.3f} | {on:.3f} | {on / off:.2f} |")
+
+
 async def main(args: argparse.Namespace) -> None:
     print(machine())
     print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), f"backend {args.backend}")
     core = ai.Core()
-    await latency(core, args.rounds, args.seconds)
-    await throughput(core, args.rounds, args.seconds)
-    await loop_lag(core, args.rounds, args.seconds)
-    await cancellation(core, args.trials)
+    sections = {
+        "1": lambda: latency(core, args.rounds, args.seconds),
+        "2": lambda: throughput(core, args.rounds, args.seconds),
+        "3": lambda: loop_lag(core, args.rounds, args.seconds),
+        "4": lambda: cancellation(core, args.trials),
+        "5": lambda: spinning(core, args.rounds, args.seconds),
+    }
+    for number in args.sections.split(","):
+        await sections[number.strip()]()
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -362,6 +413,7 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="seconds per block")
     parser.add_argument("--trials", type=int, default=30, help="cancellations per model")
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    parser.add_argument("--sections", default="1,2,3,4,5", help="which to run, e.g. 1,4")
     args = parser.parse_args(argv)
     anyio.run(main, args, backend=args.backend)
 
