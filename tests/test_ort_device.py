@@ -8,6 +8,7 @@ PERF_COUNT reads node timings from onnxruntime's profile; BATCH:ORT, PROCESS:ORT
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import signal
 import statistics
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import anyio
@@ -141,6 +143,17 @@ async def test_an_operator_only_onnxruntime_has(core):
     assert core.query_model(gelu_model(), "CPU") == {"matmul": "CPU"}
     with pytest.raises(ai.UnsupportedOperatorError):
         core.compile_model(gelu_model(), "CPU")
+
+
+def test_the_compiled_model_does_not_keep_the_weights_aioinfer_read(core):
+    model = core.read_model(mlp_model(in_features=256, out_features=256).SerializeToString())
+    read = weakref.ref(model.ir.graph)
+    compiled = core.compile_model(model, "ORT")
+    del model
+    gc.collect()
+    assert read() is None  # onnxruntime's session holds the only copy
+    assert compiled.get_property("NETWORK_NAME") == "mlp"
+    assert compiled.create_infer_request().infer_sync([rows(2, width=256)])["y"].shape == (2, 256)
 
 
 def test_query_model_leaves_out_operators_without_a_kernel(core):

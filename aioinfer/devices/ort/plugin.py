@@ -7,6 +7,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+import onnx_ir as ir
 import onnxruntime as ort
 
 from aioinfer.devices.ort.executor import RunExecutor, RunTimes
@@ -96,7 +97,9 @@ class ORTCompiledModel(CompiledModel):
         budget = int(config["ORT_INLINE_RUN_US"]) / 1e6 if streams == 1 else 0.0
         self.run_times = RunTimes(budget)
         """The last run times that decide where a run goes (see :mod:`.executor`)."""
-        super().__init__(plugin, model.ir.graph, model.inputs, model.outputs, config, streams)
+        # The session holds the weights: the IR graph (and its weights) is not kept.
+        graph = ir.Graph((), (), nodes=(), name=model.ir.graph.name)
+        super().__init__(plugin, graph, model.inputs, model.outputs, config, streams)
 
     @property
     def session(self) -> ort.InferenceSession:
