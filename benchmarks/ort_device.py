@@ -20,7 +20,8 @@
 
 Every comparison alternates its sides in blocks (ABBA within each round), each block
 starting with untimed warm-up runs, so that onnxruntime's spinning threads or a burst of
-load from other processes tax both sides alike. Figures are medians over all rounds.
+load from other processes tax both sides alike. Times are the medians of all timed runs
+of a side; a ratio is the median over rounds of the ratio of one round's blocks.
 """
 
 from __future__ import annotations
@@ -135,6 +136,19 @@ async def alternate(sides: dict[str, Any], rounds: int, measure: Callable) -> di
     return results
 
 
+def pooled_ms(blocks: list[list[float]]) -> float:
+    """The median of every timed run of one side, in milliseconds."""
+    return statistics.median(t for block in blocks for t in block) * 1e3
+
+
+def round_ratio(ours: list[list[float]], theirs: list[list[float]]) -> float:
+    """The median over rounds of the ratio of the two sides' block medians: each ratio
+    compares blocks run next to each other, so load that comes and goes cancels out."""
+    return statistics.median(
+        statistics.median(a) / statistics.median(b) for a, b in zip(ours, theirs)
+    )
+
+
 # -- (1) latency -------------------------------------------------------------------------
 
 
@@ -165,14 +179,13 @@ async def latency(core: ai.Core, rounds: int, seconds: float) -> None:
         measure = functools.partial(timed_runs, seconds=seconds / 3)
         sides = {"ORT": device, "direct": direct, "paused": paused}
         got = await alternate(sides, rounds, measure)
-        ours, theirs, apart = (
-            statistics.median(t for block in got[side] for t in block) * 1e3 for side in sides
-        )
-        ratios.append(ours / theirs)
-        ratios_apart.append(ours / apart)
+        ours, theirs, apart = (pooled_ms(got[side]) for side in sides)
+        ratio, ratio_apart = (round_ratio(got["ORT"], got[side]) for side in ("direct", "paused"))
+        ratios.append(ratio)
+        ratios_apart.append(ratio_apart)
         print(
-            f"| {name} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f} | {apart:.3f} "
-            f"| {ours / apart:.2f} |"
+            f"| {name} | {ours:.3f} | {theirs:.3f} | {ratio:.2f} | {apart:.3f} "
+            f"| {ratio_apart:.2f} |"
         )
         await compiled.close()
     print(
@@ -257,7 +270,8 @@ async def throughput(core: ai.Core, rounds: int, seconds: float) -> None:
             }
             got = await alternate(sides, rounds, lambda measure: measure())
             ours, theirs = statistics.median(got["ORT"]), statistics.median(got["glue"])
-            print(f"| {name} | {label} | {ours:.0f} | {theirs:.0f} | {ours / theirs:.2f} |")
+            ratio = statistics.median(a / b for a, b in zip(got["ORT"], got["glue"]))
+            print(f"| {name} | {label} | {ours:.0f} | {theirs:.0f} | {ratio:.2f} |")
             await compiled.close()
 
 
@@ -388,8 +402,8 @@ async def spinning(core: ai.Core, rounds: int, seconds: float) -> None:
             sides[label] = functools.partial(request.infer, feed)
         measure = functools.partial(timed_runs, seconds=seconds / 2)
         got = await alternate(sides, rounds, measure)
-        off, on = (statistics.median(t for b in got[k] for t in b) * 1e3 for k in ("off", "on"))
-        print(f"| {name} | {off:.3f} | {on:.3f} | {on / off:.2f} |")
+        off, on = pooled_ms(got["off"]), pooled_ms(got["on"])
+        print(f"| {name} | {off:.3f} | {on:.3f} | {round_ratio(got['on'], got['off']):.2f} |")
 
 
 async def main(args: argparse.Namespace) -> None:
