@@ -16,7 +16,8 @@
     off and on) and on the CPU device.
 (4) Cancellation: from the cancel to the return of the awaiting task, at a random point
     of a run, against the full run.
-(5) Latency on ORT with onnxruntime's intra-op spinning off (the default) and on.
+(5) onnxruntime's intra-op spinning off (the default) and on: latency, and the CPU time
+    each inference costs the process when inferences arrive 1 ms apart.
 
 Every comparison alternates its sides in blocks (ABBA within each round), each block
 starting with untimed warm-up runs, so that onnxruntime's spinning threads or a burst of
@@ -391,19 +392,37 @@ async def cancellation(core: ai.Core, trials: int) -> None:
 
 async def spinning(core: ai.Core, rounds: int, seconds: float) -> None:
     print()
-    print("(5) ORT latency (await request.infer, LATENCY) with intra-op spinning off and on")
-    print("| model | spinning off ms | spinning on ms | on/off |")
-    print("|---|---:|---:|---:|")
+    print("(5) ORT with intra-op spinning off and on (LATENCY): latency back to back, and")
+    print("    the process's CPU time per inference when one arrives every millisecond")
+    print("| model | latency off ms | on ms | on/off | CPU per inference off ms | on ms |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, model, feed in latency_set()[:4]:
-        sides = {}
+        sides, requests = {}, {}
         for label, spin in (("off", False), ("on", True)):
             compiled = core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": spin})
-            request = compiled.create_infer_request()
-            sides[label] = functools.partial(request.infer, feed)
+            requests[label] = compiled.create_infer_request()
+            sides[label] = functools.partial(requests[label].infer, feed)
         measure = functools.partial(timed_runs, seconds=seconds / 2)
         got = await alternate(sides, rounds, measure)
         off, on = pooled_ms(got["off"]), pooled_ms(got["on"])
-        print(f"| {name} | {off:.3f} | {on:.3f} | {round_ratio(got['on'], got['off']):.2f} |")
+        cpu = await alternate(requests, rounds, functools.partial(cpu_per_inference, feed=feed))
+        cpu_off, cpu_on = (statistics.median(cpu[k]) * 1e3 for k in ("off", "on"))
+        print(
+            f"| {name} | {off:.3f} | {on:.3f} | {round_ratio(got['on'], got['off']):.2f} "
+            f"| {cpu_off:.3f} | {cpu_on:.3f} |"
+        )
+
+
+async def cpu_per_inference(request: ai.AsyncInferRequest, feed: Feed, count: int = 200) -> float:
+    """Process CPU seconds per inference with 1 ms between inferences (what spinning
+    threads burn while they wait for the next one counts too)."""
+    await request.infer(feed)
+    start = time.process_time()
+    for _ in range(count):
+        await request.infer(feed)
+        await anyio.sleep(0.001)
+    await anyio.sleep(0.01)  # spinning goes on for a while after the last run
+    return (time.process_time() - start) / count
 
 
 async def main(args: argparse.Namespace) -> None:
