@@ -1,5 +1,6 @@
-"""The ORT device's infer request: ``session.run`` in ``start_pipeline``, on a task thread,
-with a ``RunOptions`` of its own so that a cancel stops this request's run only."""
+"""The ORT device's infer request: ``session.run`` in ``start_pipeline`` (on a task thread,
+or on the event loop when it is short: see :mod:`.executor`), with a ``RunOptions`` of
+its own so that a cancel stops this request's run only."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class ORTInferRequest(SyncInferRequest):
         return self._shapes
 
     def start_pipeline(self) -> None:
-        """Run the session on the feed (on a thread of the task executor).
+        """Run the session on the feed and note how long the run took.
 
         Raises:
             InferCancelledError: ``cancel()`` was called before or during the run.
