@@ -416,7 +416,7 @@ async def test_the_loop_stays_as_responsive_as_with_plain_threads(core):
                 group.start_soon(anyio.to_thread.run_sync, session.run, None, {"x": x})
 
     ours, control = [], []
-    for _ in range(3):  # alternate: the machine's load changes under both alike
+    for _ in range(5):  # alternate: the machine's load changes under both alike
         ours.append(np.percentile(await _ticker_delays(device), 99))
         control.append(np.percentile(await _ticker_delays(threads), 99))
     assert statistics.median(ours) < 2 * statistics.median(control) + 0.002, (ours, control)
@@ -518,19 +518,20 @@ def _ran_on(request: ai.AsyncInferRequest) -> int:
 async def test_short_runs_of_an_idle_stream_run_on_the_loop(core):
     loop_thread = threading.get_native_id()
     model = chain_model(3, 64)
-    config = {"PERF_COUNT": True}
+    # A budget no run of this model exceeds, even on a loaded machine.
+    config = {"PERF_COUNT": True, "ORT_INLINE_RUN_US": 10**6}
     compiled = core.compile_model(model, "ORT", config)
     request = compiled.create_infer_request()
     x = rows(1, width=64)
     await request.infer({"x": x})
     assert _ran_on(request) != loop_thread  # new input shapes: measured on a thread
-    for _ in range(3):  # the first run of a session may be slow; then they are short
-        await request.infer({"x": x})
+    await request.infer({"x": x})
     assert _ran_on(request) == loop_thread  # known to be short, nothing else runs
     # Another run in flight on the stream: a short one waits for the thread too.
     long_request = compiled.create_infer_request()
     long_request.start_async({"x": rows(20000, width=64)})
-    await anyio.sleep(0)
+    while not compiled.run_times.in_flight:  # until its run was handed to the thread
+        await anyio.sleep(0)
     await request.infer({"x": x})
     assert _ran_on(request) != loop_thread
     await long_request.wait()
