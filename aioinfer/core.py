@@ -285,9 +285,14 @@ class Core:
         return await anyio.to_thread.run_sync(self.read_model, model, abandon_on_cancel=True)
 
     def query_model(self, model: Model | ModelSource, device: str = "CPU") -> dict[str, str]:
-        """Which nodes of ``model`` the device can run (node name -> device)."""
+        """Which nodes of ``model`` the device can run (node name -> device). A virtual
+        device with a target (``"BATCH:ORT"``) answers for the nodes its target runs."""
         model = model if isinstance(model, Model) else self.read_model(model)
-        return self.get_plugin(device).query_model(model)
+        name, _, target = device.partition(":")
+        plugin = self.get_plugin(name)
+        if target and "TARGET_DEVICE" in plugin.supported_properties:
+            return {node: name for node in self.query_model(model, target)}
+        return plugin.query_model(model)
 
     def compile_model(
         self,

@@ -151,6 +151,17 @@ def _directory(value: Any) -> str:
     return str(path)
 
 
+def _names(value: Any) -> tuple[str, ...]:
+    """A non-empty list of names, or one string of comma-separated names."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"expected a list of names, not {type(value).__name__}")
+    names = tuple(str(item).strip() for item in items)
+    if not names or not all(names):
+        raise ValueError("expected a non-empty list of non-empty names")
+    return names
+
+
 def _device_name(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError("expected a device name such as 'CPU'")
@@ -263,6 +274,28 @@ PROPERTIES: dict[str, Property] = {
             "model on the BATCH device.",
             default=True,
             parse=_yes_no,
+        ),
+        Property(
+            "ORT_PROVIDERS",
+            "ORT device: onnxruntime execution providers, in order of preference (a list or "
+            "a comma-separated string). Read back: the providers the session uses.",
+            default=("CPUExecutionProvider",),
+            parse=_names,
+        ),
+        Property(
+            "ORT_ALLOW_SPINNING",
+            "ORT device: let onnxruntime's idle intra-op threads spin (off by default: "
+            "spinning threads take cores from the event loop and other streams).",
+            default=False,
+            parse=_yes_no,
+        ),
+        Property(
+            "ORT_INLINE_RUN_US",
+            "ORT device with one stream: a run whose last run on inputs of the same shapes "
+            "took less than this many microseconds runs on the event loop's thread when no "
+            "other run is in flight, saving the hop to a compute thread (0: never).",
+            default=500,
+            parse=_non_negative_int,
         ),
     )
 }
