@@ -294,7 +294,7 @@ PROPERTIES: dict[str, Property] = {
             "ORT device with one stream: a run whose last run on inputs of the same shapes "
             "took less than this many microseconds runs on the event loop's thread when no "
             "other run is in flight, saving the hop to a compute thread (0: never).",
-            default=500,
+            default=200,
             parse=_non_negative_int,
         ),
     )

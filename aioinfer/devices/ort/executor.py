@@ -64,6 +64,9 @@ class RunExecutor(Executor):
     ) -> tuple[T, float]:
         times = self._times
         if times.short(self._shapes()):
+            # A cancel already asked for stops the run before it starts (the run itself
+            # cannot be stopped once inline).
+            await anyio.lowlevel.checkpoint()
             try:
                 return stage(), 0.0
             finally:
