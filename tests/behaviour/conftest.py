@@ -27,7 +27,7 @@ from tests.test_async import chain_model
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_DEVICE = ROOT / "examples" / "custom_device"
-DEVICES = ("CPU", "TWOSTAGE")
+DEVICES = ("CPU", "TWOSTAGE", "OPENVINO")
 
 
 def install_example_device() -> None:

@@ -14,6 +14,17 @@ from tests.helpers import reference_outputs
 
 pytestmark = pytest.mark.anyio
 
+NO_EXPORT = ("OPENVINO",)
+"""Devices that do not export yet: their export_model raises ExportError."""
+
+
+@pytest.fixture(autouse=True)
+def exporting(device, mlp):
+    if device in NO_EXPORT:
+        with pytest.raises(ai.ExportError, match=device):
+            mlp[1].export_model()
+        pytest.skip(f"{device} does not export compiled models yet")
+
 
 async def test_export_then_import_computes_the_same(core, device, mlp):
     model, _ = mlp
@@ -37,7 +48,7 @@ async def test_export_then_import_computes_the_same(core, device, mlp):
 def test_blob_for_another_device_is_refused(core, device, mlp):
     _, compiled = mlp
     blob = compiled.export_model()
-    (other,) = [d for d in DEVICES if d != device]
+    other = next(d for d in DEVICES if d != device and d not in NO_EXPORT)
     with pytest.raises(ai.BlobDeviceError, match=f"'{device}', not '{other}'"):
         core.import_model(blob, other)
     with pytest.raises(ai.InvalidBlobError):
