@@ -140,22 +140,20 @@ class OpenVINOPlugin(Plugin):
         return OpenVINOCompiledModel(self, model, ov_compiled, parsed)
 
     def query_model(self, model: Model) -> dict[str, str]:
-        """Every node, when OpenVINO's frontend converts the model and its device runs all
-        of it; otherwise the nodes whose outputs OpenVINO runs (none when the frontend
-        cannot convert the model)."""
+        """The nodes OpenVINO's CPU device runs: every node when it runs the whole
+        converted model, else those whose outputs it runs; none when OpenVINO's frontend
+        cannot convert the model."""
         try:
             ov_model = self._read(model)
-            device = PROPERTIES["OPENVINO_DEVICE"].default
-            supported = self.ov_core.query_model(ov_model, device)
         except CompileError:
             return {}
-        names = {}
-        for index, node in enumerate(model.ir.graph):
-            if all(value.name in supported for value in node.outputs) or len(supported) >= len(
-                ov_model.get_ops()
-            ):
-                names[node.name or f"{node.op_type}_{index}"] = self.device_name
-        return names
+        supported = self.ov_core.query_model(ov_model, PROPERTIES["OPENVINO_DEVICE"].default)
+        whole = len(supported) >= len(ov_model.get_ops())
+        return {
+            node.name or f"{node.op_type}_{index}": self.device_name
+            for index, node in enumerate(model.ir.graph)
+            if whole or all(value.name in supported for value in node.outputs)
+        }
 
     # -- helpers --------------------------------------------------------------------------
 
