@@ -17,7 +17,7 @@ from .engine import engine_message, plain
 from .request import OpenVINOInferRequest
 
 if TYPE_CHECKING:
-    from aioinfer.model import Model
+    from aioinfer.model import Model, Port
     from aioinfer.plugin.sync_request import SyncInferRequest
 
     from .plugin import OpenVINOPlugin
@@ -52,9 +52,9 @@ class OpenVINOCompiledModel(CompiledModel):
         config: dict[str, Any],
     ) -> None:
         self.ov_compiled_model = ov_compiled_model
-        self.ov_input_indices = _indices(ov_compiled_model.inputs, model.inputs, model.name)
+        self.ov_input_indices = _indices(ov_compiled_model.inputs, model.inputs)
         """Per aioinfer input, the index of OpenVINO's input (None: OpenVINO dropped it)."""
-        outputs = _indices(ov_compiled_model.outputs, model.outputs, model.name)
+        outputs = _indices(ov_compiled_model.outputs, model.outputs)
         missing = [port.name for port, index in zip(model.outputs, outputs) if index is None]
         if missing:
             raise CompileError(
@@ -69,6 +69,9 @@ class OpenVINOCompiledModel(CompiledModel):
         }
         """Which ONNX node produces each tensor (OpenVINO names nodes by their outputs)."""
         self.profiling = bool(config["PERF_COUNT"])
+        ours = plugin.supported_properties
+        engine = plain(ov_compiled_model.get_property("SUPPORTED_PROPERTIES"))
+        self._supported = (*ours, *(n for n in engine if n not in PROPERTIES))
         streams = config["NUM_STREAMS"]
         if streams == "AUTO":
             streams = int(ov_compiled_model.get_property("NUM_STREAMS"))
@@ -93,8 +96,8 @@ class OpenVINOCompiledModel(CompiledModel):
         ]
 
     def supported_properties(self) -> tuple[str, ...]:
-        ours = self.plugin.supported_properties
-        return (*ours, *(n for n in self._engine_properties() if n not in ours))
+        """aioinfer's properties of this device, then OpenVINO's other ones."""
+        return self._supported
 
     def get_property(self, name: str) -> Any:
         """Read a property: aioinfer's (see the class), or one of OpenVINO's compiled
@@ -119,10 +122,6 @@ class OpenVINOCompiledModel(CompiledModel):
             return self._engine_property(name)
         return super().read_only_property(name)
 
-    def _engine_properties(self) -> list[str]:
-        names = self._engine_property("SUPPORTED_PROPERTIES")
-        return [n for n in names if n not in PROPERTIES or n in self.plugin.supported_properties]
-
     def _engine_property(self, name: str) -> Any:
         try:
             return plain(self.ov_compiled_model.get_property(name))
@@ -130,7 +129,7 @@ class OpenVINOCompiledModel(CompiledModel):
             raise PropertyError(f"OpenVINO cannot read {name!r}: {engine_message(exc)}") from None
 
 
-def _indices(ov_ports: Any, ports: Any, model_name: str) -> list[int | None]:
+def _indices(ov_ports: Any, ports: list[Port]) -> list[int | None]:
     """For each of ``ports``, the index of the OpenVINO port of that name (or None)."""
     by_name: dict[str, int] = {}
     for index, ov_port in enumerate(ov_ports):
