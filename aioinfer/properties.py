@@ -168,6 +168,15 @@ def _device_name(value: Any) -> str:
     return value
 
 
+def _precision(value: Any) -> str:
+    text = str(getattr(value, "value", value))
+    if text.upper() == "AUTO":
+        return "AUTO"
+    if text.lower() not in ("f32", "bf16", "f16"):
+        raise ValueError("expected one of f32, bf16, f16, AUTO")
+    return text.lower()
+
+
 PROPERTIES: dict[str, Property] = {
     p.name: p
     for p in (
@@ -296,6 +305,21 @@ PROPERTIES: dict[str, Property] = {
             "other run is in flight, saving the hop to a compute thread (0: never).",
             default=200,
             parse=_non_negative_int,
+        ),
+        Property(
+            "OPENVINO_DEVICE",
+            "OPENVINO device: the OpenVINO device that computes ('CPU', 'GPU', 'NPU', ...).",
+            default="CPU",
+            parse=_device_name,
+        ),
+        Property(
+            "INFERENCE_PRECISION_HINT",
+            "OPENVINO device: the precision floating-point layers compute in: 'f32' (results "
+            "agree with the other devices), 'bf16' or 'f16' (faster where the hardware has "
+            "them, less precise), 'AUTO' (OpenVINO's choice). Read back: the one used.",
+            default="f32",
+            parse=_precision,
+            auto="AUTO",
         ),
     )
 }

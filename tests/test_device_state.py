@@ -26,7 +26,7 @@ from tests.helpers import accumulator_model, chain_model, kv_cache_model, lstm_s
 
 pytestmark = pytest.mark.anyio
 
-DEVICES = ("CPU", "TWOSTAGE", "PROCESS:CPU", "ORT", "PROCESS:ORT")
+DEVICES = ("CPU", "TWOSTAGE", "PROCESS:CPU", "ORT", "PROCESS:ORT", "OPENVINO")
 BATCH, STEPS = 2, 5
 
 
