@@ -371,7 +371,7 @@ async def test_event_loop_stays_free_while_openvino_computes(core):
     compiled = core.compile_model(model, "OPENVINO", {"PERFORMANCE_HINT": "THROUGHPUT"})
     requests = [compiled.create_infer_request() for _ in range(3)]
     feeds = {"x": rows((64, 384))}
-    full = await full_run(requests[0], feeds)
+    await full_run(requests[0], feeds)  # warm-up
     direct = openvino_direct(model, {**DIRECT_DEFAULTS, "PERFORMANCE_HINT": "THROUGHPUT"})
     engine_requests = [direct.create_infer_request() for _ in range(3)]
 
