@@ -18,6 +18,7 @@ from aioinfer.frontend import ModelSource, read_ir_model, read_stream
 from aioinfer.model import Model, batch_problem
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.stateful import compile_stateful
 from aioinfer.properties import COMMON, Property, parse_config, property_name
 
 PLUGIN_GROUP = "aioinfer.plugins"
@@ -335,6 +336,11 @@ class Core:
         model cache when it was compiled before with the same device, config and aioinfer
         version, else compiled and stored there (see :mod:`aioinfer.cache`).
 
+        A device that does not handle ``STATEFUL`` itself (``Plugin.handles_state``
+        False) gets its variables kept above it (see :mod:`aioinfer.plugin.stateful`):
+        the device compiles the model with its state ports, through the model cache,
+        and the variables are kept outside; such a stateful model does not export.
+
         Raises:
             UnknownDeviceError: no such device, or a target given to a device that takes
                 none.
@@ -354,6 +360,10 @@ class Core:
                 config = {**self._settings_for("BATCH", {"TARGET_DEVICE": device}), **config}
             config["TARGET_DEVICE"] = device
             plugin = self.get_plugin("BATCH")
+        if not plugin.handles_state and "STATEFUL" in config:
+            # The variables live above the device, which compiles (through the model
+            # cache) the model with its state ports and never sees STATEFUL.
+            return compile_stateful(plugin, model, config, compile_cached)
         return compile_cached(plugin, model, config)
 
     def _device_config(

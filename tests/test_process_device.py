@@ -346,7 +346,7 @@ def test_compile_errors_keep_their_class(core: ai.Core) -> None:
         ("PROCESS:PROCESS", {}, ai.UnknownDeviceError, ["plain target", "'PROCESS'"]),
         ("PROCESS:CPU", {"MAX_BATCH_SIZE": 2}, ai.UnknownPropertyError, ["'MAX_BATCH_SIZE'"]),
         ("PROCESS:CPU", {"NUM_STREAMS": 0}, ai.InvalidPropertyValueError, ["'NUM_STREAMS'"]),
-        ("PROCESS:CPU", {"STATEFUL": "auto"}, ai.InvalidPropertyValueError, ["no state"]),
+        ("PROCESS:CPU", {"STATEFUL": "auto"}, ai.InvalidPropertyValueError, ["convention"]),
         ("PROCESS:CPU", {"WORKER_TIMEOUT_S": 0}, ai.InvalidPropertyValueError, ["> 0"]),
         ("PROCESS:CPU", {"WORKER_TIMEOUT_S": "soon"}, ai.InvalidPropertyValueError, ["number"]),
         ("BATCH:PROCESS:CPU", {"WORKER_TIMEOUT_S": -1}, ai.InvalidPropertyValueError, ["> 0"]),

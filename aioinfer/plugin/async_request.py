@@ -349,6 +349,7 @@ class AsyncInferRequest:
         """
         self._check_idle()
         self._state = RequestState.BUSY
+        self._committed = False  # the sync path has no commit point before its end
         try:
             return self._request.infer(inputs, share_inputs=share_inputs)
         finally:

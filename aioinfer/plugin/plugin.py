@@ -56,6 +56,12 @@ class Plugin(ABC):
         """
         return parse_config(config, self.properties)
 
+    handles_state: bool = False
+    """Whether ``compile_model`` takes ``STATEFUL`` itself: the device keeps variables in
+    its own requests (or refuses them with an error of its own). When False, the Core
+    keeps the variables above the device (:mod:`aioinfer.plugin.stateful`): the device
+    compiles the model with its state inputs and outputs and never sees ``STATEFUL``."""
+
     @abstractmethod
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> CompiledModel:
         """Transform, lower and allocate ``model`` for this device.

@@ -36,6 +36,7 @@ class BatchPlugin(VirtualPlugin):
     """
 
     device_name = "BATCH"
+    handles_state = True  # it refuses STATEFUL: each request would keep its own state
     properties = declare(
         TARGET_DEVICE,
         MAX_BATCH_SIZE,

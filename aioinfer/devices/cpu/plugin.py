@@ -64,6 +64,7 @@ class CPUPlugin(Plugin):
     """The built-in ``"CPU"`` device."""
 
     device_name = "CPU"
+    handles_state = True  # variables are inputs and outputs of the plan: see docs/stateful.md
     properties = declare(
         PERFORMANCE_HINT,
         NUM_STREAMS,

@@ -71,7 +71,8 @@ class ProcessPlugin(VirtualPlugin):
             UnknownDeviceError: the target is unknown, virtual (``BATCH``, ``PROCESS``) or
                 names a target of its own.
             UnknownPropertyError, InvalidPropertyValueError: a bad config value;
-                ``STATEFUL`` is refused (the worker's requests keep no per-request state).
+                ``STATEFUL`` given here rather than through the Core, which keeps the
+                variables in the application (the worker stays stateless).
             CompileError, UnsupportedOperatorError: the compile failed in the worker (the
                 worker's class and message), or the worker died while compiling.
         """
@@ -86,8 +87,8 @@ class ProcessPlugin(VirtualPlugin):
         if parsed.get("STATEFUL"):
             raise InvalidPropertyValueError(
                 f"invalid value {rest['STATEFUL']!r} for property 'STATEFUL': the PROCESS "
-                "device keeps no state per request; compile stateful models on "
-                f"{target!r} directly"
+                "worker keeps no state per request; compile through Core.compile_model, "
+                "which keeps the variables in the application"
             )
         payload = {
             "model": ir.serde.serialize_model(model.ir).SerializeToString(),
