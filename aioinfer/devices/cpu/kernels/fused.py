@@ -42,8 +42,8 @@ from aioinfer.devices.cpu.kernels.registry import (
 )
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 
-InPlace = Callable[[np.ndarray], None]
-"""An activation applied in place to a float array."""
+InPlace = Callable[[np.ndarray], object]
+"""An activation applied in place to a float array (what it returns is ignored)."""
 
 
 def _relu(y: np.ndarray) -> None:
