@@ -77,9 +77,10 @@ async def test_cancel_right_after_start(small):
 
 async def test_cancelling_wait_cancels_the_inference(slow):
     _, compiled = slow
+    full = await full_run_seconds(compiled)
     request = compiled.create_infer_request()
     request.start_async({"x": inputs(1, 64)})
-    with anyio.move_on_after(0.05) as scope:
+    with anyio.move_on_after(full / 10) as scope:
         await request.wait()
     assert scope.cancelled_caught
     assert request.state is ai.RequestState.IDLE
