@@ -66,10 +66,12 @@ async def test_queue_jobs_zero_uses_the_optimal_number(small):
 
 async def test_closing_the_queue_cancels_running_jobs(slow):
     _, compiled = slow
-    start = time.perf_counter()
-    await compiled.create_infer_request().infer({"x": inputs(1, 64)})
-    full = time.perf_counter() - start  # the control: a job that runs to the end
     async with ai.AsyncInferQueue(compiled, jobs=2) as queue:
+        start = time.perf_counter()
+        await queue.start_async({"x": inputs(1, 64)})
+        await queue.start_async({"x": inputs(2, 64)})
+        await queue.wait_all()
+        full = time.perf_counter() - start  # the control: the same two jobs, to the end
         await queue.start_async({"x": inputs(1, 64)})
         await queue.start_async({"x": inputs(2, 64)})
         await anyio.sleep(full / 10)  # computing

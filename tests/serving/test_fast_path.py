@@ -525,15 +525,18 @@ async def test_a_disconnect_cancels_a_slow_inference_and_a_fast_one_is_left_alon
         for n, v in feeds.items()
     ]
     receives = []
+    start = time.perf_counter()
     with anyio.fail_after(60):
         status, content = await call(
             app, "/v2/models/plain/infer", json.dumps({"inputs": specs}).encode(), receives=receives
         )
+    # Fast unless the machine is loaded: a call that outlived WATCH_AFTER may be watched.
+    fast = time.perf_counter() - start < disconnect_module.WATCH_AFTER
     assert status == 200, content
     out = np.asarray(json.loads(content)["outputs"][0]["data"], np.float32).reshape(2, 3)
     np.testing.assert_allclose(out, reference_outputs(two_input_model(), feeds)[0], rtol=1e-6)
     await anyio.sleep(2 * disconnect_module.WATCH_AFTER)
-    if anyio_backend == "asyncio":
+    if anyio_backend == "asyncio" and fast:
         assert receives == []
     else:
         assert receives in ([], ["receive", "stopped"])
