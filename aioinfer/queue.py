@@ -128,6 +128,10 @@ class AsyncInferQueue:
     async def close(self) -> None:
         """Cancel the running jobs, wait for their compute to stop, close the requests."""
         self._closed = True
+        # Every job first: a job queued behind another one's compute (fewer streams than
+        # requests) would otherwise start only once that compute ended.
+        for request in self._requests:
+            request.cancel()
         with anyio.CancelScope(shield=True):
             for request in self._requests:
                 await request.close()

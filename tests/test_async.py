@@ -66,8 +66,11 @@ async def test_cancel_before_compute_skips_it(small):
     np.testing.assert_allclose(results["y"], reference(model, x), rtol=1e-4, atol=1e-5)
 
 
-async def loop_delays_while_computing(compiled: ai.CompiledModel) -> list[float]:
-    """Delays of a 1 ms ticker while three requests compute."""
+async def loop_delays_while_computing(
+    compiled: ai.CompiledModel, *, on_the_loop: bool = False
+) -> list[float]:
+    """Delays of a 1 ms ticker while three requests compute; with ``on_the_loop`` (the
+    control), while one request computes on the loop itself (``infer_sync``), blocking it."""
     requests = [compiled.create_infer_request() for _ in range(3)]
     delays: list[float] = []
     stop = anyio.Event()
@@ -80,10 +83,14 @@ async def loop_delays_while_computing(compiled: ai.CompiledModel) -> list[float]
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
-        for r in requests:
-            r.start_async({"x": inputs(1, 64)})
-        for r in requests:
-            await r.wait()
+        if on_the_loop:
+            await anyio.wait_all_tasks_blocked()  # the ticker sleeps: block the loop
+            requests[0].infer_sync({"x": inputs(1, 64)})
+        else:
+            for r in requests:
+                r.start_async({"x": inputs(1, 64)})
+            for r in requests:
+                await r.wait()
         stop.set()
     return delays
 
@@ -119,13 +126,12 @@ async def main():
 anyio.run(main, backend={backend!r})
 print("exited")
 """
-    start = time.perf_counter()
+    # A hang guard only: a hung exit never ends; a loaded machine only slows the start.
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
     assert "exited" in done.stdout
-    assert time.perf_counter() - start < 30
 
 
 async def test_cancelled_during_async_callback_the_callback_finishes(small):
@@ -147,7 +153,7 @@ async def test_cancelled_during_async_callback_the_callback_finishes(small):
     async def infer() -> None:
         got.append(await request.infer({"x": inputs(1)}))
 
-    with anyio.move_on_after(5) as scope:
+    with anyio.move_on_after(60) as scope:  # a hang guard
         async with anyio.create_task_group() as tg:
             tg.start_soon(infer)
             await started.wait()
