@@ -12,14 +12,14 @@ from typing import IO, Any, overload
 
 import anyio.to_thread
 
-from aioinfer.devices.batch.plugin import auto_batching
+from aioinfer.cache import compile_cached
 from aioinfer.errors import UnknownDeviceError, UnknownPropertyError
 from aioinfer.frontend import ModelSource, read_ir_model, read_stream
-from aioinfer.model import Model
+from aioinfer.model import Model, batch_problem
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.stateful import compile_stateful
-from aioinfer.properties import PROPERTIES, parse_config
+from aioinfer.properties import COMMON, Property, parse_config, property_name
 
 PLUGIN_GROUP = "aioinfer.plugins"
 """Entry-point group under which a package registers a device (name = device name)."""
@@ -186,13 +186,13 @@ class Core:
                     "the properties of each device named there"
                 )
             key, given = device, properties
-            supported: tuple[str, ...] = self.get_plugin(device).supported_properties
+            declared = self.get_plugin(device).properties
         else:
             if properties is not None:
                 raise TypeError("set_property(properties) takes one mapping")
-            key, given, supported = "", device, tuple(PROPERTIES)
-        names = {str(getattr(name, "value", name)) for name in given}
-        parsed = parse_config(given, supported)
+            key, given, declared = "", device, self._every_device_properties()
+        names = {property_name(name) for name in given}
+        parsed = parse_config(given, declared)
         with self._lock:
             self._settings[key] = {
                 **self._settings.get(key, {}),
@@ -221,21 +221,35 @@ class Core:
                 property, or it is read per compiled model only (``NETWORK_NAME``, ...).
         """
         if name is None:
-            name = str(getattr(device, "value", device))
-            configurable = sorted(n for n, p in PROPERTIES.items() if p.configurable)
+            name = property_name(device)
+            every = self._every_device_properties()
+            configurable = sorted(n for n, p in every.items() if p.configurable)
             if name not in configurable:
                 raise UnknownPropertyError(
                     f"unknown property {name!r} for every device; supported: "
                     f"{', '.join(configurable)} (device properties: get_property(device, name))"
                 )
-            return self._settings.get("", {}).get(name, PROPERTIES[name].default)
-        name = str(getattr(name, "value", name))
+            return self._settings.get("", {}).get(name, every[name].default)
+        name = property_name(name)
         plugin = self.get_plugin(device)
-        declared = PROPERTIES.get(name)
-        if declared is not None and declared.configurable and name in plugin.supported_properties:
+        declared = plugin.properties.get(name)
+        if declared is not None and declared.configurable:
             everywhere = self._settings.get("", {}).get(name, declared.default)
             return self._settings.get(device.partition(":")[0], {}).get(name, everywhere)
         return plugin.get_property(name)
+
+    def _every_device_properties(self) -> dict[str, Property]:
+        """The properties :meth:`set_property` takes for every device: the shared
+        declarations, then those of each device that loads here (first one wins)."""
+        declared = dict(COMMON)
+        for name in self.available_devices:
+            try:
+                plugin = self.get_plugin(name)
+            except Exception:  # a plugin that cannot load here declares nothing
+                continue
+            for prop in plugin.properties.values():
+                declared.setdefault(prop.name, prop)
+        return declared
 
     def _settings_for(
         self, device: str, config: Mapping[str, Any], seen: frozenset[str] = frozenset()
@@ -245,16 +259,16 @@ class Core:
         its ``TARGET_DEVICE``), the values set for every device that it supports, then
         those set for it; ``TARGET_DEVICE`` only from the outermost device."""
         name, _, target = device.partition(":")
-        supported = self.get_plugin(name).supported_properties
+        declared = self.get_plugin(name).properties
         everywhere = self._settings.get("", {})
-        settings = {key: value for key, value in everywhere.items() if key in supported}
+        settings = {key: value for key, value in everywhere.items() if key in declared}
         settings.update(self._settings.get(name, {}))
-        if "TARGET_DEVICE" in supported:
+        if "TARGET_DEVICE" in declared:
             target = (
                 target
                 or config.get("TARGET_DEVICE")
                 or settings.get("TARGET_DEVICE")
-                or PROPERTIES["TARGET_DEVICE"].default
+                or declared["TARGET_DEVICE"].default
             )
             if target.partition(":")[0] not in seen | {name}:  # else the device says no
                 inner = self._settings_for(target, {}, seen | {name})
@@ -284,21 +298,30 @@ class Core:
         (a file object is read there too)."""
         return await anyio.to_thread.run_sync(self.read_model, model, abandon_on_cancel=True)
 
-    def query_model(self, model: Model | ModelSource, device: str = "CPU") -> dict[str, str]:
-        """Which nodes of ``model`` the device can run (node name -> device). A virtual
-        device with a target (``"BATCH:ORT"``) answers for the nodes its target runs."""
+    def query_model(
+        self,
+        model: Model | ModelSource,
+        device: str = "CPU",
+        config: Mapping[str, Any] | None = None,
+    ) -> dict[str, str]:
+        """Which nodes of ``model`` the device can run (node name -> device); a virtual
+        device answers for its target (``"BATCH:PROCESS:CPU"``: what the CPU runs).
+
+        Raises:
+            UnknownDeviceError: no such device, or a target given to a device that takes
+                none.
+        """
         model = model if isinstance(model, Model) else self.read_model(model)
-        name, _, target = device.partition(":")
-        plugin = self.get_plugin(name)
-        if target and "TARGET_DEVICE" in plugin.supported_properties:
-            return {node: name for node in self.query_model(model, target)}
-        return plugin.query_model(model)
+        plugin, config = self._device_config(device, config)
+        return plugin.query_model(model, config)
 
     def compile_model(
         self,
         model: Model | ModelSource,
         device: str = "CPU",
         config: Mapping[str, Any] | None = None,
+        *,
+        auto_batching: bool = True,
     ) -> CompiledModel:
         """Compile ``model`` for ``device``: transformation passes, lowering, weights.
 
@@ -306,9 +329,17 @@ class Core:
         device names its target after a colon: ``"BATCH:CPU"`` batches on the CPU (the
         target goes to the virtual device as its ``TARGET_DEVICE`` property). With the
         ``THROUGHPUT`` hint, a device that supports ``ALLOW_AUTO_BATCHING`` gets a
-        batchable, stateless model wrapped in ``BATCH`` (see docs/batching.md). A device
-        that does not handle ``STATEFUL`` itself gets its variables kept above it (see
-        :mod:`aioinfer.plugin.stateful`).
+        batchable, stateless model wrapped in ``BATCH`` (see docs/batching.md), unless
+        ``auto_batching`` is False (a virtual device compiles its target so).
+
+        With ``CACHE_DIR``, on a device that declares it, the model is loaded from the
+        model cache when it was compiled before with the same device, config and aioinfer
+        version, else compiled and stored there (see :mod:`aioinfer.cache`).
+
+        A device that does not handle ``STATEFUL`` itself (``Plugin.handles_state``
+        False) gets its variables kept above it (see :mod:`aioinfer.plugin.stateful`):
+        the device compiles the model with its state ports, through the model cache,
+        and the variables are kept outside; such a stateful model does not export.
 
         Raises:
             UnknownDeviceError: no such device, or a target given to a device that takes
@@ -318,28 +349,61 @@ class Core:
             NotBatchableError: ``BATCH`` was asked for a model it cannot batch.
             ModelReadError: ``model`` could not be read.
         """
+        model = model if isinstance(model, Model) else self.read_model(model)
+        plugin, config = self._device_config(device, config)
+        if (
+            auto_batching
+            and ":" not in device
+            and self._batches_automatically(plugin, model, config)
+        ):
+            if self._settings:  # the BATCH device's own settings apply too
+                config = {**self._settings_for("BATCH", {"TARGET_DEVICE": device}), **config}
+            config["TARGET_DEVICE"] = device
+            plugin = self.get_plugin("BATCH")
+        if not plugin.handles_state and "STATEFUL" in config:
+            # The variables live above the device, which compiles (through the model
+            # cache) the model with its state ports and never sees STATEFUL.
+            return compile_stateful(plugin, model, config, compile_cached)
+        return compile_cached(plugin, model, config)
+
+    def _device_config(
+        self, device: str, config: Mapping[str, Any] | None
+    ) -> tuple[Plugin, dict[str, Any]]:
+        """The plugin ``device`` names and the config it gets: ``config`` over this Core's
+        settings, with the target of ``"BATCH:CPU"`` as ``TARGET_DEVICE``."""
         name, _, target = device.partition(":")
         plugin = self.get_plugin(name)
-        model = model if isinstance(model, Model) else self.read_model(model)
-        config = {str(getattr(key, "value", key)): value for key, value in (config or {}).items()}
+        given = {property_name(key): value for key, value in (config or {}).items()}
         if self._settings:
-            config = {**self._settings_for(device, config), **config}
+            given = {**self._settings_for(device, given), **given}
         if target:
-            if "TARGET_DEVICE" not in plugin.supported_properties:
+            if "TARGET_DEVICE" not in plugin.properties:
                 raise UnknownDeviceError(
                     f"device {name!r} takes no target device, but {device!r} names one"
                 )
-            config["TARGET_DEVICE"] = target
-        elif auto_batching(plugin, model, config):
-            if self._settings:  # the BATCH device's own settings apply too
-                config = {**self._settings_for("BATCH", {"TARGET_DEVICE": name}), **config}
-            config["TARGET_DEVICE"] = name
-            plugin = self.get_plugin("BATCH")
-        if not plugin.handles_state and any(
-            str(getattr(k, "value", k)) == "STATEFUL" for k in config
-        ):
-            return compile_stateful(plugin, model, config)
-        return plugin.compile_model(model, config)
+            given["TARGET_DEVICE"] = target
+        return plugin, given
+
+    @staticmethod
+    def _batches_automatically(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> bool:
+        """Whether to batch ``model`` on the BATCH device although ``plugin``'s device was
+        asked for: the device opts in (it declares ``ALLOW_AUTO_BATCHING``), the config
+        has the ``THROUGHPUT`` hint and does not set ``ALLOW_AUTO_BATCHING`` to NO, the
+        model keeps no state and is batchable (:func:`aioinfer.model.batch_problem`)."""
+        declared = plugin.properties
+        if "ALLOW_AUTO_BATCHING" not in declared or "PERFORMANCE_HINT" not in declared:
+            return False
+        try:
+            hint = declared["PERFORMANCE_HINT"].parse(config.get("PERFORMANCE_HINT", "LATENCY"))
+            allowed = declared["ALLOW_AUTO_BATCHING"].parse(config.get("ALLOW_AUTO_BATCHING", True))
+        except ValueError:
+            return False  # the device itself reports the bad value
+        return (
+            hint == "THROUGHPUT"
+            and allowed
+            and not config.get("STATEFUL")
+            and batch_problem(model.inputs, model.outputs) is None
+        )
 
     def import_model(
         self,

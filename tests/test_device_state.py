@@ -371,3 +371,30 @@ async def test_export_and_import_keep_the_state_on_cpu(compiled) -> None:
 def test_a_stateful_model_kept_above_the_device_is_not_exported(compiled) -> None:
     with pytest.raises(ai.ExportError, match=r"'TWOSTAGE'.*above the device"):
         compiled("TWOSTAGE", "accumulator").export_model()
+
+
+async def test_the_model_cache_keeps_the_device_s_model_under_the_state_layer(tmp_path) -> None:
+    """With CACHE_DIR, the Core caches what TWOSTAGE compiled (state ports included); the
+    variables are added above the cached model, and stay per request."""
+    install_example_device()
+    core = ai.Core()
+    case = CASES["lstm"]
+    config = {"STATEFUL": case.stateful, "CACHE_DIR": str(tmp_path)}
+    first = core.compile_model(case.build(), "TWOSTAGE", config)
+    cached = core.compile_model(case.build(), "TWOSTAGE", config)
+    assert len(list(tmp_path.iterdir())) == 1
+    assert first.get_property("LOADED_FROM_CACHE") is False
+    assert cached.get_property("LOADED_FROM_CACHE") is True
+    assert cached.get_property("STATEFUL") == case.pairs
+    assert [p.name for p in cached.inputs] == ["X"]
+    request = cached.create_infer_request()
+    expected = hand_loop(case, 3)
+    for step, (outputs, _) in enumerate(expected):
+        results = await request.infer(case.inputs(step))
+        assert_close(results["Y"], outputs["Y"], case, f"cached, step {step}")
+    for name, value in expected[-1][1].items():
+        assert_close(state_of(request)[name], value, case, f"cached: {name}")
+    with pytest.raises(ai.ExportError, match="above the device"):
+        cached.export_model()
+    await first.close()
+    await cached.close()

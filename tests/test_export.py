@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx.helper as oh
 import pytest
 
 import aioinfer as ai
-from aioinfer.devices.cpu import export
+from aioinfer.plugin import blob as framing
 from benchmarks import models
 from tests.helpers import make_model, tensor_info
 
@@ -93,10 +95,8 @@ def _blob() -> bytes:
     return ai.Core().compile_model(_stateful(), "CPU").export_model()
 
 
-def _with_header(blob: bytes, **changes: object) -> bytes:
-    loaded = export.load(blob, "CPU")
-    fields = {**loaded.__dict__, **changes}
-    return export.dump(export.Exported(**fields))
+def _with_header(blob: bytes, **changes: Any) -> bytes:
+    return framing.dump(dataclasses.replace(framing.load(blob, "CPU"), **changes))
 
 
 @pytest.mark.parametrize(

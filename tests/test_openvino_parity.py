@@ -20,7 +20,6 @@ import onnx
 import pytest
 
 import aioinfer as ai
-from aioinfer.properties import PROPERTIES
 from tests.helpers import chain_model, mlp_model, reference_outputs
 
 pytestmark = pytest.mark.anyio
@@ -237,7 +236,7 @@ def test_full_device_name_is_the_processor_model() -> None:
     name = core.get_property("CPU", "FULL_DEVICE_NAME")
     assert isinstance(name, str) and name
     assert "FULL_DEVICE_NAME" in core.get_property("CPU", "SUPPORTED_PROPERTIES")
-    assert not PROPERTIES["FULL_DEVICE_NAME"].configurable
+    assert not core.get_plugin("CPU").properties["FULL_DEVICE_NAME"].configurable
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         models = [

@@ -39,7 +39,7 @@ from aioinfer.plugin.state import (
     split_ports,
 )
 from aioinfer.plugin.sync_request import SyncInferRequest
-from aioinfer.properties import parse_config
+from aioinfer.properties import STATEFUL, declare, parse_config, property_name
 from aioinfer.transforms.make_stateful import state_shapes, stateful_pairs
 
 if TYPE_CHECKING:
@@ -49,11 +49,23 @@ if TYPE_CHECKING:
 
 Stage = Callable[[], Any]
 
+_DECLARED = declare(STATEFUL)
 
-def compile_stateful(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> CompiledModel:
+
+def compile_stateful(
+    plugin: Plugin,
+    model: Model,
+    config: Mapping[str, Any],
+    compile_on: Callable[[Plugin, Model, Mapping[str, Any]], CompiledModel] | None = None,
+) -> CompiledModel:
     """Compile ``model`` on ``plugin`` (a device that does not handle state) with
     ``config`` less ``STATEFUL``, and keep the variables that ``STATEFUL`` asks for above
     the device. The pairs are resolved before the device compiles anything.
+
+    ``compile_on(plugin, model, config)`` compiles on the device (default:
+    ``plugin.compile_model``); the Core passes its model cache
+    (:func:`aioinfer.cache.compile_cached`), so the device's compiled model, state ports
+    included, is cached as any other, and only the variables are added above it.
 
     Raises:
         InvalidPropertyValueError: a bad ``STATEFUL`` (see
@@ -61,10 +73,11 @@ def compile_stateful(plugin: Plugin, model: Model, config: Mapping[str, Any]) ->
         CompileError: the device's compiled model lacks a paired port.
         The errors of ``plugin.compile_model``.
     """
-    rest = {str(getattr(k, "value", k)): v for k, v in config.items()}
-    asked = parse_config({"STATEFUL": rest.pop("STATEFUL")}, ("STATEFUL",))["STATEFUL"]
+    rest = {property_name(k): v for k, v in config.items()}
+    asked = parse_config({"STATEFUL": rest.pop("STATEFUL")}, _DECLARED)["STATEFUL"]
     pairs = stateful_pairs(model.ir.graph, asked or None)
-    target = plugin.compile_model(model, rest)
+    compile_on = compile_on or (lambda device, source, rest: device.compile_model(source, rest))
+    target = compile_on(plugin, model, rest)
     if not pairs:
         return target
     return StatefulCompiledModel(target, pairs, state_shapes(model.ir, list(pairs)))
@@ -101,11 +114,14 @@ class StatefulCompiledModel(CompiledModel):
             )
         inputs, outputs, variables = split_ports(target.inputs, target.outputs, [*pairs.items()])
         config = {**target.config, "STATEFUL": dict(pairs)}
-        super().__init__(target.plugin, target.graph, inputs, outputs, config, target.streams)
+        super().__init__(target.plugin, target.name, inputs, outputs, config)
         self.target = target
+        self.streams = target.streams
+        # The target's executors run the target's pipeline; the target closes them.
         self.loop_executor = target.loop_executor
-        self.task_executor = target.task_executor
         self.callback_executor = target.callback_executor
+        if hasattr(target, "task_executor"):
+            self.task_executor = target.task_executor
         self.variables = [
             dataclasses.replace(v, shape=tuple(shapes.get(v.name, v.shape))) for v in variables
         ]
@@ -133,6 +149,15 @@ class StatefulCompiledModel(CompiledModel):
             "variables are kept above the device; compile it again with STATEFUL"
         )
 
+    def ready(self) -> bool:
+        return super().ready() and self.target.ready()
+
+    def max_batch_size(self) -> int | None:
+        return self.target.max_batch_size()
+
+    def batch_statistics(self) -> dict[int, int] | None:
+        return self.target.batch_statistics()
+
     def supported_properties(self) -> tuple[str, ...]:
         names = self.target.supported_properties()
         return names if "STATEFUL" in names else (*names, "STATEFUL")
@@ -143,7 +168,7 @@ class StatefulCompiledModel(CompiledModel):
         Raises:
             UnknownPropertyError: the target does not support it either.
         """
-        name = str(getattr(name, "value", name))
+        name = property_name(name)
         if name == "STATEFUL":
             return dict(self.config["STATEFUL"])
         if name == "SUPPORTED_PROPERTIES":

@@ -206,7 +206,10 @@ async def run_steps(
         callback.cancelled.clear()
         mode = rng.choice(MODES[backend])
         point = "callback" if kind != "none" and rng.random() < 0.3 else "delay"
-        delay = rng.randint(0, int(scale) + 1)
+        # Skewed towards few turns: a step's cancellable part may be a small share of it
+        # (an ORT run inline on the loop, then a sync callback's thread hop), and a
+        # uniform delay over the whole step would then rarely land before the commit.
+        delay = int((scale + 2) * rng.random() ** 3)
         callback.hold = point == "callback"
         if point == "callback":
             counts["during callback"] += 1

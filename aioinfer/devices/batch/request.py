@@ -2,38 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 
-from aioinfer.plugin.executors import Executor
 from aioinfer.plugin.sync_request import SyncInferRequest
 
 if TYPE_CHECKING:
     from aioinfer.devices.batch.batcher import BatchItem
     from aioinfer.devices.batch.plugin import BatchCompiledModel
-
-T = TypeVar("T")
-
-
-class AwaitExecutor(Executor):
-    """Runs a stage that is a coroutine function, on the event loop.
-
-    For a stage that waits for something else (its batch) rather than computing:
-    cancelling the awaiting task reaches the stage itself, so ``on_cancel`` is not needed.
-    """
-
-    name = "await"
-
-    async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
-        return cast("T", await cast("Any", stage()))
-
-    async def run_timed(
-        self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None
-    ) -> tuple[T, float]:
-        return cast("T", await cast("Any", stage())), 0.0
 
 
 class BatchInferRequest(SyncInferRequest):

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import onnx_ir as ir
-
-from aioinfer.devices.batch.request import AwaitExecutor
 from aioinfer.errors import CompileError, PropertyError
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.executors import Executor
-from aioinfer.properties import PROPERTIES, check_readable
+from aioinfer.plugin.executors import AwaitExecutor, Executor
+from aioinfer.properties import check_readable, property_name
 
 from .engine import engine_message, plain
 from .request import OpenVINOInferRequest
@@ -71,15 +68,18 @@ class OpenVINOCompiledModel(CompiledModel):
         self.profiling = bool(config["PERF_COUNT"])
         ours = plugin.supported_properties
         engine = plain(ov_compiled_model.get_property("SUPPORTED_PROPERTIES"))
-        self._supported = (*ours, *(n for n in engine if n not in PROPERTIES))
+        self._is_own_name = plugin.is_own_name
+        self._supported = (*ours, *(n for n in engine if not self._is_own_name(n)))
         streams = config["NUM_STREAMS"]
         if streams == "AUTO":
             streams = int(ov_compiled_model.get_property("NUM_STREAMS"))
-        # The ports and the name are all the base class needs of the graph; the weights
-        # live in OpenVINO.
-        graph = ir.Graph((), (), nodes=(), name=model.ir.graph.name)
-        super().__init__(plugin, graph, model.inputs, model.outputs, config, max(1, streams))
-        self.await_executor: Executor = AwaitExecutor()
+        self.streams = max(1, streams)
+        # The weights live in OpenVINO: the graph is not kept.
+        super().__init__(
+            plugin, model.ir.graph.name or "model", model.inputs, model.outputs, config
+        )
+        # OpenVINO runs its own threads: the completion is awaited, no thread of ours waits.
+        self.await_executor: Executor = self.add_executor(AwaitExecutor())
 
     def create_sync_infer_request(self) -> OpenVINOInferRequest:
         return OpenVINOInferRequest(self)
@@ -107,8 +107,8 @@ class OpenVINOCompiledModel(CompiledModel):
             UnknownPropertyError: neither aioinfer's device nor OpenVINO has it.
             PropertyError: OpenVINO could not read it.
         """
-        name = str(getattr(name, "value", name))
-        if name in PROPERTIES:
+        name = property_name(name)
+        if self._is_own_name(name):
             return super().get_property(name)
         check_readable(name, self.supported_properties())
         return self._engine_property(name)

@@ -28,9 +28,24 @@ from aioinfer.errors import (
 )
 from aioinfer.model import Model
 from aioinfer.plugin.plugin import Plugin
-from aioinfer.properties import PROPERTIES, parse_config
+from aioinfer.properties import (
+    COMMON,
+    DEVICE_NAME,
+    INFERENCE_NUM_THREADS,
+    NETWORK_NAME,
+    NUM_CORES,
+    NUM_STREAMS,
+    OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    PERF_COUNT,
+    PERFORMANCE_HINT,
+    SUPPORTED_PROPERTIES,
+    Property,
+    declare,
+    property_name,
+)
 
 from .engine import engine_message, is_property_error, unconverted_operators
+from .properties import INFERENCE_PRECISION_HINT, OPENVINO_DEVICE
 
 if TYPE_CHECKING:
     from .compiled_model import OpenVINOCompiledModel
@@ -49,19 +64,28 @@ class OpenVINOPlugin(Plugin):
     """The ``"OPENVINO"`` device (needs the ``openvino`` package: the ``openvino`` extra)."""
 
     device_name = "OPENVINO"
-    supported_properties = (
-        *MAPPED,
-        "OPENVINO_DEVICE",
-        "NETWORK_NAME",
-        "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
-        "SUPPORTED_PROPERTIES",
-        "DEVICE_NAME",
-        "NUM_CORES",
+    properties = declare(
+        PERFORMANCE_HINT,
+        NUM_STREAMS,
+        INFERENCE_NUM_THREADS,
+        INFERENCE_PRECISION_HINT,
+        PERF_COUNT,
+        OPENVINO_DEVICE,
+        NETWORK_NAME,
+        OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        NUM_CORES,
     )
 
     def __init__(self) -> None:
         self._ov_core: Any = None
         self._lock = threading.Lock()
+
+    def is_own_name(self, name: str) -> bool:
+        """Whether ``name`` is aioinfer's (a shared declaration or one of this device's),
+        parsed here, rather than one of OpenVINO's, passed through."""
+        return name in COMMON or name in self.properties
 
     @property
     def ov_core(self) -> Any:
@@ -101,22 +125,22 @@ class OpenVINOPlugin(Plugin):
         """
         from .compiled_model import OpenVINOCompiledModel
 
-        names = {str(getattr(k, "value", k)): v for k, v in config.items()}
+        names = {property_name(k): v for k, v in config.items()}
         if names.pop("STATEFUL", None):
             raise InvalidPropertyValueError(
                 "property 'STATEFUL' is not handled by the OPENVINO device itself: compile "
                 "through a Core, which keeps the state above the device"
             )
-        own = {k: v for k, v in names.items() if k in PROPERTIES}
-        parsed = parse_config(own, self.supported_properties)
+        own = {k: v for k, v in names.items() if self.is_own_name(k)}
+        parsed = self.parse_config(own)
         device = parsed["OPENVINO_DEVICE"]
         ov_properties = self._device_properties(device)
-        engine = {k: v for k, v in names.items() if k not in PROPERTIES}
+        engine = {k: v for k, v in names.items() if not self.is_own_name(k)}
         for name in engine:
             self._check_engine_name(name, device, ov_properties)
         ov_config: dict[str, Any] = {}
         for name in MAPPED:
-            value = _engine_value(name, parsed[name])
+            value = _engine_value(self.properties[name], parsed[name])
             if value is None:
                 continue
             if name in ov_properties:
@@ -139,15 +163,17 @@ class OpenVINOPlugin(Plugin):
             ) from None
         return OpenVINOCompiledModel(self, model, ov_compiled, parsed)
 
-    def query_model(self, model: Model) -> dict[str, str]:
-        """The nodes OpenVINO's CPU device runs: every node when it runs the whole
-        converted model, else those whose outputs it runs; none when OpenVINO's frontend
-        cannot convert the model."""
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """The nodes OpenVINO's device (``OPENVINO_DEVICE`` of ``config``, else ``CPU``)
+        runs: every node when it runs the whole converted model, else those whose outputs
+        it runs; none when OpenVINO's frontend cannot convert the model."""
         try:
             ov_model = self._read(model)
         except CompileError:
             return {}
-        supported = self.ov_core.query_model(ov_model, PROPERTIES["OPENVINO_DEVICE"].default)
+        given = {property_name(k): v for k, v in (config or {}).items()}
+        device = self.parse_config({"OPENVINO_DEVICE": given.get("OPENVINO_DEVICE", "CPU")})
+        supported = self.ov_core.query_model(ov_model, device["OPENVINO_DEVICE"])
         whole = len(supported) >= len(ov_model.get_ops())
         return {
             node.name or f"{node.op_type}_{index}": self.device_name
@@ -203,11 +229,11 @@ class OpenVINOPlugin(Plugin):
             ) from None
 
 
-def _engine_value(name: str, value: Any) -> Any:
+def _engine_value(declared: Property, value: Any) -> Any:
     """The OpenVINO value of an aioinfer property (None: let OpenVINO decide)."""
-    if PROPERTIES[name].is_auto(value):
+    if declared.is_auto(value):
         return None
-    if name == "PERF_COUNT":
+    if declared.name == "PERF_COUNT":
         return True if value else None
     return value
 

@@ -7,19 +7,31 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-import onnx_ir as ir
 import onnxruntime as ort
 
 from aioinfer.devices.ort.executor import RunExecutor, RunTimes
 from aioinfer.devices.ort.profile import SessionProfiler, profile_directory
+from aioinfer.devices.ort.properties import ORT_ALLOW_SPINNING, ORT_INLINE_RUN_US, ORT_PROVIDERS
 from aioinfer.devices.ort.request import ORTInferRequest
 from aioinfer.devices.ort.session import SessionSpec, supported_nodes
 from aioinfer.model import Model
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.executors import Executor
+from aioinfer.plugin.executors import Executor, ThreadExecutor, streams_for
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.sync_request import SyncInferRequest
-from aioinfer.properties import num_cores, parse_config
+from aioinfer.properties import (
+    DEVICE_NAME,
+    INFERENCE_NUM_THREADS,
+    NETWORK_NAME,
+    NUM_CORES,
+    NUM_STREAMS,
+    OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    PERF_COUNT,
+    PERFORMANCE_HINT,
+    SUPPORTED_PROPERTIES,
+    declare,
+    num_cores,
+)
 
 
 class ORTPlugin(Plugin):
@@ -27,19 +39,19 @@ class ORTPlugin(Plugin):
     listed in ``ORT_PROVIDERS``."""
 
     device_name = "ORT"
-    supported_properties = (
-        "PERFORMANCE_HINT",
-        "NUM_STREAMS",
-        "INFERENCE_NUM_THREADS",
-        "PERF_COUNT",
-        "ORT_PROVIDERS",
-        "ORT_ALLOW_SPINNING",
-        "ORT_INLINE_RUN_US",
-        "NETWORK_NAME",
-        "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
-        "SUPPORTED_PROPERTIES",
-        "DEVICE_NAME",
-        "NUM_CORES",
+    properties = declare(
+        PERFORMANCE_HINT,
+        NUM_STREAMS,
+        INFERENCE_NUM_THREADS,
+        PERF_COUNT,
+        ORT_PROVIDERS,
+        ORT_ALLOW_SPINNING,
+        ORT_INLINE_RUN_US,
+        NETWORK_NAME,
+        OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        NUM_CORES,
     )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> ORTCompiledModel:
@@ -52,9 +64,9 @@ class ORTPlugin(Plugin):
             UnsupportedOperatorError: onnxruntime has no kernel for a node (named).
             CompileError: onnxruntime refused the model for another reason.
         """
-        return ORTCompiledModel(self, model, parse_config(config, self.supported_properties))
+        return ORTCompiledModel(self, model, self.parse_config(config))
 
-    def query_model(self, model: Model) -> dict[str, str]:
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The nodes whose operator, at the model's opset, has an onnxruntime kernel."""
         return supported_nodes(model, self.device_name)
 
@@ -70,7 +82,7 @@ class ORTCompiledModel(CompiledModel):
     """
 
     def __init__(self, plugin: ORTPlugin, model: Model, config: dict[str, Any]) -> None:
-        streams = _streams(config)
+        streams = streams_for(config, num_cores())
         total = int(config["INFERENCE_NUM_THREADS"]) or num_cores()
         self.threads_per_stream = max(1, total // streams)
         prefix = ""
@@ -98,8 +110,14 @@ class ORTCompiledModel(CompiledModel):
         self.run_times = RunTimes(budget)
         """The last run times that decide where a run goes (see :mod:`.executor`)."""
         # The session holds the weights: the IR graph (and its weights) is not kept.
-        graph = ir.Graph((), (), nodes=(), name=model.ir.graph.name)
-        super().__init__(plugin, graph, model.inputs, model.outputs, config, streams)
+        self.streams = streams
+        super().__init__(
+            plugin, model.ir.graph.name or "model", model.inputs, model.outputs, config
+        )
+        # One compute thread per stream; a short run may skip it (see pipeline).
+        self.task_executor = self.add_executor(
+            ThreadExecutor(f"{plugin.device_name}-task", streams)
+        )
 
     @property
     def session(self) -> ort.InferenceSession:
@@ -134,10 +152,3 @@ class ORTCompiledModel(CompiledModel):
         await super().close()
         if self.profiler is not None:
             self.profiler.close()
-
-
-def _streams(config: Mapping[str, Any]) -> int:
-    """Explicit ``NUM_STREAMS``, else one (LATENCY) or one per core (THROUGHPUT)."""
-    if config["NUM_STREAMS"] != "AUTO":
-        return int(config["NUM_STREAMS"])
-    return num_cores() if config["PERFORMANCE_HINT"] == "THROUGHPUT" else 1

@@ -17,21 +17,35 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 import onnx_ir as ir
 
-from aioinfer.devices.batch.request import AwaitExecutor
 from aioinfer.devices.process.request import ProcessInferRequest
 from aioinfer.devices.process.supervisor import WorkerSupervisor
 from aioinfer.errors import InvalidPropertyValueError, UnknownDeviceError
 from aioinfer.model import Model
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.executors import Executor
-from aioinfer.plugin.plugin import VirtualPlugin
-from aioinfer.properties import check_readable, parse_config
+from aioinfer.plugin.executors import AwaitExecutor, Executor
+from aioinfer.plugin.plugin import TARGET_DEVICE, VirtualPlugin
+from aioinfer.properties import (
+    DEVICE_NAME,
+    NUM_CORES,
+    SUPPORTED_PROPERTIES,
+    Property,
+    check_readable,
+    declare,
+    positive_float,
+    property_name,
+)
 
 if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import SyncInferRequest
 
-PROCESS_PROPERTIES = ("TARGET_DEVICE", "WORKER_TIMEOUT_S")
-"""The properties the PROCESS device itself reads; every other one goes to the target."""
+WORKER_TIMEOUT_S = Property(
+    "WORKER_TIMEOUT_S",
+    "PROCESS device: a worker that does not answer its heartbeat for this many "
+    "seconds (stopped, deadlocked) is killed and replaced; its inferences fail with "
+    "WorkerTimeoutError.",
+    default=30.0,
+    parse=positive_float,
+)
 
 
 class ProcessPlugin(VirtualPlugin):
@@ -41,7 +55,9 @@ class ProcessPlugin(VirtualPlugin):
     """
 
     device_name = "PROCESS"
-    supported_properties = (*PROCESS_PROPERTIES, "SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
+    properties = declare(
+        TARGET_DEVICE, WORKER_TIMEOUT_S, SUPPORTED_PROPERTIES, DEVICE_NAME, NUM_CORES
+    )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> ProcessCompiledModel:
         """Start a worker process that compiles ``model`` on the target device.
@@ -60,18 +76,14 @@ class ProcessPlugin(VirtualPlugin):
             CompileError, UnsupportedOperatorError: the compile failed in the worker (the
                 worker's class and message), or the worker died while compiling.
         """
-        names = {str(getattr(k, "value", k)): v for k, v in config.items()}
-        own = parse_config(
-            {k: v for k, v in names.items() if k in PROCESS_PROPERTIES}, PROCESS_PROPERTIES
-        )
-        rest = {k: v for k, v in names.items() if k not in PROCESS_PROPERTIES}
+        own, rest = self.split_config(config)
         target = own["TARGET_DEVICE"]
         if ":" in target or target in (self.device_name, "BATCH"):
             raise UnknownDeviceError(
                 f"the PROCESS device needs a plain target device such as 'CPU', got "
                 f"{target!r} (to batch in the application, use 'BATCH:PROCESS:CPU')"
             )
-        parsed = parse_config(rest, self.core.get_plugin(target).supported_properties)
+        parsed = self.core.get_plugin(target).parse_config(rest)
         if parsed.get("STATEFUL"):
             raise InvalidPropertyValueError(
                 f"invalid value {rest['STATEFUL']!r} for property 'STATEFUL': the PROCESS "
@@ -89,10 +101,6 @@ class ProcessPlugin(VirtualPlugin):
         )
         info = supervisor.start()
         return ProcessCompiledModel(self, supervisor, info, own)
-
-    def query_model(self, model: Model) -> dict[str, str]:
-        """The nodes the default target device (``CPU``) runs, mapped to ``PROCESS``."""
-        return {name: self.device_name for name in self.core.query_model(model, "CPU")}
 
 
 def _external_data_dir(graph: ir.Graph) -> str:
@@ -131,9 +139,11 @@ class ProcessCompiledModel(CompiledModel):
         info: dict[str, Any],
         own: dict[str, Any],
     ) -> None:
-        graph = ir.Graph((), (), nodes=(), name=info["name"])
         config = {**info["config"], **own}
-        super().__init__(plugin, graph, info["inputs"], info["outputs"], config, info["streams"])
+        super().__init__(plugin, info["name"], info["inputs"], info["outputs"], config)
+        self.streams = info["streams"]
+        self.own_config = dict(own)
+        """The PROCESS device's own properties (``TARGET_DEVICE``, ``WORKER_TIMEOUT_S``)."""
         self.supervisor = supervisor
         self.await_executor: Executor = AwaitExecutor()
         self._properties: dict[str, Any] = info["properties"]
@@ -178,8 +188,9 @@ class ProcessCompiledModel(CompiledModel):
         self._properties.update(values)
 
     def supported_properties(self) -> tuple[str, ...]:
+        own = tuple(self.own_config)
         target = self._properties.get("SUPPORTED_PROPERTIES", ())
-        return (*PROCESS_PROPERTIES, *(n for n in target if n not in PROCESS_PROPERTIES))
+        return (*own, *(n for n in target if n not in own))
 
     def get_property(self, name: str) -> Any:
         """Read a property: ``TARGET_DEVICE``, ``WORKER_TIMEOUT_S``, ``DEVICE_NAME``
@@ -188,10 +199,10 @@ class ProcessCompiledModel(CompiledModel):
         Raises:
             UnknownPropertyError: not supported by the target either.
         """
-        name = str(getattr(name, "value", name))
+        name = property_name(name)
         check_readable(name, self.supported_properties())
-        if name in PROCESS_PROPERTIES:
-            return self.config[name]
+        if name in self.own_config:
+            return self.own_config[name]
         if name == "SUPPORTED_PROPERTIES":
             return self.supported_properties()
         if name == "DEVICE_NAME":

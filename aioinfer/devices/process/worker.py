@@ -46,9 +46,6 @@ if TYPE_CHECKING:
 
 Reply = tuple[Any, ...]
 
-LIVE_PROPERTIES = ("ACTIVATION_MEMORY_BYTES",)
-"""Properties that change while the model runs: sent with each inference's reply."""
-
 
 def error_reply(exc: BaseException, default: str) -> Reply:
     """The reply that carries ``exc`` to the parent: an aioinfer error keeps its class,
@@ -78,8 +75,9 @@ def compile_in_worker(payload: dict[str, Any]) -> CompiledModel:
     ir_model = ir.serde.deserialize_model(proto)
     if payload["base_dir"]:
         ir.external_data.set_base_dir(ir_model.graph, payload["base_dir"])
-    plugin = Core().get_plugin(payload["target"])
-    return plugin.compile_model(Model(ir_model), payload["config"])
+    return Core().compile_model(
+        Model(ir_model), payload["target"], payload["config"], auto_batching=False
+    )
 
 
 def describe(compiled: CompiledModel) -> dict[str, Any]:
@@ -99,6 +97,17 @@ def describe(compiled: CompiledModel) -> dict[str, Any]:
         "config": compiled.config,
         "properties": properties,
     }
+
+
+def live_properties(compiled: CompiledModel) -> list[str]:
+    """The readable properties of ``compiled`` whose values change while it runs: those
+    its device declares read-only and mutable (``ACTIVATION_MEMORY_BYTES``)."""
+    declared = compiled.plugin.properties
+    return [
+        name
+        for name in compiled.supported_properties()
+        if name in declared and declared[name].mutable and not declared[name].configurable
+    ]
 
 
 class Job:
@@ -127,7 +136,8 @@ class Streams:
 
     def __init__(self, compiled: CompiledModel) -> None:
         self.compiled = compiled
-        self.live_properties = [n for n in LIVE_PROPERTIES if n in compiled.supported_properties()]
+        self.live_properties = live_properties(compiled)
+        """Read-only properties that change while the model runs: each reply carries them."""
         self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
         for index in range(compiled.streams):
             request = compiled.create_sync_infer_request()
