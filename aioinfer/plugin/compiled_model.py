@@ -138,6 +138,12 @@ class CompiledModel(HasPorts, ABC):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    def batch_statistics(self) -> dict[int, int] | None:
+        """How many batches ran so far by number of rows (``{rows: count}``), for a
+        compiled model that batches concurrent inferences itself (BATCH); None for one
+        that runs each inference as it comes."""
+        return None
+
     def next_request_id(self) -> int:
         """A number for the next request (used in profiling names)."""
         return next(self._request_ids)
