@@ -116,7 +116,7 @@ class InferenceRequest:
     """The default for outputs not asked for by name (``binary_data_output``)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class InferenceResponse:
     """The outputs of one inference, in the order asked for."""
 

@@ -315,15 +315,18 @@ def encode_infer_response(
     Raises:
         ProtocolError: a BYTES output asked for as JSON holds bytes that are not UTF-8.
     """
+    # Lists, not generators, for the few outputs of a response: cheaper on the hot path.
     if (
         outputs
         and not parameters
-        and all(binary and array.dtype.kind not in "OSU" for _, array, binary in outputs)
+        and all([binary and array.dtype.kind not in "OSU" for _, array, binary in outputs])
     ):
         chunks = [_to_bytes(array) for _, array, _ in outputs]
         layout = tuple(
-            (name, array.dtype, array.shape, len(chunk))
-            for (name, array, _), chunk in zip(outputs, chunks)
+            [
+                (name, array.dtype, array.shape, len(chunk))
+                for (name, array, _), chunk in zip(outputs, chunks)
+            ]
         )
         header = _binary_header(model, version, request_id, layout)
         return b"".join([header, *chunks]), len(header)

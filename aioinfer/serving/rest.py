@@ -1,7 +1,7 @@
 """The REST adapter: the Open Inference Protocol (KServe v2 REST) over the model service.
 
 An ASGI app that translates and decides nothing: an HTTP request becomes calls of the
-:class:`~aioinfer.serving.service.InferenceService` (find the model, admit, infer), the
+:class:`~aioinfer.serving.service.InferenceService` (start: find and admit; infer), the
 body is decoded and the response encoded by :mod:`aioinfer.serving.protocol`, and the
 kind of every :class:`~aioinfer.errors.ServiceError` becomes an HTTP status through one
 table, :data:`HTTP_STATUS`. What is HTTP's alone stays here: reading the body (the size
@@ -113,13 +113,12 @@ class RestAdapter:
         path skips Starlette's request and response objects."""
         service = self.service
         try:
-            model = service.find(name, version)
+            call = service.start(name, version)  # before the body: a full model reads none
         except ServiceError as exc:
             await _respond(send, HTTP_STATUS[exc.kind], _error_body(exc), _JSON)
             return
-        call = service.start(model)
+        model = call.model
         try:
-            call.admit()  # before the body is read: a full model reads none
             length, json_length, coding, accepted = _headers(scope)
             limit = service.max_request_bytes
             raw = await _read_body(receive, length, limit)

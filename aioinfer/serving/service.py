@@ -12,10 +12,9 @@ drain at shutdown are decided here, once for every transport.
 An inference goes through the service in steps, so that a transport can refuse a request
 before it reads the body (a full model parses no bodies)::
 
-    model = service.find(name, version)      # NOT_FOUND
-    call = service.start(model)              # counted from here (statistics, drain)
+    call = service.start(name, version)      # NOT_FOUND; UNAVAILABLE: at capacity or
+                                             # shutting down; else counted and in flight
     try:
-        call.admit()                         # UNAVAILABLE: at capacity or shutting down
         request = ...                        # the transport decodes the body
         response = await call.infer(request)
         ...                                  # the transport encodes the response
@@ -234,9 +233,25 @@ class InferenceService:
 
     # -- inference ----------------------------------------------------------------------------
 
-    def start(self, model: ServedModel) -> InferCall:
-        """Count an infer request to ``model`` from now on (see :class:`InferCall`)."""
-        return InferCall(self, model)
+    def start(self, name: str, version: str | None) -> InferCall:
+        """Begin an infer request to model ``name`` at ``version`` (None: the latest):
+        count it and admit it, before its body is read (see :class:`InferCall`).
+
+        Raises:
+            ServiceError: NOT_FOUND, an unknown model or version; UNAVAILABLE (counted as
+                failed), the service is draining or the model has neither a free slot
+                nor room in its queue.
+        """
+        call = InferCall(self, self.find(name, version))
+        try:
+            if self.closing:
+                raise ServiceError("the server is shutting down", ErrorKind.UNAVAILABLE)
+            call.model.check_admission()
+        except ServiceError as exc:
+            call.fail(exc.kind)
+            call.end()
+            raise
+        return call
 
     async def infer(
         self, name: str, version: str | None, request: InferenceRequest
@@ -245,12 +260,10 @@ class InferenceService:
         admission, sequence and statistics, as a transport would.
 
         Raises:
-            ServiceError: NOT_FOUND, an unknown model or version; the errors of
-                :meth:`InferCall.admit` and :meth:`InferCall.infer`.
+            ServiceError: the errors of :meth:`start` and :meth:`InferCall.infer`.
         """
-        call = self.start(self.find(name, version))
+        call = self.start(name, version)
         try:
-            call.admit()
             response = await call.infer(request)
         except ServiceError as exc:
             call.fail(exc.kind)
@@ -265,9 +278,10 @@ class InferCall:
     """One infer request to a model, from its arrival to its answer: counted in the
     model's statistics, and in flight (the drain waits for it) until :meth:`end`.
 
-    A transport calls :meth:`admit` before it reads the request's body, :meth:`infer`
-    once it has decoded it, then :meth:`succeed` once the answer is ready or
-    :meth:`fail` with the kind of the error that stopped it, and :meth:`end` in any case.
+    :meth:`InferenceService.start` makes one once it admitted the request. A transport
+    then calls :meth:`infer` once it has decoded the request, :meth:`succeed` once the
+    answer is ready or :meth:`fail` with the kind of the error that stopped it, and
+    :meth:`end` in any case.
     """
 
     __slots__ = ("_metrics", "_service", "model", "started", "waited")
@@ -284,17 +298,6 @@ class InferCall:
         """Seconds the inference waited before it computed (known after :meth:`infer`)."""
         metrics.in_flight += 1
         service._in_flight += 1
-
-    def admit(self) -> None:
-        """Refuse the request now if the service is draining or the model has neither
-        a free slot nor room in its queue.
-
-        Raises:
-            ServiceError: UNAVAILABLE.
-        """
-        if self._service.closing:
-            raise ServiceError("the server is shutting down", ErrorKind.UNAVAILABLE)
-        self.model.check_admission()
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Run the inference: on a pooled request or in the model's batches, or on the

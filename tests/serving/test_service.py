@@ -153,34 +153,36 @@ async def test_bad_input_is_an_invalid_argument(
     assert response.outputs[0][1].shape == (1, 3)
 
 
-async def test_a_full_queue_is_unavailable_and_a_refused_call_reads_nothing(
+async def test_a_full_queue_is_unavailable_before_the_body_and_at_infer(
     service: InferenceService,
 ):
-    """``slow`` runs one inference at a time and queues one more: a third is refused,
-    by ``admit`` (before a transport reads its body) and by ``infer`` alike."""
+    """``slow`` runs one inference at a time and queues one more: beyond, ``start``
+    refuses (before a transport reads the body), and so does ``infer`` for a request
+    admitted while there was room but whose body came after the queue filled."""
     model = service.find("slow", None)
     metrics = service.metrics.of(model)
     busy = metrics.failures["busy"]
     x = np.random.default_rng(0).standard_normal((1024, WIDE)).astype(np.float32)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as group:
-            for _ in range(2):  # one computes, one waits
-                group.start_soon(service.infer, "slow", None, request(x=x))
+            group.start_soon(service.infer, "slow", None, request(x=x))  # computes
             await anyio.wait_all_tasks_blocked()
-            call = service.start(model)
+            late = service.start("slow", None)  # admitted: the queue has room
+            group.start_soon(service.infer, "slow", None, request(x=x))  # waits
+            await anyio.wait_all_tasks_blocked()
+            with pytest.raises(ServiceError) as at_start:
+                service.start("slow", None)
             try:
-                with pytest.raises(ServiceError) as admitted:
-                    call.admit()
-                with pytest.raises(ServiceError) as inferred:
-                    await call.infer(request(x=x[:1]))
-                call.fail(inferred.value.kind)
+                with pytest.raises(ServiceError) as at_infer:
+                    await late.infer(request(x=x[:1]))
+                late.fail(at_infer.value.kind)
             finally:
-                call.end()
+                late.end()
             group.cancel_scope.cancel()
-    for error in (admitted.value, inferred.value):
+    for error in (at_start.value, at_infer.value):
         assert error.kind is ErrorKind.UNAVAILABLE
         assert "model 'slow' is at capacity: 1 inferences running and 1 waiting" in str(error)
-    assert metrics.failures["busy"] == busy + 1
+    assert metrics.failures["busy"] == busy + 2
     assert metrics.in_flight == 0
     with anyio.fail_after(60):  # the cancelled ones gave their slots back
         response = await service.infer("slow", None, request(x=x[:2]))
@@ -203,7 +205,7 @@ async def test_a_draining_service_is_unavailable_and_not_ready(service: Inferenc
 async def test_the_drain_waits_for_calls_in_flight(repository: Path):
     service = InferenceService(ModelRepository(repository), drain_timeout=60)
     async with service.lifespan():
-        call = service.start(service.find("plain", None))
+        call = service.start("plain", None)
         drained = anyio.Event()
 
         async def drain() -> None:
