@@ -306,10 +306,10 @@ class InferCall:
         Raises:
             ServiceError: INVALID_ARGUMENT for an output the model does not have, a bad
                 sequence id, an inactive sequence, or inputs the model refuses (their
-                names, types or shapes; a kernel that failed on them); UNAVAILABLE or
-                RESOURCE_EXHAUSTED when the model is full (see
-                :meth:`ServedModel.infer`); ABORTED when the model was closed under
-                the inference; INTERNAL for a fault of the server (logged).
+                names, types or shapes; a kernel that failed on them); UNAVAILABLE when
+                the model's queue is full; RESOURCE_EXHAUSTED when a new sequence would
+                pass ``max_sequences``; ABORTED when the model was closed under the
+                inference; INTERNAL for a fault of the server (logged).
         """
         model = self.model
         wanted = _wanted_outputs(model, request)

@@ -112,6 +112,22 @@ async def test_statistics_count_answers_and_failures_by_kind(service: InferenceS
     assert metrics.in_flight == 0
 
 
+async def test_batch_sizes_come_from_the_device_or_are_counted(service: InferenceService):
+    """A batching model (mlp: BATCH, 8 rows) reports its batches and admits enough
+    inferences to fill one per stream twice over; another (plain) counts each
+    inference's rows itself."""
+    mlp = service.find("mlp", "1")
+    batches = mlp.compiled.batch_statistics()
+    assert batches is not None and mlp.batch_sizes() == batches
+    assert mlp.max_concurrency == 8 * 1 * 2
+    plain = service.find("plain", None)
+    assert plain.compiled.batch_statistics() is None
+    before = plain.batch_sizes().get(2, 0)
+    a = np.ones((2, 3), np.float32)
+    await service.infer("plain", None, request(a=a, b=a, scale=np.array([1, 2, 3], np.int64)))
+    assert plain.batch_sizes()[2] == before + 1
+
+
 # -- errors and their kinds ---------------------------------------------------------------
 
 
