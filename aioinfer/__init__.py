@@ -5,12 +5,13 @@
 event loop.
 """
 
-from aioinfer.core import Core
+from aioinfer.core import Core, DeviceVersion, compile_model
 from aioinfer.errors import (
     AioinferError,
     BlobDeviceError,
     BlobVersionError,
     CompileError,
+    DeviceUnavailableError,
     ExportError,
     ImportModelError,
     InferCancelledError,
@@ -35,6 +36,9 @@ from aioinfer.errors import (
     UnknownInputError,
     UnknownPropertyError,
     UnsupportedOperatorError,
+    UnsupportedOpsetError,
+    WorkerDiedError,
+    WorkerTimeoutError,
 )
 from aioinfer.model import Model, Port
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
@@ -57,6 +61,8 @@ __all__ = [
     "CompileError",
     "CompiledModel",
     "Core",
+    "DeviceUnavailableError",
+    "DeviceVersion",
     "ExportError",
     "ImportModelError",
     "InferCancelledError",
@@ -86,6 +92,10 @@ __all__ = [
     "UnknownInputError",
     "UnknownPropertyError",
     "UnsupportedOperatorError",
+    "UnsupportedOpsetError",
     "VariableState",
+    "WorkerDiedError",
+    "WorkerTimeoutError",
     "__version__",
+    "compile_model",
 ]

@@ -40,6 +40,11 @@ class UnsupportedOperatorError(CompileError):
     """The device has no kernel for an operator (or for its version)."""
 
 
+class UnsupportedOpsetError(CompileError):
+    """The model imports a version of the ``ai.onnx`` operator set newer than the device
+    supports."""
+
+
 class NotBatchableError(CompileError):
     """The BATCH device cannot batch the model: an input or output lacks a shared symbolic
     first (batch) dimension, or the model keeps state per request."""
@@ -54,8 +59,9 @@ class ImportModelError(AioinferError):
 
 
 class InvalidBlobError(ImportModelError):
-    """The data is not an aioinfer export blob, or the blob is truncated or corrupted
-    (its checksum does not match)."""
+    """The data is not an aioinfer export blob, or the blob is truncated, corrupted (its
+    checksum does not match, its header or model is malformed) or not self-contained
+    (a tensor refers to external data)."""
 
 
 class BlobVersionError(ImportModelError):
@@ -117,6 +123,24 @@ class InferenceError(AioinferError):
     """A kernel failed while running the model; the message names the node."""
 
 
+class DeviceUnavailableError(InferenceError):
+    """The device could not run the inference, through no fault of its inputs: the same
+    request can be retried (the device is recovering, e.g. replacing a worker process).
+    The server answers it with HTTP 503."""
+
+
+class WorkerDiedError(DeviceUnavailableError):
+    """The PROCESS device's worker process died (killed, out of memory) before the
+    inference completed; the message names its pid and exit code or signal. A new
+    worker is started: retry."""
+
+
+class WorkerTimeoutError(DeviceUnavailableError, TimeoutError):
+    """The PROCESS device's worker process stopped answering its heartbeat for
+    ``WORKER_TIMEOUT_S`` seconds and was killed before the inference completed. A new
+    worker is started: retry."""
+
+
 class InferCancelledError(AioinferError):
     """The inference was stopped by ``request.cancel()`` before it completed."""
 
@@ -156,7 +180,8 @@ class ErrorKind(enum.Enum):
     UNAUTHENTICATED = "unauthenticated"
     """The request lacks valid credentials."""
     UNAVAILABLE = "unavailable"
-    """The model is at capacity or the server is shutting down: try again later."""
+    """The model is at capacity, the server is shutting down, or the model's device failed
+    and recovers (a :class:`DeviceUnavailableError`): try again later."""
     RESOURCE_EXHAUSTED = "resource_exhausted"
     """A limit of the model is reached (its open sequences)."""
     CANCELLED = "cancelled"

@@ -162,6 +162,35 @@ def find_port(ports: Sequence[Port], key: str | int | Port, kind: str) -> Port:
     raise UnknownInputError(f"the model has no {kind} named {key!r}; its {kind}s are {names}")
 
 
+def batch_problem(inputs: Sequence[Port], outputs: Sequence[Port]) -> str | None:
+    """Why a model with these ports cannot be batched along its first axis (None: it can).
+
+    Batchable means: every input and output is a tensor whose first dimension is one and
+    the same symbolic dimension (``"batch"``), so rows can be joined and split back.
+    """
+    if not inputs:
+        return "the model has no inputs"
+    symbols: dict[str, str] = {}
+    for kind, ports in (("input", inputs), ("output", outputs)):
+        for port in ports:
+            if port.kind != "tensor":
+                return f"{kind} {port.name!r} is a {port.kind.replace('_', ' ')}, not a tensor"
+            if not port.shape:
+                rank = "unknown" if port.shape is None else "0"
+                return f"{kind} {port.name!r} has rank {rank}; batching needs a first dimension"
+            first = port.shape[0]
+            if not isinstance(first, str):
+                return (
+                    f"{kind} {port.name!r} ({port}) has first dimension "
+                    f"{'unknown' if first is None else first}, not a symbolic batch dimension"
+                )
+            symbols.setdefault(first, f"{kind} {port.name!r}")
+    if len(symbols) > 1:
+        which = ", ".join(f"{where}: {symbol!r}" for symbol, where in symbols.items())
+        return f"the first dimensions are different symbols ({which}); batching needs one"
+    return None
+
+
 class HasPorts:
     """Input and output ports by name or position (a model, a compiled model)."""
 

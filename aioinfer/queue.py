@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -51,10 +51,17 @@ class AsyncInferQueue:
             request._on_idle = self._make_release(index)
 
     def __len__(self) -> int:
+        """The number of requests (``jobs``)."""
         return len(self._requests)
 
     def __getitem__(self, index: int) -> AsyncInferRequest:
+        """The request with id ``index`` (0 to ``len(queue) - 1``): read its ``results``
+        there; start jobs through the queue, which keeps track of idle requests."""
         return self._requests[index]
+
+    def __iter__(self) -> Iterator[AsyncInferRequest]:
+        """The queue's requests, in id order."""
+        return iter(self._requests)
 
     def set_callback(self, callback: Callable[[AsyncInferRequest, Any], Any] | None) -> None:
         """Call ``callback(request, userdata)`` as each job completes (sync or async)."""
@@ -64,8 +71,29 @@ class AsyncInferQueue:
         """True when a request is idle, so ``start_async`` would not wait."""
         return bool(self._idle)
 
-    async def start_async(self, inputs: Inputs | None = None, userdata: Any = None) -> None:
+    async def get_idle_request_id(self) -> int:
+        """The id of an idle request, waiting (without blocking the loop) until one is:
+        the request the next ``start_async`` runs on, unless another task starts a job
+        first. ``queue[id]`` is the request.
+
+        Raises:
+            RequestClosedError: the queue is closed.
+        """
+        self._check_open()
+        while not self._idle:
+            self._idle_changed = self._idle_changed or anyio.Event()
+            await self._idle_changed.wait()
+            self._check_open()
+        return self._idle[0]
+
+    async def start_async(
+        self, inputs: Inputs | None = None, userdata: Any = None, *, share_inputs: bool = False
+    ) -> None:
         """Wait for an idle request and start ``inputs`` on it.
+
+        The inputs are copied into the request before this returns, so one buffer may be
+        refilled for the next job at once; ``share_inputs=True`` skips the copy, and the
+        caller must then leave the arrays unchanged until the job completed.
 
         Raises:
             RequestClosedError: the queue is closed.
@@ -80,7 +108,7 @@ class AsyncInferQueue:
         index = self._idle.popleft()
         self.userdata[index] = userdata
         try:
-            self._requests[index].start_async(inputs, userdata)
+            self._requests[index].start_async(inputs, userdata, share_inputs=share_inputs)
         except BaseException:
             self._idle.appendleft(index)
             raise
@@ -100,6 +128,10 @@ class AsyncInferQueue:
     async def close(self) -> None:
         """Cancel the running jobs, wait for their compute to stop, close the requests."""
         self._closed = True
+        # Every job first: a job queued behind another one's compute (fewer streams than
+        # requests) would otherwise start only once that compute ended.
+        for request in self._requests:
+            request.cancel()
         with anyio.CancelScope(shield=True):
             for request in self._requests:
                 await request.close()
@@ -138,9 +170,12 @@ class AsyncInferQueue:
 
         return release
 
-    def _raise_pending(self) -> None:
+    def _check_open(self) -> None:
         if self._closed:
             raise RequestClosedError("this AsyncInferQueue is closed")
+
+    def _raise_pending(self) -> None:
+        self._check_open()
         if self._errors:
             error = self._errors.pop(0)
             self._errors.clear()

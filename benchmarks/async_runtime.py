@@ -3,7 +3,9 @@
     python -m benchmarks.async_runtime [--seconds 3] [--backend asyncio|trio]
 
 (a) per-request overhead of ``await request.infer()`` over running the plan directly
-    (tiny model, microseconds); (b) event-loop lag percentiles while requests compute;
+    (tiny model, microseconds); (b) event-loop lag percentiles while requests compute,
+    next to the control the test suite compares with (the same inferences run on the
+    loop itself, blocking it);
 (c) AsyncInferQueue throughput with the LATENCY and THROUGHPUT hints on an MLP and a CNN,
     next to onnxruntime (2 intra-op threads) driven by ``anyio.to_thread.run_sync``.
 Absolute times on shared machines are noise: compare the ratios of one run.
@@ -101,6 +103,13 @@ async def loop_lag(seconds: float) -> None:
         runners["onnxruntime to_thread"] = lambda: anyio.to_thread.run_sync(
             lambda: session.run(None, {"x": x})
         )
+    blocking = ai.Core().compile_model(model, "CPU").create_infer_request()
+
+    async def on_the_loop() -> None:
+        blocking.infer_sync({"x": x})  # blocks the loop for the whole inference
+        await anyio.sleep(0)  # then lets the ticker see it
+
+    runners["control: on the loop"] = on_the_loop
     for name, run in runners.items():
         delays = await _lag_while(run, seconds, concurrency=4)
         p50, p99 = np.percentile(delays, [50, 99]) * 1e3

@@ -369,3 +369,66 @@ def light_model(name: str, seed: int = 6) -> onnx.ModelProto:
     # From IR version 4 on, initializers need not be listed as graph inputs.
     model.ir_version = max(model.ir_version, 4)
     return model
+
+
+def gru_step(features: int = 32, hidden: int = 64) -> onnx.ModelProto:
+    """One GRU step with its state as a port: ``x [1, batch, features]`` and
+    ``h0 [1, batch, hidden]`` give ``y`` and ``hn`` (``STATEFUL: auto`` pairs h0 -> hn)."""
+    rng = np.random.default_rng(8)
+    inits = [
+        _weight(rng, "W", (1, 3 * hidden, features)),
+        _weight(rng, "R", (1, 3 * hidden, hidden)),
+        _const("B", rng.normal(0, 0.1, (1, 6 * hidden)).astype(np.float32)),
+    ]
+    nodes = [
+        oh.make_node("GRU", ["x", "W", "R", "B", "", "h0"], ["", "hn"], hidden_size=hidden),
+        oh.make_node("Identity", ["hn"], ["y"]),
+    ]
+    state = [1, "batch", hidden]
+    graph = oh.make_graph(
+        nodes,
+        "gru_step",
+        [
+            oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, "batch", features]),
+            oh.make_tensor_value_info("h0", TensorProto.FLOAT, state),
+        ],
+        [
+            oh.make_tensor_value_info("y", TensorProto.FLOAT, state),
+            oh.make_tensor_value_info("hn", TensorProto.FLOAT, state),
+        ],
+        inits,
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)])
+
+
+def kv_cache_step(width: int = 64) -> onnx.ModelProto:
+    """A KV-cache-like step: ``present = Concat(past, x Wk)`` along the sequence, and
+    ``y`` attends over ``present`` with the query ``x Wq`` (``x [batch, 1, width]``,
+    ``past [batch, past_sequence, width]``; ``STATEFUL: auto`` pairs past -> present)."""
+    rng = np.random.default_rng(9)
+    inits = [_weight(rng, "Wk", (width, width)), _weight(rng, "Wq", (width, width))]
+    nodes = [
+        oh.make_node("MatMul", ["x", "Wk"], ["k"]),
+        oh.make_node("Concat", ["past", "k"], ["present"], axis=1),
+        oh.make_node("MatMul", ["x", "Wq"], ["q"]),
+        oh.make_node("Transpose", ["present"], ["kt"], perm=[0, 2, 1]),
+        oh.make_node("MatMul", ["q", "kt"], ["scores"]),
+        oh.make_node("Softmax", ["scores"], ["weights"], axis=-1),
+        oh.make_node("MatMul", ["weights", "present"], ["y"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "kv_cache_step",
+        [
+            oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, width]),
+            oh.make_tensor_value_info("past", TensorProto.FLOAT, ["batch", "past_sequence", width]),
+        ],
+        [
+            oh.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1, width]),
+            oh.make_tensor_value_info(
+                "present", TensorProto.FLOAT, ["batch", "total_sequence", width]
+            ),
+        ],
+        inits,
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -127,4 +128,100 @@ def chain_model(steps: int, width: int, seed: int = 0) -> onnx.ModelProto:
         [tensor_info("y", np.float32, ["n", width])],
         {"w": weight},
         name="chain",
+    )
+
+
+def accumulator_model(width: int = 4, rounds: int = 10) -> onnx.ModelProto:
+    """``present = past + x`` (int64 ``["n", width]``, exact), reached through ``rounds``
+    pairs of adding and subtracting a constant so that the compute is a plan of several
+    kernels; ``y`` is ``present`` too. Compiled with ``STATEFUL = {"past": "present"}``
+    it is an accumulator: each step adds ``x`` to the request's state."""
+    nodes, last = [oh.make_node("Add", ["past", "x"], ["sum0"], name="accumulate")], "sum0"
+    for i in range(rounds):
+        nodes.append(oh.make_node("Add", [last, "c"], [f"up{i}"], name=f"up{i}"))
+        nodes.append(oh.make_node("Sub", [f"up{i}", "c"], [f"sum{i + 1}"], name=f"down{i}"))
+        last = f"sum{i + 1}"
+    nodes.append(oh.make_node("Identity", [last], ["present"], name="present"))
+    nodes.append(oh.make_node("Identity", [last], ["y"], name="y"))
+    shape = ["n", width]
+    return make_model(
+        nodes,
+        [tensor_info("x", np.int64, shape), tensor_info("past", np.int64, shape)],
+        [tensor_info("y", np.int64, shape), tensor_info("present", np.int64, shape)],
+        {"c": np.array(7, np.int64)},
+        name="accumulator",
+    )
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting to be reaped has exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def lstm_state_model(features: int = 4, hidden: int = 8, seed: int = 7) -> onnx.ModelProto:
+    """One LSTM layer with its state as ports, as exporters write it: ``X [seq, batch,
+    features]``, ``h0``/``c0 [1, ?, hidden]`` (the batch dimension unnamed) give ``Y``,
+    ``hn`` and ``cn``. ``STATEFUL`` pairs ``{"h0": "hn", "c0": "cn"}``; the variables'
+    batch follows ``X``'s."""
+    rng = np.random.default_rng(seed)
+    weights = {
+        "W": (rng.standard_normal((1, 4 * hidden, features)) * 0.5).astype(np.float32),
+        "R": (rng.standard_normal((1, 4 * hidden, hidden)) * 0.5).astype(np.float32),
+        "B": (rng.standard_normal((1, 8 * hidden)) * 0.5).astype(np.float32),
+    }
+    node = oh.make_node(
+        "LSTM", ["X", "W", "R", "B", "", "h0", "c0"], ["Y", "hn", "cn"], hidden_size=hidden
+    )
+    state = [1, None, hidden]
+    return make_model(
+        [node],
+        [
+            tensor_info("X", np.float32, ["seq", "batch", features]),
+            tensor_info("h0", np.float32, state),
+            tensor_info("c0", np.float32, state),
+        ],
+        [
+            tensor_info("Y", np.float32, ["seq", 1, "batch", hidden]),
+            tensor_info("hn", np.float32, state),
+            tensor_info("cn", np.float32, state),
+        ],
+        weights,
+        name="lstm_state",
+    )
+
+
+def kv_cache_model(width: int = 8, seed: int = 9) -> onnx.ModelProto:
+    """A KV-cache-like step: ``present_key = Concat(past_key, x Wk)`` along the sequence
+    (``x [batch, 1, width]``, ``past_key [batch, past_sequence, width]``), and ``y``
+    attends over ``present_key`` with the query ``x Wq``. ``STATEFUL: auto`` pairs
+    ``past_key`` -> ``present_key``; the cache starts empty (``past_sequence`` 0)."""
+    rng = np.random.default_rng(seed)
+    weights = {
+        name: (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        for name in ("Wk", "Wq")
+    }
+    return make_model(
+        [
+            oh.make_node("MatMul", ["x", "Wk"], ["k"]),
+            oh.make_node("Concat", ["past_key", "k"], ["present_key"], axis=1),
+            oh.make_node("MatMul", ["x", "Wq"], ["q"]),
+            oh.make_node("Transpose", ["present_key"], ["kt"], perm=[0, 2, 1]),
+            oh.make_node("MatMul", ["q", "kt"], ["scores"]),
+            oh.make_node("Softmax", ["scores"], ["weights"], axis=-1),
+            oh.make_node("MatMul", ["weights", "present_key"], ["y"]),
+        ],
+        [
+            tensor_info("x", np.float32, ["batch", 1, width]),
+            tensor_info("past_key", np.float32, ["batch", "past_sequence", width]),
+        ],
+        [
+            tensor_info("y", np.float32, ["batch", 1, width]),
+            tensor_info("present_key", np.float32, ["batch", "total_sequence", width]),
+        ],
+        weights,
+        name="kv_cache",
     )

@@ -66,8 +66,11 @@ async def test_cancel_before_compute_skips_it(small):
     np.testing.assert_allclose(results["y"], reference(model, x), rtol=1e-4, atol=1e-5)
 
 
-async def loop_delays_while_computing(compiled: ai.CompiledModel) -> list[float]:
-    """Delays of a 1 ms ticker while three requests compute."""
+async def loop_delays_while_computing(
+    compiled: ai.CompiledModel, *, on_the_loop: bool = False
+) -> list[float]:
+    """Delays of a 1 ms ticker while three requests compute; with ``on_the_loop`` (the
+    control), while one request computes on the loop itself (``infer_sync``), blocking it."""
     requests = [compiled.create_infer_request() for _ in range(3)]
     delays: list[float] = []
     stop = anyio.Event()
@@ -80,10 +83,14 @@ async def loop_delays_while_computing(compiled: ai.CompiledModel) -> list[float]
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
-        for r in requests:
-            r.start_async({"x": inputs(1, 64)})
-        for r in requests:
-            await r.wait()
+        if on_the_loop:
+            await anyio.wait_all_tasks_blocked()  # the ticker sleeps: block the loop
+            requests[0].infer_sync({"x": inputs(1, 64)})
+        else:
+            for r in requests:
+                r.start_async({"x": inputs(1, 64)})
+            for r in requests:
+                await r.wait()
         stop.set()
     return delays
 
@@ -119,31 +126,41 @@ async def main():
 anyio.run(main, backend={backend!r})
 print("exited")
 """
-    start = time.perf_counter()
+    # A hang guard only: a hung exit never ends; a loaded machine only slows the start.
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
     assert "exited" in done.stdout
-    assert time.perf_counter() - start < 30
 
 
-async def test_cancelled_during_async_callback_request_still_settles(small):
+async def test_cancelled_during_async_callback_the_callback_finishes(small):
+    """The inference completed before its callback: cancelling the awaiting task then
+    neither interrupts the callback nor turns the inference into a cancelled one."""
     _, compiled = small
     request = compiled.create_infer_request()
     started = anyio.Event()
+    told = []
 
     async def slow_callback(req, userdata):
         started.set()
-        await anyio.sleep(10)
+        await anyio.sleep(0.05)
+        told.append(req.error)
 
     request.set_callback(slow_callback)
-    with anyio.move_on_after(5) as scope:
+    got = []
+
+    async def infer() -> None:
+        got.append(await request.infer({"x": inputs(1)}))
+
+    with anyio.move_on_after(60) as scope:  # a hang guard
         async with anyio.create_task_group() as tg:
-            tg.start_soon(request.infer, {"x": inputs(1)})
+            tg.start_soon(infer)
             await started.wait()
             tg.cancel_scope.cancel()
     assert not scope.cancelled_caught
+    assert told == [None] and request.error is None
+    assert len(got) == 1 and got[0]["y"].shape == (4, SIZE)
     assert request.state is ai.RequestState.IDLE
     request.set_callback(None)
     assert (await request.infer({"x": inputs(2)}))["y"].shape == (4, SIZE)

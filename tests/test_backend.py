@@ -407,11 +407,10 @@ async def test_cancel_stops_inside_a_loop_body() -> None:
     request = compiled.create_infer_request()
     request.start_async({"x": np.float32([0])})
     await anyio.sleep(0.05)
-    started = time.perf_counter()
     request.cancel()
-    with pytest.raises(ai.InferCancelledError):
+    # The loop never ends by itself: without a cancel checked in the body, the guard fails.
+    with pytest.raises(ai.InferCancelledError), anyio.fail_after(60):
         await request.wait()
-    assert time.perf_counter() - started < 1.0
     # the request is reusable: a finite loop on another model's request, then this one again
     feeds = {
         "n": np.int64(2),
@@ -474,10 +473,10 @@ def test_cancelling_one_thread_does_not_reach_another() -> None:
         thread.start()
     time.sleep(0.02)
     tokens[0].requested = True
-    threads[0].join(2)
+    threads[0].join(60)  # a hang guard: the loops never end by themselves
     assert not threads[0].is_alive() and threads[1].is_alive()
     tokens[1].requested = True
-    threads[1].join(2)
+    threads[1].join(60)
     assert len(errors) == 2
 
 

@@ -181,7 +181,7 @@ async def test_full_batch_runs_without_waiting_for_the_timeout(core):
         exact_model(), "BATCH:CPU", {"MAX_BATCH_SIZE": 4, "BATCH_TIMEOUT_MS": 60_000}
     )
     feeds = [{k: v[:1] for k, v in feed.items()} for feed in exact_feeds(4)]
-    with anyio.fail_after(10):
+    with anyio.fail_after(30):
         await infer_all(compiled, feeds)
     assert compiled.batch_statistics() == {4: 1}
 
@@ -283,7 +283,7 @@ async def test_cancelling_a_waiting_request_removes_it_from_its_batch(core, exac
         with scopes[index]:
             results[index] = await requests[index].infer(feeds[index])
 
-    with anyio.fail_after(10):
+    with anyio.fail_after(30):
         async with anyio.create_task_group() as group:
             for index in range(3):
                 group.start_soon(one, index)
@@ -308,7 +308,7 @@ async def test_request_cancel_fails_only_that_request(core, exact_plain):
     )
     feeds = [{k: v[:1] for k, v in feed.items()} for feed in exact_feeds(4)]
     requests = [compiled.create_infer_request() for _ in feeds]
-    with anyio.fail_after(10):
+    with anyio.fail_after(30):
         requests[0].start_async(feeds[0])
         requests[1].start_async(feeds[1])
         await anyio.wait_all_tasks_blocked()
@@ -321,7 +321,7 @@ async def test_request_cancel_fails_only_that_request(core, exact_plain):
             assert await request.wait() is not None
     assert compiled.batch_statistics() == {3: 1}
     # The cancelled request is reusable (in a batch with two others).
-    with anyio.fail_after(10):
+    with anyio.fail_after(30):
         for request, feed in zip(requests[:3], feeds):
             request.start_async(feed)
         results = await requests[0].wait()
@@ -337,6 +337,9 @@ async def test_cancelling_every_request_of_a_running_batch_stops_its_compute(cor
     model = chain_model(300)
     compiled = core.compile_model(model, "BATCH:CPU", {"BATCH_TIMEOUT_MS": 0})
     x = np.random.default_rng(7).standard_normal((128, WIDE)).astype(np.float32)
+    # The first run of a shape records its memory plan (under load it can take longer
+    # than the full run): the small request below must not be the first of its shape.
+    await compiled.create_infer_request().infer({"x": x[:1]})
     start = time.perf_counter()
     await compiled.create_infer_request().infer({"x": x})
     full = time.perf_counter() - start
@@ -355,7 +358,7 @@ async def test_close_cancels_waiting_requests(core):
     )
     request = compiled.create_infer_request()
     request.start_async(exact_feeds(1)[0])
-    with anyio.fail_after(10):
+    with anyio.fail_after(30):
         await anyio.wait_all_tasks_blocked()
         await compiled.close()
     assert request.state is ai.RequestState.CLOSED

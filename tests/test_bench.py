@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import onnx
@@ -31,15 +32,18 @@ def _check_latencies(report: dict) -> None:
 
 
 def test_iterations_json_report(capsys: pytest.CaptureFixture[str]) -> None:
+    start = time.perf_counter()
     report = _bench_json(capsys, ["--iterations", "25", "--no-progress"])
+    elapsed = time.perf_counter() - start
     assert report["model"] == "tiny_cnn"
     assert report["device"] == "CPU"
     assert report["config"] == {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
     assert report["requests"] == 1  # OPTIMAL_NUMBER_OF_INFER_REQUESTS under LATENCY
     assert report["inputs"] == {"image": {"dtype": "float32", "shape": [1, 3, 32, 32]}}
     assert report["count"] == 25
-    assert 0 < report["compile_seconds"] < 30
-    assert report["first_inference_seconds"] > 0
+    # Seconds, each a part of the command's run.
+    assert 0 < report["compile_seconds"] < elapsed
+    assert 0 < report["first_inference_seconds"] < elapsed
     assert "compare" not in report
     _check_latencies(report)
 
@@ -49,8 +53,9 @@ def test_duration_hint_streams_and_requests(capsys: pytest.CaptureFixture[str]) 
     report = _bench_json(capsys, argv)
     assert report["config"] == {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": num_cores()}
     assert report["requests"] == 3
-    # The callers stop at the first inference that ends after the deadline.
-    assert 0.3 <= report["seconds"] < 3
+    # The callers stop at the first inference that ends after the deadline: each caller's
+    # last inference began before it (a second duration of slack for the loop's turns).
+    assert 0.3 <= report["seconds"] < 2 * 0.3 + report["latency_ms"]["max"] / 1000
     assert report["count"] > 3
     _check_latencies(report)
     report = _bench_json(capsys, ["--iterations", "4", "--streams", "2", "--no-progress"])

@@ -164,7 +164,8 @@ def test_info_lists_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.splitlines()[0] == "CPU"
     assert "  DEVICE_NAME: CPU" in out
     assert re.search(r"^  NUM_CORES: [1-9]\d*$", out, re.MULTILINE)
-    assert "  PERFORMANCE_HINT (per compiled model)" in out
+    assert "  PERFORMANCE_HINT: LATENCY" in out  # what compile_model uses unless told
+    assert "  NETWORK_NAME (per compiled model)" in out
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx.helper as oh
 import pytest
 
 import aioinfer as ai
-from aioinfer.devices.cpu import export
+from aioinfer.plugin import blob as framing
 from benchmarks import models
 from tests.helpers import make_model, tensor_info
 
@@ -93,10 +95,8 @@ def _blob() -> bytes:
     return ai.Core().compile_model(_stateful(), "CPU").export_model()
 
 
-def _with_header(blob: bytes, **changes: object) -> bytes:
-    loaded = export.load(blob, "CPU")
-    fields = {**loaded.__dict__, **changes}
-    return export.dump(export.Exported(**fields))
+def _with_header(blob: bytes, **changes: Any) -> bytes:
+    return framing.dump(dataclasses.replace(framing.load(blob, "CPU"), **changes))
 
 
 @pytest.mark.parametrize(
@@ -170,6 +170,21 @@ def test_damaged_cache_entry_is_compiled_again(tmp_path: Path) -> None:
     again = core.compile_model(_cnn(), "CPU", config)
     assert again.get_property("LOADED_FROM_CACHE") is False
     assert core.compile_model(_cnn(), "CPU", config).get_property("LOADED_FROM_CACHE") is True
+
+
+def test_a_stateful_model_is_loaded_from_the_cache(tmp_path: Path) -> None:
+    """The cache entry keeps the pairs that ``STATEFUL: auto`` made (the hit used to
+    index the string 'AUTO' as the pairs and fail with a TypeError)."""
+    core = ai.Core()
+    config = {"STATEFUL": "auto", "CACHE_DIR": str(tmp_path)}
+    assert core.compile_model(_stateful(), "CPU", config).get_property("LOADED_FROM_CACHE") is False
+    cached = core.compile_model(_stateful(), "CPU", config)
+    assert cached.get_property("LOADED_FROM_CACHE") is True
+    assert cached.get_property("STATEFUL") == {"past_0": "present_0"}
+    request = cached.create_infer_request()
+    request.infer_sync({"x": np.ones(2, np.float32)})
+    y = request.infer_sync({"x": np.ones(2, np.float32)})["y"]
+    np.testing.assert_array_equal(y, [-2.0, -2.0])
 
 
 def test_cache_dir_must_be_a_directory(tmp_path: Path) -> None:

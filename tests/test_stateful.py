@@ -345,7 +345,7 @@ def hold_mid_plan(request: ai.InferRequest) -> tuple[threading.Event, list[type 
     def held(*inputs: object) -> object:
         if not reached.is_set():  # hold the first run only
             reached.set()
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60  # a hang guard
             while not inner.cancel_token.requested:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the held step was never cancelled")
@@ -373,7 +373,7 @@ def hold_mid_plan(request: ai.InferRequest) -> tuple[threading.Event, list[type 
 
 
 async def reached_(event: threading.Event) -> None:
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         while not event.is_set():
             await anyio.sleep(0.001)
 

@@ -3,13 +3,22 @@
 It owns the request's state machine (idle -> busy -> idle, closed), runs the device's
 (executor, stage) pipeline, calls the user's callback, and turns cancellation of the
 awaiting task into a cooperative stop of the compute. A device only declares stages.
+
+A step is atomic: it is either cancelled or completed, never both. Its *commit point* is
+the start of the device's last stage (postprocess: it commits the variable state and
+publishes the results). A cancel before that point cancels the step; from that point on
+the step completes: ``cancel()`` does nothing, and the last stage and the callback run
+shielded from the cancellation of the awaiting task, which is delivered afterwards as the
+task's own. Without this, a cancel landing during the callback reported a step whose state
+had already advanced as cancelled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +70,10 @@ class AsyncInferRequest:
         self._callback_executor = callback_executor
         self._state = RequestState.IDLE
         self._started = False
+        self._committed = False
+        """True once the running inference passed its commit point (see the module)."""
+        self._published: InferResults | None = None
+        """The results before the running inference (it published when they changed)."""
         self._done: anyio.Event | None = None
         """Set when the running inference settles; made only when someone waits."""
         self._callback: Callback | None = None
@@ -99,15 +112,19 @@ class AsyncInferRequest:
         """The userdata of the current (or last) inference."""
         return self._userdata
 
-    def set_tensor(self, key: str | int | Port, value: Any) -> None:
+    def set_tensor(self, key: str | int | Port, value: Any, *, share_inputs: bool = False) -> None:
         """Set one input for the next inference (by name, index or Port).
+
+        ``value`` is copied into the request's own buffer for that input, reused while its
+        shape and element type stay the same; ``share_inputs=True`` keeps ``value`` itself
+        (zero-copy: do not modify it until the inference completed).
 
         Raises:
             UnknownInputError, InputTypeError, InputShapeError: see the messages.
             RequestBusyError: an inference is running on this request.
         """
         self._check_idle()
-        self._request.set_tensor(key, value)
+        self._request.set_tensor(key, value, share_inputs=share_inputs)
 
     def set_tensors(self, key: str | int | Port, values: Sequence[Any]) -> None:
         """Set one input from a list of tensors joined along the batch (first) axis."""
@@ -123,8 +140,21 @@ class AsyncInferRequest:
         self._check_idle()
         self._request.clear_inputs()
 
+    def release_memory(self) -> None:
+        """Free the buffers the request keeps between inferences (the CPU device's
+        planned activation buffers); the next inference allocates them again. Inputs set
+        and the last results stay.
+
+        Raises:
+            RequestBusyError: an inference is running on this request.
+        """
+        if self._state is not RequestState.CLOSED:
+            self._check_idle()
+        self._request.release_memory()
+
     def get_tensor(self, key: str | int | Port) -> Any:
-        """The input set for ``key`` or the output ``key`` of the last inference."""
+        """The input set for ``key`` (the request's copy, or the caller's array when it
+        was shared) or the output ``key`` of the last inference."""
         return self._request.get_tensor(key)
 
     @property
@@ -171,11 +201,20 @@ class AsyncInferRequest:
 
     # -- inference ------------------------------------------------------------------------
 
-    async def infer(self, inputs: Inputs | None = None) -> InferResults:
+    async def infer(
+        self, inputs: Inputs | None = None, *, share_inputs: bool = False
+    ) -> InferResults:
         """Run one inference and return its results.
 
         ``inputs`` is a dict from input name (or index, or Port) to array, or a list in
-        input order; inputs set before with :meth:`set_tensor` may be left out.
+        input order; inputs set before with :meth:`set_tensor` may be left out. They are
+        copied into the request's buffers before this returns control to the loop; with
+        ``share_inputs=True`` the request reads the caller's arrays instead (zero-copy),
+        which must then stay unchanged until the inference completed.
+
+        Cancelling the awaiting task before the commit point (the start of the last
+        stage) cancels the inference; afterwards the inference completes and this returns
+        its results (the task's cancellation reaches it at its next checkpoint).
 
         Raises:
             UnknownInputError, InputTypeError, InputShapeError, MissingInputError: bad
@@ -184,27 +223,35 @@ class AsyncInferRequest:
             InferenceError: a kernel failed (the message names the node).
             InferCancelledError: :meth:`cancel` was called meanwhile.
         """
-        self._begin(inputs, None)
-        await self._run()
+        self._begin(inputs, None, share_inputs)
+        await self._run(awaited=True)
         return self._finish()
 
-    def start_async(self, inputs: Inputs | None = None, userdata: Any = None) -> None:
+    def start_async(
+        self, inputs: Inputs | None = None, userdata: Any = None, *, share_inputs: bool = False
+    ) -> None:
         """Start one inference and return at once; ``await wait()`` for it.
 
         ``userdata`` goes to the callback of this inference (instead of the one given
         to :meth:`set_callback`). Must be called from a running event loop.
 
+        The inputs are copied before this returns, so the caller may reuse its arrays at
+        once (one frame buffer for every frame). ``share_inputs=True`` skips the copy: the
+        caller must then leave the arrays unchanged until the inference completed.
+
         Raises:
             RequestBusyError, RequestClosedError, and the input errors of :meth:`infer`.
         """
-        self._begin(inputs, userdata)
+        self._begin(inputs, userdata, share_inputs)
         spawn_detached(self._run_detached)
 
     async def wait(self) -> InferResults | None:
         """Wait for the inference started with :meth:`start_async` (and its callback).
 
         Returns its results (None when nothing was started). Cancelling the waiting task
-        cancels the inference.
+        before the inference's commit point cancels the inference; afterwards the
+        inference completes (``error`` None, the callback told of success) and the
+        task's cancellation is raised once it has.
 
         Raises:
             Exception: the inference's or the callback's exception.
@@ -242,12 +289,14 @@ class AsyncInferRequest:
         return True
 
     def cancel(self) -> None:
-        """Stop the running inference at the next kernel boundary (no-op when idle).
+        """Stop the running inference at the next kernel boundary.
 
         Its awaiter gets :class:`InferCancelledError`; cancelling the awaiting task
-        instead gives the framework's own cancellation exception.
+        instead gives the framework's own cancellation exception. A no-op when idle, and
+        once the inference passed its commit point (its last stage started): it then
+        completes.
         """
-        if self._state is RequestState.BUSY:
+        if self._state is RequestState.BUSY and not self._committed:
             self._request.cancel()
 
     def set_callback(self, callback: Callback | None, userdata: Any = None) -> None:
@@ -256,8 +305,9 @@ class AsyncInferRequest:
         A coroutine function is awaited on the event loop; a plain function runs on the
         compiled model's callback executor (a thread). It also runs when the inference
         failed or was cancelled: ``request.error`` then holds the exception (None on
-        success). ``wait()``/``infer()`` return only after the callback finished, and
-        re-raise its exception. ``None`` removes the callback.
+        success). It runs once per inference, to its end: cancelling the awaiting task
+        does not interrupt it. ``wait()``/``infer()`` return only after the callback
+        finished, and re-raise its exception. ``None`` removes the callback.
         """
         self._callback = callback
         self._callback_userdata = userdata
@@ -288,16 +338,20 @@ class AsyncInferRequest:
     ) -> None:
         await self.close()
 
-    def infer_sync(self, inputs: Inputs | None = None) -> InferResults:
+    def infer_sync(
+        self, inputs: Inputs | None = None, *, share_inputs: bool = False
+    ) -> InferResults:
         """Run one inference in the calling thread, through the same stages.
 
         For scripts, tests and the ONNX backend API; never call it on an event loop.
-        No callback runs. Raises the errors of :meth:`infer`.
+        No callback runs. ``share_inputs`` as for :meth:`infer`. Raises the errors of
+        :meth:`infer`.
         """
         self._check_idle()
         self._state = RequestState.BUSY
+        self._committed = False  # the sync path has no commit point before its end
         try:
-            return self._request.infer(inputs)
+            return self._request.infer(inputs, share_inputs=share_inputs)
         finally:
             self._state = RequestState.IDLE
 
@@ -312,10 +366,11 @@ class AsyncInferRequest:
                 "use another request (create_infer_request() or an AsyncInferQueue)"
             )
 
-    def _begin(self, inputs: Inputs | None, userdata: Any) -> None:
+    def _begin(self, inputs: Inputs | None, userdata: Any, share_inputs: bool) -> None:
         self._check_idle()
-        self._request.set_inputs(inputs)
+        self._request.set_inputs(inputs, share_inputs=share_inputs)
         self._state = RequestState.BUSY
+        self._committed = False
         self._request.cancel_token.requested = False
         self._request.queued_seconds = 0.0
         self._userdata = self._callback_userdata if userdata is None else userdata
@@ -323,37 +378,59 @@ class AsyncInferRequest:
         self._callback_error = None
         self._started = True
         self._done = None
+        self._published = self._request.results
 
-    async def _run(self) -> None:
-        """Stages, then the callback, then back to idle; exceptions end in ``self.error``."""
-        request = self._request
+    async def _run(self, awaited: bool) -> None:
+        """Stages, then the callback, then back to idle; exceptions end in ``self.error``.
+
+        ``awaited``: a task of the caller awaits this run, and may be cancelled.
+        """
         try:
             try:
-                for name, (executor, stage) in zip(self._names, self._pipeline):
-                    if request.cancel_token.requested:
-                        raise InferCancelledError("the inference was cancelled")
-                    start = time.perf_counter()
-                    try:
-                        _, waited = await executor.run_timed(stage, request.cancel)
-                        request.queued_seconds += waited
-                    finally:
-                        request.stage_durations[name] = time.perf_counter() - start
+                await self._run_stages()
             except anyio.get_cancelled_exc_class():
-                self.error = InferCancelledError("the inference was cancelled")
-                with anyio.CancelScope(shield=True):
-                    await self._call_back()
+                # asyncio's own cancellation (task.cancel(), asyncio.timeout) goes through
+                # shields: it may come after the last stage published. Then it completed.
+                if self._request.results is self._published:
+                    self.error = InferCancelledError("the inference was cancelled")
                 raise
             except Exception as exc:
                 self.error = exc
-            # Cancelling the awaiting task during the callback cancels the callback; the
-            # request still settles below.
-            await self._call_back()
+            finally:
+                # Told how the step ended, and run to its end whatever happens meanwhile
+                # (no task of the caller awaits a detached run: a shield is enough there).
+                if self._callback is not None and awaited:
+                    await _to_the_end(self._call_back)
+                elif self._callback is not None:
+                    with _shielded():
+                        await self._call_back()
         finally:
             self._settle()
 
+    async def _run_stages(self) -> None:
+        request = self._request
+        last = len(self._pipeline) - 1
+        for index, (name, (executor, stage)) in enumerate(zip(self._names, self._pipeline)):
+            if request.cancel_token.requested:
+                raise InferCancelledError("the inference was cancelled")
+            start = time.perf_counter()
+            try:
+                if index < last or last == 0:  # (a lone stage computes: cancellable)
+                    _, waited = await executor.run_timed(stage, request.cancel)
+                else:
+                    # The commit point: the last stage commits the state and publishes
+                    # the results, so from here on the step completes.
+                    self._committed = True
+                    shield = contextlib.nullcontext() if executor.inline else _shielded()
+                    with shield:
+                        _, waited = await executor.run_timed(stage)
+                request.queued_seconds += waited
+            finally:
+                request.stage_durations[name] = time.perf_counter() - start
+
     async def _run_detached(self) -> None:
         try:
-            await self._run()
+            await self._run(awaited=False)
         except BaseException:  # recorded in self.error; wait() re-raises it
             return
 
@@ -367,6 +444,7 @@ class AsyncInferRequest:
             self._callback_error = exc
 
     def _settle(self) -> None:
+        self._published = None  # keeps no results alive
         self._state = RequestState.IDLE
         if self._done is not None:
             self._done.set()
@@ -388,6 +466,38 @@ class AsyncInferRequest:
         results = self._request.results
         assert results is not None
         return results
+
+
+def _shielded() -> anyio.CancelScope:
+    return anyio.CancelScope(shield=True)
+
+
+async def _to_the_end(call: Callable[[], Awaitable[None]]) -> None:
+    """Await ``call()`` (which must not raise) to its end even when the awaiting task is
+    cancelled meanwhile, then re-raise that cancellation.
+
+    A shielded cancel scope stops anyio's and trio's cancellation, but not asyncio's own
+    (``task.cancel()``, ``asyncio.timeout``), which would interrupt ``call()``; so it runs
+    as a task of its own, which that cancellation does not reach.
+    """
+    done = anyio.Event()
+
+    async def run() -> None:
+        try:
+            await call()
+        finally:
+            done.set()
+
+    spawn_detached(run)
+    cancelled: BaseException | None = None
+    while not done.is_set():
+        try:
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+        except anyio.get_cancelled_exc_class() as exc:
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
 
 
 async def invoke_callback(

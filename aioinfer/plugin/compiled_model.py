@@ -6,45 +6,53 @@ import itertools
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO
-
-import onnx_ir as ir
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from aioinfer.errors import ExportError, RequestClosedError
 from aioinfer.model import HasPorts, Port
-from aioinfer.plugin.async_request import AsyncInferRequest
+from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
+from aioinfer.plugin.blob import ExportedModel, dump
 from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
-from aioinfer.properties import PROPERTIES, check_readable
+from aioinfer.properties import check_readable, property_name
 
 if TYPE_CHECKING:
     from aioinfer.plugin.plugin import Plugin
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
     from aioinfer.results import InferResults
 
+E = TypeVar("E", bound=Executor)
+
 
 class CompiledModel(HasPorts, ABC):
     """A model compiled for one device.
 
-    Holds the transformed graph, the config it was compiled with, the port index, a
-    request counter, and the executors shared by its requests: the *task executor*
-    (compute, ``streams`` worker threads) and the *callback executor* (user callbacks).
-    A device subclasses it, compiles in ``__init__`` and implements
-    :meth:`create_sync_infer_request`.
+    Holds the name, the port index, the config it was compiled with, a request counter
+    and the executors shared by its requests: the *loop executor* (stages inline on the
+    event loop) and the *callback executor* (user callbacks, one thread started on first
+    use). A device subclasses it, compiles in ``__init__``, creates the executors its
+    pipeline needs (:meth:`add_executor`: a ``task_executor`` of ``streams`` threads for
+    a device that computes on threads of its own; none for a device that awaits an engine
+    or another process) and implements :meth:`create_sync_infer_request`.
     """
+
+    streams: int = 1
+    """How many inferences this model computes at once (``NUM_STREAMS``); a device that
+    runs several sets it in its constructor."""
+    task_executor: Executor
+    """Where the default :meth:`pipeline` runs ``start_pipeline``: a device that keeps
+    that pipeline creates it (``ThreadExecutor(name, streams)``, with :meth:`add_executor`)."""
 
     def __init__(
         self,
         plugin: Plugin,
-        graph: ir.Graph,
+        name: str,
         inputs: Sequence[Port],
         outputs: Sequence[Port],
         config: Mapping[str, Any],
-        streams: int = 1,
     ) -> None:
         self.plugin = plugin
-        self.graph = graph
+        self._name = name
         self.config = dict(config)
-        self.streams = streams
         self._inputs = list(inputs)
         self._outputs = list(outputs)
         self._request_ids = itertools.count()
@@ -52,9 +60,19 @@ class CompiledModel(HasPorts, ABC):
         self._closed = False
         self._pool: list[AsyncInferRequest] = []
         """Idle requests of :meth:`infer`."""
+        self._loaded_from_cache = False
+        self._executors: list[Executor] = []
+        """What :meth:`close` releases after the requests."""
         self.loop_executor: Executor = LoopExecutor()
-        self.task_executor: Executor = ThreadExecutor(f"{plugin.device_name}-task", streams)
-        self.callback_executor: Executor = ThreadExecutor(f"{plugin.device_name}-callback", 1)
+        self.callback_executor: Executor = self.add_executor(
+            ThreadExecutor(f"{plugin.device_name}-callback", 1)
+        )
+
+    def add_executor(self, executor: E) -> E:
+        """Keep ``executor`` for this model's stages and return it; :meth:`close` releases
+        it once every request is closed (no stage runs on it any more)."""
+        self._executors.append(executor)
+        return executor
 
     # -- requests -------------------------------------------------------------------------
 
@@ -65,9 +83,10 @@ class CompiledModel(HasPorts, ABC):
     def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
         """The (executor, stage) pairs one inference runs through, in order.
 
-        The default runs preprocessing on the loop, the compute on the task executor,
-        and waiting and postprocessing on the loop. A device with more stages (upload,
-        compute, download) returns more pairs, on several executors.
+        The default runs preprocessing on the loop, the compute on the task executor
+        (which the device creates), and waiting and postprocessing on the loop. A device
+        with more stages (upload, compute, download) returns more pairs, on several
+        executors.
         """
         return [
             (self.loop_executor, request.infer_preprocess),
@@ -85,12 +104,13 @@ class CompiledModel(HasPorts, ABC):
         self._requests.add(wrapper)
         return wrapper
 
-    async def infer(self, inputs: Inputs) -> InferResults:
+    async def infer(self, inputs: Inputs, *, share_inputs: bool = False) -> InferResults:
         """Run one inference on a pooled infer request and return its results: for
         callers that do not keep requests of their own (a web handler). Concurrent calls
         run on separate requests; cancelling the awaiting task cancels the inference.
         Each call starts from a stateful model's initial state (state lives in the
-        requests you keep).
+        requests you keep). The inputs are copied, unless ``share_inputs=True`` (for
+        arrays nothing else modifies until this returns, such as freshly decoded ones).
 
         Raises:
             UnknownInputError, InputTypeError, InputShapeError, MissingInputError: bad
@@ -100,10 +120,17 @@ class CompiledModel(HasPorts, ABC):
             InferCancelledError: the compiled model was closed meanwhile.
             RequestClosedError: the compiled model is closed.
         """
-        results, _ = await self.infer_timed(inputs)
+        results, _ = await self.infer_timed(inputs, share_inputs=share_inputs)
         return results
 
-    async def infer_timed(self, inputs: Inputs) -> tuple[InferResults, float]:
+    async def __call__(self, inputs: Inputs, **options: Any) -> InferResults:
+        """``await compiled(inputs)``: the same as ``await compiled.infer(inputs)``
+        (keyword options go to :meth:`infer` too)."""
+        return await self.infer(inputs, **options)
+
+    async def infer_timed(
+        self, inputs: Inputs, *, share_inputs: bool = False
+    ) -> tuple[InferResults, float]:
         """:meth:`infer`, and the seconds the inference waited in the device's queue
         before it computed (``queued_seconds``: the wait for a thread of the task
         executor, for the batch on BATCH, for a stream of the PROCESS worker).
@@ -114,7 +141,7 @@ class CompiledModel(HasPorts, ABC):
         request = self._pool.pop() if self._pool else self.create_infer_request()
         try:
             request.reset_state()
-            results = await request.infer(inputs)
+            results = await request.infer(inputs, share_inputs=share_inputs)
             return results, request.queued_seconds
         finally:
             # The next caller must not run on this one's inputs (one it leaves out must
@@ -123,26 +150,48 @@ class CompiledModel(HasPorts, ABC):
             if not self._closed:
                 self._pool.append(request)
 
+    def ready(self) -> bool:
+        """Whether inferences can run now: False once closed, and while a device recovers
+        (a PROCESS worker being replaced); a server reports it as the model's readiness."""
+        return not self._closed
+
+    def release_memory(self) -> None:
+        """Free the memory kept for later inferences that no running inference uses: the
+        idle requests pooled by :meth:`infer` are dropped, and every request not running
+        an inference frees its buffers (a running one keeps its own). Every request stays
+        usable; its next inference allocates again. Call it from the thread that runs the
+        requests (the event loop)."""
+        for request in list(self._requests):
+            if request.state is not RequestState.BUSY:
+                request.release_memory()
+        self._pool.clear()
+
+    def batch_statistics(self) -> dict[int, int] | None:
+        """How many executions so far ran how many rows taken from concurrent inferences
+        (``{rows: count}``); None for a device that runs each inference on its own (then
+        a caller counts the inferences itself)."""
+        return None
+
+    def max_batch_size(self) -> int | None:
+        """The most rows one execution takes from concurrent inferences (``MAX_BATCH_SIZE``
+        of a batching device); None for a device that runs each inference on its own. To
+        keep such a device busy, keep this many times ``streams`` inferences in flight."""
+        return None
+
     async def close(self) -> None:
         """Close every request (cancelling what runs), then release the executors."""
         self._closed = True
         self._pool.clear()  # infer() now says that the model is closed, not a request
         for request in list(self._requests):
             await request.close()
-        self.task_executor.close()
-        self.callback_executor.close()
+        for executor in self._executors:
+            executor.close()
 
     async def __aenter__(self) -> CompiledModel:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    def batch_statistics(self) -> dict[int, int] | None:
-        """How many batches ran so far by number of rows (``{rows: count}``), for a
-        compiled model that batches concurrent inferences itself (BATCH); None for one
-        that runs each inference as it comes."""
-        return None
 
     def next_request_id(self) -> int:
         """A number for the next request (used in profiling names)."""
@@ -155,17 +204,53 @@ class CompiledModel(HasPorts, ABC):
         ``Core.import_model(blob, device)`` turns back into an equivalent compiled model
         without running the passes again; also written to ``stream`` when one is given.
 
+        The blob is the shared framing (:mod:`aioinfer.plugin.blob`: the device, the
+        config, the source ports) around the device's :meth:`export_payload`.
+
+        Raises:
+            ExportError: the device does not support export.
+        """
+        inputs, outputs = self.source_ports()
+        blob = dump(
+            ExportedModel(
+                device=self.plugin.device_name,
+                config={k: v for k, v in self.config.items() if k != "CACHE_DIR"},
+                inputs=inputs,
+                outputs=outputs,
+                payload=self.export_payload(),
+            )
+        )
+        if stream is not None:
+            stream.write(blob)
+        return blob
+
+    def export_payload(self) -> bytes:
+        """A device that exports overrides this: the bytes its plugin's ``import_payload``
+        rebuilds this compiled model from (the engine's own serialisation, the transformed
+        graph, ...).
+
         Raises:
             ExportError: the device does not support export.
         """
         raise ExportError(f"device {self.plugin.device_name!r} does not export compiled models")
+
+    def source_ports(self) -> tuple[list[Port], list[Port]]:
+        """The ports of the model this was compiled from, which an export records and the
+        model cache compares: this model's own, unless compiling took some of them as
+        variable state."""
+        return self.inputs, self.outputs
+
+    def mark_loaded_from_cache(self) -> None:
+        """Called by the Core when this compiled model came from its model cache
+        (``LOADED_FROM_CACHE`` then reads True)."""
+        self._loaded_from_cache = True
 
     # -- properties -----------------------------------------------------------------------
 
     @property
     def name(self) -> str:
         """The compiled model's name (``NETWORK_NAME``)."""
-        return self.graph.name or "model"
+        return self._name
 
     def get_property(self, name: str) -> Any:
         """Read a property: the compile config or a read-only one.
@@ -173,9 +258,10 @@ class CompiledModel(HasPorts, ABC):
         Raises:
             UnknownPropertyError: not supported here (the message lists what is).
         """
-        name = str(getattr(name, "value", name))
+        name = property_name(name)
         check_readable(name, self.supported_properties())
-        if name in self.config and not PROPERTIES[name].is_auto(self.config[name]):
+        declared = self.plugin.properties.get(name)
+        if name in self.config and not (declared and declared.is_auto(self.config[name])):
             return self.config[name]
         return self.read_only_property(name)
 
@@ -195,6 +281,8 @@ class CompiledModel(HasPorts, ABC):
             return self.streams * 2 if throughput else self.streams
         if name == "SUPPORTED_PROPERTIES":
             return self.supported_properties()
+        if name == "LOADED_FROM_CACHE":
+            return self._loaded_from_cache
         return self.plugin.get_property(name)
 
     def __repr__(self) -> str:

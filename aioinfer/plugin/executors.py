@@ -3,7 +3,9 @@
 A stage is a plain callable; an executor turns it into something the event loop can
 await. :class:`LoopExecutor` runs the stage inline on the loop (for cheap stages);
 :class:`ThreadExecutor` runs it on one of its worker threads while the awaiting task
-sleeps, so the loop stays free. Both work under asyncio and trio.
+sleeps, so the loop stays free; :class:`AwaitExecutor` awaits a stage that is itself a
+coroutine function (a stage that waits for a batch, a worker process or an engine's own
+threads). All work under asyncio and trio.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import queue
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
@@ -28,6 +30,8 @@ class Executor(ABC):
     """Runs stages for the async pipeline."""
 
     name: str
+    inline = False
+    """True when the stage runs inline on the loop's thread, so nothing interrupts it."""
 
     @abstractmethod
     async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
@@ -54,6 +58,7 @@ class LoopExecutor(Executor):
     """Runs each stage inline, on the event loop's thread."""
 
     name = "loop"
+    inline = True
 
     async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
         return stage()
@@ -62,6 +67,33 @@ class LoopExecutor(Executor):
         self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None
     ) -> tuple[T, float]:
         return stage(), 0.0
+
+
+class AwaitExecutor(Executor):
+    """Runs a stage that is a coroutine function, on the event loop.
+
+    For a stage that waits for something else (its batch, a reply) rather than
+    computing: cancelling the awaiting task reaches the stage itself, so ``on_cancel`` is
+    not needed.
+    """
+
+    name = "await"
+
+    async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
+        return cast("T", await cast("Any", stage()))
+
+    async def run_timed(
+        self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None
+    ) -> tuple[T, float]:
+        return cast("T", await cast("Any", stage())), 0.0
+
+
+def streams_for(config: Mapping[str, Any], cores: int) -> int:
+    """The compute streams a parsed config asks for: ``NUM_STREAMS`` when it is a number,
+    else one under the ``LATENCY`` hint and ``cores`` under ``THROUGHPUT``."""
+    if config["NUM_STREAMS"] != "AUTO":
+        return int(config["NUM_STREAMS"])
+    return max(1, cores) if config["PERFORMANCE_HINT"] == "THROUGHPUT" else 1
 
 
 _STOP = object()

@@ -4,10 +4,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from aioinfer.errors import ImportModelError, UnknownDeviceError
-from aioinfer.properties import check_readable, num_cores
+from aioinfer.errors import ImportModelError, InvalidBlobError, PropertyError, UnknownDeviceError
+from aioinfer.plugin.blob import ExportedModel, load
+from aioinfer.properties import (
+    DEVICE_NAME,
+    NUM_CORES,
+    SUPPORTED_PROPERTIES,
+    Property,
+    check_mutable,
+    check_readable,
+    declare,
+    num_cores,
+    parse_config,
+    property_name,
+)
 
 if TYPE_CHECKING:
     from aioinfer.core import Core
@@ -23,9 +36,31 @@ class Plugin(ABC):
     """
 
     device_name: str = ""
-    supported_properties: tuple[str, ...] = ()
-    """Names (declared in :mod:`aioinfer.properties`) that ``compile_model`` accepts or
-    that ``get_property`` answers."""
+    properties: Mapping[str, Property] = MappingProxyType({})
+    """The properties this device supports, by name (build it with
+    :func:`aioinfer.properties.declare`): the shared declarations of
+    :mod:`aioinfer.properties` it uses, and its own. ``compile_model`` accepts the
+    configurable ones; ``get_property`` answers them all."""
+
+    @property
+    def supported_properties(self) -> tuple[str, ...]:
+        """The names of :attr:`properties` (``SUPPORTED_PROPERTIES``)."""
+        return tuple(self.properties)
+
+    def parse_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``config`` checked against :attr:`properties`, with the defaults filled in.
+
+        Raises:
+            UnknownPropertyError, ReadOnlyPropertyError, InvalidPropertyValueError: see
+                :func:`aioinfer.properties.parse_config`.
+        """
+        return parse_config(config, self.properties)
+
+    handles_state: bool = False
+    """Whether ``compile_model`` takes ``STATEFUL`` itself: the device keeps variables in
+    its own requests (or refuses them with an error of its own). When False, the Core
+    keeps the variables above the device (:mod:`aioinfer.plugin.stateful`): the device
+    compiles the model with its state inputs and outputs and never sees ``STATEFUL``."""
 
     @abstractmethod
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> CompiledModel:
@@ -39,33 +74,118 @@ class Plugin(ABC):
 
     def import_model(self, blob: bytes, config: Mapping[str, Any] | None = None) -> CompiledModel:
         """A compiled model from a blob of ``CompiledModel.export_model``; ``config`` may
-        change run-time properties.
+        change the run-time (``mutable``) properties. The framing is checked here, the
+        payload by :meth:`import_payload`.
 
         Raises:
-            ImportModelError: the device cannot import models, or (subclasses) the blob is
-                invalid, truncated or corrupted, of another version, or for another device.
+            ImportModelError: the device does not import models.
+            InvalidBlobError, BlobVersionError, BlobDeviceError: see
+                :func:`aioinfer.plugin.blob.load`, and :meth:`import_exported`.
+            InvalidPropertyValueError: a property fixed by the compile (``STATEFUL``), or
+                a bad value.
+            UnknownPropertyError: a name the device does not support.
         """
-        raise ImportModelError(f"device {self.device_name!r} does not import compiled models")
+        given = dict(config or {})
+        self._check_imports()
+        check_mutable(given, self.properties, "when importing")
+        self.parse_config(given)  # the caller's mistakes first, before the blob's
+        return self.import_exported(load(blob, self.device_name), given)
+
+    def import_exported(
+        self, exported: ExportedModel, config: Mapping[str, Any] | None = None
+    ) -> CompiledModel:
+        """A compiled model from a checked blob (:func:`aioinfer.plugin.blob.load`): the
+        blob's config, validated like a compile config, with the names ``config`` gives
+        overriding it, goes to :meth:`import_payload`. The Core's model cache imports
+        through here.
+
+        Raises:
+            ImportModelError: the device does not import models.
+            InvalidBlobError: the blob's config is not one this device accepts, or (from
+                :meth:`import_payload`) its payload is bad.
+            InvalidPropertyValueError: ``config`` sets a property fixed by the compile.
+        """
+        self._check_imports()
+        check_mutable(config or {}, self.properties, "when importing")
+        try:
+            stored = self.parse_config(exported.config)
+        except PropertyError as exc:
+            raise InvalidBlobError(f"the blob's config is not valid: {exc}") from None
+        given = self.parse_config(config)
+        names = {property_name(name) for name in config or {}}
+        return self.import_payload(exported, {**stored, **{n: given[n] for n in names}})
+
+    def import_payload(self, exported: ExportedModel, config: dict[str, Any]) -> CompiledModel:
+        """A device that imports models overrides this: build the compiled model from
+        ``exported.payload`` (what its ``export_payload`` wrote), its source ports
+        ``exported.inputs``/``outputs`` and ``config`` (parsed, final), without compiling
+        again.
+
+        Raises:
+            InvalidBlobError: a payload that does not parse or does not fit the header.
+        """
+        raise self._no_import()
+
+    def _check_imports(self) -> None:
+        if type(self).import_payload is Plugin.import_payload:
+            raise self._no_import()
+
+    def _no_import(self) -> ImportModelError:
+        return ImportModelError(f"device {self.device_name!r} does not import compiled models")
 
     @abstractmethod
-    def query_model(self, model: Model) -> dict[str, str]:
-        """Map each node name this device can run to the device name."""
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """Map each node name this device can run to the device name; ``config`` is a
+        compile config (a virtual device finds its ``TARGET_DEVICE`` there)."""
 
     def get_property(self, name: str) -> Any:
-        """A device-level property (``SUPPORTED_PROPERTIES``, ``DEVICE_NAME``, ``NUM_CORES``)."""
-        device_level = ("SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
+        """A device-level property (``SUPPORTED_PROPERTIES``, ``DEVICE_NAME``,
+        ``FULL_DEVICE_NAME`` (here: the device name; a device overrides it), ``NUM_CORES``)."""
+        device_level = ("SUPPORTED_PROPERTIES", "DEVICE_NAME", "FULL_DEVICE_NAME", "NUM_CORES")
         check_readable(name, [n for n in self.supported_properties if n in device_level])
         if name == "SUPPORTED_PROPERTIES":
             return self.supported_properties
-        if name == "DEVICE_NAME":
+        if name in ("DEVICE_NAME", "FULL_DEVICE_NAME"):
             return self.device_name
         return num_cores()
+
+
+def _device_name(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a device name such as 'CPU'")
+    return value
+
+
+TARGET_DEVICE = Property(
+    "TARGET_DEVICE",
+    "A virtual device: the device that runs its models ('BATCH:CPU' sets it).",
+    default="CPU",
+    parse=_device_name,
+)
 
 
 class VirtualPlugin(Plugin):
     """A device that runs models on another device, its target (``BATCH:CPU``,
     ``PROCESS:CPU``): the Core that loads it hands itself over (:meth:`set_core`), and
-    the target devices are found there."""
+    the target devices are found there. It declares :data:`TARGET_DEVICE`."""
+
+    properties = declare(TARGET_DEVICE, SUPPORTED_PROPERTIES, DEVICE_NAME, NUM_CORES)
+
+    def split_config(self, config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Split a compile config: this device's own configurable properties, parsed
+        with their defaults (``TARGET_DEVICE``, ...), and the rest, as given, for the
+        target device (which checks them).
+
+        Raises:
+            InvalidPropertyValueError: a bad value of one of this device's properties.
+        """
+        own: dict[str, Any] = {}
+        rest: dict[str, Any] = {}
+        for raw_name, value in config.items():
+            name = property_name(raw_name)
+            declared = self.properties.get(name)
+            (own if declared is not None and declared.configurable else rest)[name] = value
+        return self.parse_config(own), rest
 
     def __init__(self) -> None:
         self._core: Core | None = None
@@ -73,6 +193,21 @@ class VirtualPlugin(Plugin):
     def set_core(self, core: Core) -> None:
         """Called by the Core that loads this plugin."""
         self._core = core
+
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """The nodes the target device runs (``TARGET_DEVICE`` of ``config``, else its
+        default), mapped to this device.
+
+        Raises:
+            UnknownDeviceError: the target is unknown, or this device itself.
+        """
+        own, _ = self.split_config(config or {})
+        target = own["TARGET_DEVICE"]
+        if target.partition(":")[0] == self.device_name:
+            raise UnknownDeviceError(
+                f"the {self.device_name} device cannot target itself; got {target!r}"
+            )
+        return {name: self.device_name for name in self.core.query_model(model, target)}
 
     @property
     def core(self) -> Core:

@@ -11,6 +11,7 @@ that does not complete (cancelled or failed) leaves every value as it was.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from aioinfer.errors import (
     InputTypeError,
     MissingInputError,
 )
-from aioinfer.model import Dim, Port
+from aioinfer.model import Dim, Port, unnamed_dim_sizes
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Variable:
     compiler may have given an unknown dimension a size or a name, see
     :class:`aioinfer.transforms.make_stateful.SizeStatesPass`)."""
 
-    @property
+    @functools.cached_property
     def dtype(self) -> np.dtype:
         """The numpy dtype of the element type."""
         return np.dtype(self.element_type.numpy())
@@ -79,16 +80,15 @@ class Variable:
             raise InputTypeError(
                 f"variable {self.name!r}: expected element type {self.dtype}, got {array.dtype}"
             )
-        expected = _shape_text(self.shape)
         if array.ndim != len(self.shape):
             raise InputShapeError(
-                f"variable {self.name!r}: expected rank {len(self.shape)} (shape {expected}), "
-                f"got shape {list(array.shape)}"
+                f"variable {self.name!r}: expected rank {len(self.shape)} (shape "
+                f"{_shape_text(self.shape)}), got shape {list(array.shape)}"
             )
         for axis, (dim, size) in enumerate(zip(self.shape, array.shape)):
             if isinstance(dim, int) and dim != size:
                 raise InputShapeError(
-                    f"variable {self.name!r}: expected shape {expected}, got "
+                    f"variable {self.name!r}: expected shape {_shape_text(self.shape)}, got "
                     f"{list(array.shape)} (dimension {axis} is {size}, expected {dim})"
                 )
 
@@ -106,6 +106,21 @@ def split_ports(
     kept_inputs = [p for p in inputs if p.name not in taken_inputs]
     kept_outputs = [p for p in outputs if p.name not in taken_outputs]
     return _reindexed(kept_inputs), _reindexed(kept_outputs), made
+
+
+def dimension_sizes(ports: Sequence[Port], values: Sequence[Any]) -> dict[str, int]:
+    """The sizes that input ``values`` (in port order, None where not set) give to the
+    dimensions a variable's shape may name: each symbolic dimension (the first input that
+    has it), and each unknown one by :func:`aioinfer.model.unnamed_dim_name` (a variable
+    may follow it, see :class:`aioinfer.transforms.make_stateful.SizeStatesPass`)."""
+    symbolic: dict[str, int] = {}
+    for port, value in zip(ports, values):
+        if port.shape is None or not isinstance(value, np.ndarray):
+            continue
+        for dim, size in zip(port.shape, value.shape):
+            if isinstance(dim, str):
+                symbolic.setdefault(dim, size)
+    return {**unnamed_dim_sizes(ports, values), **symbolic}
 
 
 def _reindexed(ports: Iterable[Port]) -> list[Port]:

@@ -45,6 +45,11 @@ class SyncInferRequest(ABC):
     Owns the input tensors, the last results and the stage timings. A device implements
     :meth:`start_pipeline` (the compute) and usually :meth:`infer_postprocess`; the base
     class validates inputs against the compiled model's ports.
+
+    Inputs are copied when they are set, into buffers the request keeps and reuses while
+    an input's shape and element type stay the same (no allocation per inference), so a
+    caller may reuse its arrays at once; ``share_inputs=True`` keeps the caller's arrays
+    instead (zero-copy: the caller must not modify them until the inference completed).
     """
 
     def __init__(self, compiled_model: CompiledModel) -> None:
@@ -53,6 +58,8 @@ class SyncInferRequest(ABC):
         self._input_ports = compiled_model.inputs
         self._output_ports = compiled_model.outputs
         self._inputs: list[np.ndarray | None] = [None] * len(self._input_ports)
+        self._buffers: list[np.ndarray | None] = [None] * len(self._input_ports)
+        """The request's own copy of each input, reused while its shape and type stay."""
         self._input_by_name = {port.name: port for port in self._input_ports}
         self._required = [p for p in self._input_ports if not p.kind.startswith("optional")]
         self._symbolic = [
@@ -76,8 +83,12 @@ class SyncInferRequest(ABC):
 
     # -- tensors --------------------------------------------------------------------------
 
-    def set_tensor(self, key: str | int | Port, value: Any) -> None:
+    def set_tensor(self, key: str | int | Port, value: Any, *, share_inputs: bool = False) -> None:
         """Set the input ``key`` (name, index or Port) for the next inference.
+
+        ``value`` is copied into the request's buffer for that input (allocated once per
+        shape and element type); with ``share_inputs=True`` the request keeps ``value``
+        itself, which must then stay unchanged until the inference completed.
 
         Raises:
             UnknownInputError: no such input.
@@ -87,10 +98,23 @@ class SyncInferRequest(ABC):
         port = self._input_by_name.get(key) if type(key) is str else None
         if port is None:
             port = find_port(self._input_ports, key, "input")
-        self._inputs[port.index] = check_input(port, value)
+        array = check_input(port, value)
+        self._inputs[port.index] = array if share_inputs else self._owned(port.index, array)
+
+    def _owned(self, index: int, value: Any) -> Any:
+        """A copy of ``value`` for input ``index``: in its reusable buffer when it is an
+        array, fresh for a sequence; an empty optional stays None."""
+        if not isinstance(value, np.ndarray):
+            return owned_copy(value)
+        buffer = self._buffers[index]
+        if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+            buffer = self._buffers[index] = np.empty(value.shape, value.dtype)
+        np.copyto(buffer, value)
+        return buffer
 
     def set_tensors(self, key: str | int | Port, values: Sequence[Any]) -> None:
-        """Set input ``key`` from a list of tensors joined along the batch (first) axis.
+        """Set input ``key`` from a list of tensors joined along the batch (first) axis
+        (into a new array: the request never keeps the parts).
 
         Raises:
             InputShapeError: the list is empty or the parts disagree past the batch axis.
@@ -131,13 +155,14 @@ class SyncInferRequest(ABC):
             raise MissingInputError(f"output {port.name!r} is not computed yet; run infer first")
         return self._results[port.index]
 
-    def set_inputs(self, inputs: Inputs | None) -> None:
-        """Set several inputs at once: a mapping by name/index/Port, or a list by position."""
+    def set_inputs(self, inputs: Inputs | None, *, share_inputs: bool = False) -> None:
+        """Set several inputs at once: a mapping by name/index/Port, or a list by position
+        (copied, or kept with ``share_inputs=True``: see :meth:`set_tensor`)."""
         if inputs is None:
             return
         if type(inputs) is dict or isinstance(inputs, Mapping):
             for key, value in inputs.items():
-                self.set_tensor(key, value)
+                self.set_tensor(key, value, share_inputs=share_inputs)
             return
         if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
             inputs = [inputs]
@@ -148,27 +173,34 @@ class SyncInferRequest(ABC):
                 f"{len(self._input_ports)}: {names}"
             )
         for index, value in enumerate(inputs):
-            self.set_tensor(index, value)
+            self.set_tensor(index, value, share_inputs=share_inputs)
 
-    def validated(self, inputs: Inputs) -> list[Any]:
+    def validated(self, inputs: Inputs, *, share_inputs: bool = False) -> list[Any]:
         """Check ``inputs`` as an inference would (names, element types, shapes, missing
         inputs, symbolic dimensions) and return them in input order, without keeping
-        them: for a device that takes inputs without a request of its own.
+        them: for a device that takes inputs without a request of its own. They are
+        fresh copies, or the caller's arrays with ``share_inputs=True``.
 
         Raises:
             UnknownInputError, InputTypeError, InputShapeError, MissingInputError: as
                 :meth:`infer` raises them.
         """
         try:
-            self.set_inputs(inputs)
+            self.set_inputs(inputs, share_inputs=True)
             SyncInferRequest.infer_preprocess(self)
-            return list(self._inputs)
+            checked = list(self._inputs)
+            return checked if share_inputs else [owned_copy(value) for value in checked]
         finally:
             self.clear_inputs()
 
     def clear_inputs(self) -> None:
         """Forget every input set so far: the next inference needs all of them again."""
         self._inputs = [None] * len(self._input_ports)
+
+    def release_memory(self) -> None:
+        """Free what the request keeps between inferences to run the next one faster
+        (a device's buffers); the next inference allocates again. Called only while no
+        inference runs. Nothing to free here; a device with buffers overrides this."""
 
     @property
     def results(self) -> InferResults | None:
@@ -251,9 +283,10 @@ class SyncInferRequest(ABC):
 
     # -- the synchronous path -------------------------------------------------------------
 
-    def infer(self, inputs: Inputs | None = None) -> InferResults:
-        """Run one inference in the calling thread: the same four stages, timed."""
-        self.set_inputs(inputs)
+    def infer(self, inputs: Inputs | None = None, *, share_inputs: bool = False) -> InferResults:
+        """Run one inference in the calling thread: the same four stages, timed
+        (``share_inputs``: see :meth:`set_tensor`)."""
+        self.set_inputs(inputs, share_inputs=share_inputs)
         self.cancel_token.requested = False
         return self.run_stages()
 
@@ -335,6 +368,15 @@ def check_input(port: Port, value: Any, check_batch: bool = True) -> np.ndarray:
                     f"{list(array.shape)} (dimension {axis} is {size}, expected {dim})"
                 )
     return array
+
+
+def owned_copy(value: Any) -> Any:
+    """A copy of a checked input: of an array, of each array of a sequence; None stays."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [owned_copy(item) for item in value]
+    return np.array(value, copy=True)
 
 
 def _check_container(port: Port, value: Any) -> Any:

@@ -19,7 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from aioinfer.errors import ErrorKind
+from aioinfer.errors import DeviceUnavailableError, ErrorKind
 from aioinfer.serving.models import ServedModel
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -40,6 +40,16 @@ FAILURE_REASONS = {
     ErrorKind.INTERNAL: "error",
 }
 """The ``reason`` label of ``aioinfer_inference_failures`` for each kind of error."""
+
+
+def failure_reason(kind: ErrorKind, error: BaseException | None = None) -> str:
+    """The ``reason`` label for a failure of ``kind``: ``unavailable`` when ``error`` is (or
+    was caused by) a :class:`~aioinfer.errors.DeviceUnavailableError` (the device
+    recovers), else that of :data:`FAILURE_REASONS`."""
+    for cause in (error, getattr(error, "__cause__", None)):
+        if isinstance(cause, DeviceUnavailableError):
+            return "unavailable"
+    return FAILURE_REASONS[kind]
 
 
 class Histogram:
@@ -134,8 +144,8 @@ class _Collector(Collector):
         failures = CounterMetricFamily(
             "aioinfer_inference_failures",
             "Inference requests that did not succeed, by reason (bad_request: the "
-            "client's error, 4xx; busy; cancelled; shutdown; error: a fault of the "
-            "server, 500).",
+            "client's error, 4xx; busy; cancelled; shutdown; unavailable: the device is "
+            "recovering, 503, retryable; error: a fault of the server, 500).",
             labels=[*labels, "reason"],
         )
         latency = HistogramMetricFamily(

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from aioinfer.errors import ErrorKind, ServiceError
+from aioinfer.errors import DeviceUnavailableError, ErrorKind, ServiceError
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.results import InferResults
@@ -162,6 +162,11 @@ class ServedModel:
         """The live sequences and the request each runs on."""
         return {key: sequence.request for key, sequence in self._sequences.items()}
 
+    def ready(self) -> bool:
+        """Whether the model takes inferences now (not while its device recovers, e.g.
+        while a new PROCESS worker starts)."""
+        return self.compiled.ready()
+
     def batch_sizes(self) -> dict[int, int]:
         """Executions so far by number of rows: the BATCH device's batches, or else each
         inference's first-dimension size."""
@@ -177,6 +182,8 @@ class ServedModel:
             ServiceError: UNAVAILABLE when the queue is full; RESOURCE_EXHAUSTED when a
                 new sequence would exceed ``max_sequences``; INVALID_ARGUMENT for a
                 sequence that is not active and has no ``sequence_start``.
+            DeviceUnavailableError: the device failed to run it and recovers (the message
+                names the model and the cause): retryable.
             The errors of ``AsyncInferRequest.infer`` (bad input, failed kernel).
         """
         arrived = 0.0
@@ -190,9 +197,11 @@ class ServedModel:
                 return await self._infer_in_sequence(inputs, sequence, arrived)
             waited = time.perf_counter() - arrived if arrived else 0.0
             # BATCH: straight into the batch queue; other devices: a pooled request.
-            results, queued = await self.compiled.infer_timed(inputs)
+            results, queued = await self.compiled.infer_timed(inputs, share_inputs=True)
             self._count(inputs)
             return results, waited + queued
+        except DeviceUnavailableError as exc:
+            raise type(exc)(f"model {self.name!r} version {self.version}: {exc}") from exc
         finally:
             self._slots.release()
 
@@ -240,7 +249,7 @@ class ServedModel:
         async with sequence.lock:
             waited = time.perf_counter() - (arrived or locked)
             try:
-                results = await sequence.request.infer(inputs)
+                results = await sequence.request.infer(inputs, share_inputs=True)
             finally:
                 sequence.last_used = time.monotonic()
                 if flags.end and self._sequences.get(flags.id) is sequence:
@@ -272,13 +281,8 @@ class ServedModel:
 
 
 def _default_concurrency(compiled: CompiledModel) -> int:
-    if _forms_batches(compiled):
+    batch = compiled.max_batch_size()
+    if batch is not None:
         # Enough inferences in flight to fill a batch per stream, twice over.
-        batch = int(compiled.get_property("MAX_BATCH_SIZE"))
-        return batch * int(compiled.get_property("NUM_STREAMS")) * 2
+        return batch * compiled.streams * 2
     return int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-
-
-def _forms_batches(compiled: CompiledModel) -> bool:
-    """Whether the compiled model batches concurrent inferences itself (BATCH does)."""
-    return "MAX_BATCH_SIZE" in compiled.supported_properties()

@@ -136,7 +136,7 @@ class RestAdapter:
                 inline = len(content) <= _INLINE_BYTES
                 content = await _off_loop(inline, compress, content, response_encoding)
         except ServiceError as exc:
-            call.fail(exc.kind)
+            call.fail(exc.kind, exc)
             await _respond(send, HTTP_STATUS[exc.kind], _error_body(exc), _JSON)
             return
         except Exception as exc:  # a fault of the server's, not of the request

@@ -19,7 +19,7 @@ before it reads the body (a full model parses no bodies)::
         response = await call.infer(request)
         ...                                  # the transport encodes the response
     except ServiceError as exc:
-        call.fail(exc.kind)
+        call.fail(exc.kind, exc)
     else:
         call.succeed()
     finally:
@@ -41,6 +41,7 @@ import aioinfer
 from aioinfer.core import Core
 from aioinfer.errors import (
     AioinferError,
+    DeviceUnavailableError,
     ErrorKind,
     InferCancelledError,
     InferenceError,
@@ -56,7 +57,7 @@ from aioinfer.serving.messages import (
     ServerMetadata,
     TensorMetadata,
 )
-from aioinfer.serving.metrics import FAILURE_REASONS, ServerMetrics
+from aioinfer.serving.metrics import ServerMetrics, failure_reason
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, SequenceFlags, ServedModel
 from aioinfer.serving.repository import ModelRepository
 
@@ -66,12 +67,14 @@ EXTENSIONS = ("sequence",)
 """The protocol extensions the service implements on every transport."""
 
 RUNTIME_ERROR_KINDS: tuple[tuple[type[AioinferError], ErrorKind], ...] = (
+    (DeviceUnavailableError, ErrorKind.UNAVAILABLE),  # the device recovers: retryable
     (InputError, ErrorKind.INVALID_ARGUMENT),
     (InferenceError, ErrorKind.INVALID_ARGUMENT),  # a kernel failed on these inputs
     (RequestClosedError, ErrorKind.ABORTED),  # the model closed (shutdown)
     (InferCancelledError, ErrorKind.ABORTED),
 )
-"""The kind of each runtime error an inference may raise; any other one is INTERNAL."""
+"""The kind of each runtime error an inference may raise (the first class that matches);
+any other one is INTERNAL."""
 
 
 class InferenceService:
@@ -214,8 +217,9 @@ class InferenceService:
         return bool(self.models) and not self.closing
 
     def model_ready(self, model: ServedModel) -> bool:
-        """Whether ``model`` takes inferences."""
-        return not self.closing
+        """Whether ``model`` takes inferences: the service is not draining and the model's
+        device is ready (not while it recovers, e.g. a PROCESS worker being replaced)."""
+        return not self.closing and model.ready()
 
     def server_metadata(self) -> ServerMetadata:
         """The server's name, version and the extensions the service implements."""
@@ -266,7 +270,7 @@ class InferenceService:
         try:
             response = await call.infer(request)
         except ServiceError as exc:
-            call.fail(exc.kind)
+            call.fail(exc.kind, exc)
             raise
         finally:
             call.end()
@@ -308,8 +312,10 @@ class InferCall:
                 sequence id, an inactive sequence, or inputs the model refuses (their
                 names, types or shapes; a kernel that failed on them); UNAVAILABLE when
                 the model's queue is full; RESOURCE_EXHAUSTED when a new sequence would
-                pass ``max_sequences``; ABORTED when the model was closed under the
-                inference; INTERNAL for a fault of the server (logged).
+                pass ``max_sequences``, or the model's device failed to run it and
+                recovers (a PROCESS worker that died or hung: retryable); ABORTED when
+                the model was closed under the inference; INTERNAL for a fault of the
+                server (logged).
         """
         model = self.model
         wanted = _wanted_outputs(model, request)
@@ -335,9 +341,12 @@ class InferCall:
         metrics.latency.observe(time.perf_counter() - self.started)
         metrics.queue_time.observe(self.waited)
 
-    def fail(self, kind: ErrorKind) -> None:
-        """Count the request as failed, for the reason that ``kind`` stands for."""
-        self._metrics.fail(FAILURE_REASONS[kind])
+    def fail(self, kind: ErrorKind, error: BaseException | None = None) -> None:
+        """Count the request as failed, for the reason that ``kind`` stands for; with the
+        ``error`` that stopped it, a device that recovers (UNAVAILABLE caused by a
+        :class:`~aioinfer.errors.DeviceUnavailableError`) counts as ``unavailable``, not
+        ``busy``."""
+        self._metrics.fail(failure_reason(kind, error))
 
     def end(self) -> None:
         """The request is no longer in flight (the drain may end)."""

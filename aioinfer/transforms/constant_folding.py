@@ -8,6 +8,7 @@ import numpy as np
 import onnx_ir as ir
 
 from aioinfer.opsets import node_opset
+from aioinfer.transforms.output_size import declared_elements, output_elements
 
 Evaluator = Callable[[ir.Node, int, Sequence[np.ndarray | None]], Sequence[np.ndarray]]
 """Runs one node on constant inputs: ``evaluate(node, opset, inputs) -> outputs``."""
@@ -23,7 +24,10 @@ NONDETERMINISTIC = frozenset(
     }
 )
 MAX_FOLDED_ELEMENTS = 1 << 22
-"""Larger results stay computed at run time (folding them would bloat the weights)."""
+"""Larger results stay computed at run time (folding them would bloat the weights). The
+cap is checked before a node is computed wherever its output size can be known (see
+:mod:`aioinfer.transforms.output_size`), so compiling never allocates a result it would
+throw away; for other nodes, after."""
 
 
 class ConstantFoldingPass(ir.passes.InPlacePass):
@@ -41,6 +45,8 @@ class ConstantFoldingPass(ir.passes.InPlacePass):
             if not self._foldable(node):
                 continue
             inputs = [None if v is None else v.const_value.numpy() for v in node.inputs]  # type: ignore[union-attr]
+            if _too_large(node, inputs):
+                continue
             opset = node_opset(node, opsets)
             try:
                 outputs = self.evaluate(node, opset, inputs)
@@ -78,3 +84,11 @@ class ConstantFoldingPass(ir.passes.InPlacePass):
         ):
             return False
         return all(v is None or v.const_value is not None for v in node.inputs)
+
+
+def _too_large(node: ir.Node, inputs: Sequence[np.ndarray | None]) -> bool:
+    """Whether ``node``'s output is known, before computing it, to exceed the cap."""
+    return any(
+        size is not None and size > MAX_FOLDED_ELEMENTS
+        for size in (output_elements(node, inputs), declared_elements(node))
+    )

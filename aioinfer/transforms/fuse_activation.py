@@ -4,7 +4,8 @@
   ``[1, C, 1, ...]``) moves ``b`` into the Conv's bias.
 - ``Add(Conv(...), z)`` (a residual connection, as in ResNets; also a two-input ``Sum``)
   becomes ``ai.aioinfer::FusedConv(x, W, B, z)``: the sum is added in place.
-- ``Relu``/``LeakyRelu``/``Clip``/``Sigmoid``/``Tanh``/``Gelu`` after a Conv, Gemm or
+- ``Relu``/``LeakyRelu``/``Clip``/``Sigmoid``/``Tanh``/``Gelu``/``HardSigmoid``/``HardSwish``
+  (also ``x * HardSigmoid(x)`` with HardSwish's constants) after a Conv, Gemm or
   MatMul (or their fused forms) becomes the ``activation`` attribute of
   ``FusedConv``/``FusedGemm``/``FusedMatMul``, applied in place on the product.
 """
@@ -42,6 +43,14 @@ def _activation(node: ir.Node) -> tuple[str, list[float]] | None:
     if is_op(node, "LeakyRelu"):
         alpha = node.attributes.get("alpha")
         return "LeakyRelu", [0.01 if alpha is None else alpha.as_float()]
+    if is_op(node, "HardSigmoid"):
+        alpha, beta = node.attributes.get("alpha"), node.attributes.get("beta")
+        return "HardSigmoid", [
+            0.2 if alpha is None else alpha.as_float(),
+            0.5 if beta is None else beta.as_float(),
+        ]
+    if is_op(node, "HardSwish"):
+        return "HardSwish", []
     if is_op(node, "Clip"):
         if "min" in node.attributes or "max" in node.attributes:  # opset < 11
             low_attr = node.attributes.get("min")
@@ -88,6 +97,8 @@ class FuseActivationPass(RewritePass):
     def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
         if is_op(node, "Add", "Sum") and len(node.inputs) == 2:
             return self._add(graph, node)
+        if is_op(node, "Mul") and len(node.inputs) == 2:
+            return self._hard_swish(graph, node)
         act = _activation(node)
         if act is None:
             return False
@@ -131,6 +142,35 @@ class FuseActivationPass(RewritePass):
             else:
                 fused = _fused_node(conv, [*inputs, other], [])
             replace(graph, [conv, node], fused, node.outputs[0])
+            return True
+        return False
+
+    @staticmethod
+    def _hard_swish(graph: ir.Graph, node: ir.Node) -> bool:
+        """``Mul(x, HardSigmoid(x, 1/6, 1/2))`` (HardSwish as exported before opset 14)
+        with ``x`` from a fusable product: the product with a HardSwish epilogue."""
+        for index in (0, 1):
+            x, gate = node.inputs[index], node.inputs[1 - index]
+            hard_sigmoid = producer(gate, "HardSigmoid")
+            if hard_sigmoid is None or hard_sigmoid.inputs[0] is not x or not single_use(gate):
+                continue
+            act = _activation(hard_sigmoid)
+            assert x is not None and act is not None
+            if not np.allclose(act[1], [1 / 6, 0.5], rtol=1e-6, atol=0):
+                continue
+            source = x.producer()
+            readers = {id(user) for user, _ in x.uses()}
+            if (
+                not _fusable(source)
+                or x.is_graph_output()
+                or readers != {id(hard_sigmoid), id(node)}
+            ):
+                continue
+            assert source is not None
+            fused = _fused_node(
+                source, list(source.inputs), [ir.AttrString("activation", "HardSwish")]
+            )
+            replace(graph, [source, hard_sigmoid, node], fused, node.outputs[0])
             return True
         return False
 

@@ -77,9 +77,10 @@ async def test_cancel_right_after_start(small):
 
 async def test_cancelling_wait_cancels_the_inference(slow):
     _, compiled = slow
+    full = await full_run_seconds(compiled)  # an engine device may run it in tens of ms
     request = compiled.create_infer_request()
     request.start_async({"x": inputs(1, 64)})
-    with anyio.move_on_after(0.05) as scope:
+    with anyio.move_on_after(full / 10) as scope:
         await request.wait()
     assert scope.cancelled_caught
     assert request.state is ai.RequestState.IDLE
@@ -92,3 +93,29 @@ async def test_cancel_when_idle_is_a_no_op(small):
     request.cancel()
     x = inputs(3)
     np.testing.assert_allclose((await request.infer({"x": x}))["y"], reference(model, x), **TOL)
+
+
+async def test_cancel_reaches_the_sync_path_after_an_awaited_inference(slow):
+    model, compiled = slow
+    request = compiled.create_infer_request()
+    start = time.perf_counter()
+    await request.infer({"x": inputs(1, 64)})  # an awaited inference commits first
+    full = time.perf_counter() - start
+    outcome: list[BaseException] = []
+
+    def infer_in_thread() -> None:
+        try:
+            request.infer_sync({"x": inputs(1, 64)})
+        except ai.InferCancelledError as exc:
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, infer_in_thread)
+        while request.state is not ai.RequestState.BUSY:
+            await anyio.sleep(0)
+        await anyio.sleep(full / 10)
+        request.cancel()
+    assert len(outcome) == 1, "cancel() did not reach the synchronous inference"
+    assert request.state is ai.RequestState.IDLE
+    x = inputs(2, 64)
+    np.testing.assert_allclose(request.infer_sync({"x": x})["y"], reference(model, x), **TOL)

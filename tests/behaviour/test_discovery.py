@@ -40,7 +40,7 @@ def test_cli_runs_on_the_example_device():
     aioinfer = [sys.executable, "-m", "aioinfer.cli"]
     info = subprocess.run([*aioinfer, "info"], capture_output=True, text=True, cwd=ROOT)
     assert info.returncode == 0, info.stderr
-    assert "TWOSTAGE\n  PERFORMANCE_HINT (per compiled model)" in info.stdout
+    assert "TWOSTAGE\n  PERFORMANCE_HINT: LATENCY" in info.stdout
     assert "  DEVICE_NAME: TWOSTAGE" in info.stdout
     run = subprocess.run(
         [*aioinfer, "run", "--device", "TWOSTAGE", "--iterations", "3"],

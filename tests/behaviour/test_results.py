@@ -90,7 +90,8 @@ def test_hints_set_streams(core, device, mlp):
     assert latency.get_property("NUM_STREAMS") == 1
     assert throughput.get_property("NUM_STREAMS") == num_cores()
     assert explicit.get_property("NUM_STREAMS") == 3
-    assert explicit.task_executor.workers == 3
+    if device != "OPENVINO":  # OpenVINO computes on threads of its own: no task executor
+        assert explicit.task_executor.workers == 3
     for compiled in (latency, throughput, explicit):
         streams = compiled.get_property("NUM_STREAMS")
         assert compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") > streams - 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import anyio
 import numpy as np
 import pytest
 
@@ -95,23 +96,34 @@ async def test_closed_request_and_compiled_model_refuse_work(core, device):
 async def test_closing_a_busy_request_cancels_its_inference(slow):
     _, compiled = slow
     request = compiled.create_infer_request()
+    start = time.perf_counter()
+    await request.infer({"x": inputs(1, 64)})
+    full = time.perf_counter() - start  # the control: an inference that runs to the end
     request.start_async({"x": inputs(1, 64)})
+    await anyio.sleep(full / 10)  # computing
     start = time.perf_counter()
     await request.close()
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < full / 2, full
     assert request.state is ai.RequestState.CLOSED
     assert isinstance(request.error, ai.InferCancelledError)
 
 
 async def test_event_loop_stays_responsive_while_requests_compute(slow):
-    # Other processes on a shared 2-core machine add their own delays: the best of three
-    # measurements must show a 99th-percentile loop delay well under 10 ms.
+    # The control, measured in the same attempt: the loop delay that one of these
+    # inferences causes when it computes on the loop itself. Load delays both; the async
+    # path's 99th-percentile delay must stay a small fraction of the control's. (Absolute
+    # loop lag is measured by benchmarks/async_runtime.py.) The best of three attempts
+    # counts: a burst of load may land on one side of one attempt.
     _, compiled = slow
-    p99s = []
+    attempts = []
     for _ in range(3):
+        blocked = max(await loop_delays_while_computing(compiled, on_the_loop=True))
         delays = await loop_delays_while_computing(compiled)
         assert len(delays) > 20
-        p99s.append(float(np.percentile(delays, 99)))
-        if p99s[-1] < 0.005:
+        attempts.append((float(np.percentile(delays, 99)), blocked))
+        if attempts[-1][0] < blocked / 4:
             break
-    assert min(p99s) < 0.005, f"loop p99 delays {[round(p * 1000, 1) for p in p99s]} ms"
+    shown = [(round(p99 * 1000, 1), round(blocked * 1000, 1)) for p99, blocked in attempts]
+    assert any(p99 < blocked / 4 for p99, blocked in attempts), (
+        f"loop p99 delays vs the control's (ms): {shown}"
+    )

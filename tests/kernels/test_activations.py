@@ -260,3 +260,22 @@ def test_float16_rounds_once(op: str) -> None:
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
     assert got.dtype == np.float16
     assert (np.abs(got - want) <= ulp).all()
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs"), [("Relu", {}), ("LeakyRelu", {"alpha": 0.2}), ("LeakyRelu", {"alpha": 1.5})]
+)
+def test_relu_family_keeps_nan_and_infinities(op: str, attrs: dict) -> None:
+    """The clip-based kernels treat NaN and infinities as np.maximum / np.where do."""
+    x = np.float32([np.nan, -np.inf, -2, -0.0, 0, 3, np.inf])
+    (got,) = run_aioinfer(oh.make_node(op, ["x"], ["y"], **attrs), [x], 16)
+    alpha = np.float32(attrs.get("alpha", 0.0))
+    want = np.float32([np.nan, -np.inf if alpha else 0, -2 * alpha, 0, 0, 3, np.inf])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_relu_of_integers() -> None:
+    x = np.int32([-5, 0, 7])
+    (got,) = run_aioinfer(oh.make_node("Relu", ["x"], ["y"]), [x], 14)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, [0, 0, 7])

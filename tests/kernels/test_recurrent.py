@@ -161,6 +161,47 @@ def test_older_opset_versions_run() -> None:
     check_node(_node("LSTM", inputs, 3), inputs, opset=7)
 
 
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize(("bias", "initial"), [(True, True), (False, False), (True, False)])
+def test_lstm_without_peepholes_matches_reference(
+    direction: str, layout: int, bias: bool, initial: bool
+) -> None:
+    """The common LSTM (default activations, no peepholes): the lean gate-major loop."""
+    directions = 2 if direction == "bidirectional" else 1
+    inputs = _inputs("LSTM", directions, bias=bias, initial=initial, layout=layout)
+    node = _node("LSTM", inputs, 3, direction=direction, layout=layout)
+    check_node(node, inputs, opset=14)
+    check_node(node, inputs, opset=14)  # again: the weights prepared on the first run
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_lstm_full_sequence_lens_match_onnxruntime(direction: str) -> None:
+    directions = 2 if direction == "bidirectional" else 1
+    inputs = _inputs("LSTM", directions, lengths=[SEQ] * BATCH, initial=True)
+    _check_onnxruntime(_node("LSTM", inputs, 3, direction=direction), inputs)
+
+
+def test_lstm_weights_given_as_inputs_match_reference() -> None:
+    """Weights that are not constants (fed each run) are prepared on every run."""
+    inputs = _inputs("LSTM", 2, initial=True)
+    node = _node("LSTM", inputs, 3, direction="bidirectional")
+    feeds = {n: x for n, x in zip(node.input, inputs) if n and x is not None}
+    model = make_model(
+        [node],
+        [tensor_info(n, a.dtype, a.shape) for n, a in feeds.items()],
+        [tensor_info(n, np.float32, [None] * (4 if n == "Y" else 3)) for n in node.output],
+        opsets={"": 14},
+    )
+    request = aioinfer.Core().compile_model(model, "CPU").create_infer_request()
+    for scale in (1.0, 0.5):
+        feeds["R"] = inputs[2] * np.float32(scale)
+        want = _onnxruntime(node, [feeds.get(n) for n in INPUT_NAMES])
+        got = request.infer_sync(dict(feeds)).to_tuple()
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
 # -- against onnxruntime (attributes onnx.reference does not implement) --------------------
 
 

@@ -24,7 +24,6 @@ import aioinfer
 from aioinfer.devices.cpu.plugin import CPUCompiledModel, CPUPlugin
 from aioinfer.devices.cpu.request import CPUInferRequest
 from aioinfer.model import Model
-from aioinfer.properties import parse_config
 from aioinfer.serving import create_app
 from tests.helpers import make_model, mlp_model, reference_outputs, tensor_info
 from tests.serving.conftest import LiveServer, write_config, write_model
@@ -63,7 +62,7 @@ class FaultyPlugin(CPUPlugin):
     device_name = "FAULTY"
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> FaultyCompiledModel:
-        parsed = parse_config(config, self.supported_properties)
+        parsed = self.parse_config(config)
         return FaultyCompiledModel.compile(self, model, parsed)
 
 

@@ -57,6 +57,9 @@ def test_conv_bias_residual_and_relu_become_one_fused_conv() -> None:
     [
         ("Relu", {}, {}, []),
         ("LeakyRelu", {"alpha": 0.2}, {}, [0.2]),
+        ("LeakyRelu", {"alpha": 1.5}, {}, [1.5]),
+        ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, {}, [0.3, 0.4]),
+        ("HardSwish", {}, {}, []),
         ("Sigmoid", {}, {}, []),
         ("Tanh", {}, {}, []),
         (
@@ -90,6 +93,62 @@ def test_gemm_and_matmul_take_the_activation(
             np.testing.assert_allclose(_attr(after, "activation_params"), params, rtol=1e-6)
         feeds = {"x": RNG.standard_normal((3, 6)).astype(np.float32)}
         assert_close(run_ir(after, feeds), run_reference(model, feeds))
+
+
+@pytest.mark.parametrize("producer", ["Conv", "Gemm"])
+def test_mul_by_hard_sigmoid_becomes_a_hard_swish_epilogue(producer: str) -> None:
+    """HardSwish as exported before opset 14: ``x * HardSigmoid(x, 1/6, 1/2)``."""
+    if producer == "Conv":
+        shape, weight = [1, 3, 6, 6], RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+        out_shape, attrs = [1, 4, 6, 6], {"pads": [1, 1, 1, 1]}
+    else:
+        shape, weight = [5, 6], RNG.standard_normal((6, 4)).astype(np.float32)
+        out_shape, attrs = [5, 4], {}
+    nodes = [
+        oh.make_node(producer, ["x", "w"], ["p"], **attrs),
+        oh.make_node("HardSigmoid", ["p"], ["g"], alpha=1 / 6, beta=0.5),
+        oh.make_node("Mul", ["p", "g"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("x", np.float32, shape)],
+        [tensor_info("y", np.float32, out_shape)],
+        {"w": weight},
+    )
+    after = applied(model, FuseActivationPass())
+    assert op_types(after) == [f"Fused{producer}"]
+    assert _attr(after, "activation") == "HardSwish"
+    feeds = {"x": 3 * RNG.standard_normal(shape).astype(np.float32)}
+    want = run_reference(model, feeds)
+    assert_close(run_ir(after, feeds), want)
+    assert_close(run_compiled(model, feeds), want)
+
+
+def test_mul_by_another_hard_sigmoid_stays() -> None:
+    """Other HardSigmoid constants, or a product read elsewhere too, are no HardSwish."""
+    nodes = [
+        oh.make_node("MatMul", ["x", "w"], ["p"]),
+        oh.make_node("HardSigmoid", ["p"], ["g"], alpha=0.2, beta=0.5),
+        oh.make_node("Mul", ["p", "g"], ["y"]),
+        oh.make_node("MatMul", ["x", "w"], ["q"]),
+        oh.make_node("HardSigmoid", ["q"], ["h"], alpha=1 / 6, beta=0.5),
+        oh.make_node("Mul", ["q", "h"], ["z"]),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("x", np.float32, [3, 6])],
+        [
+            tensor_info("y", np.float32, [3, 4]),
+            tensor_info("z", np.float32, [3, 4]),
+            tensor_info("q", np.float32, [3, 4]),
+        ],
+        {"w": RNG.standard_normal((6, 4)).astype(np.float32)},
+    )
+    after = applied(model, FuseActivationPass())
+    assert "HardSwish" not in [
+        n.attributes["activation"].value for n in after.graph if "activation" in n.attributes
+    ]
+    assert op_types(after).count("Mul") == 2
 
 
 def test_activation_of_a_value_read_twice_stays() -> None:

@@ -310,7 +310,11 @@ class Batcher:
             self.statistics[rows] += 1
             inputs = live[0].inputs if len(live) == 1 else _join([i.inputs for i in live])
             try:
-                results = await request.infer(inputs)
+                # The batcher owns these arrays (joined here, or an item's own copies),
+                # and nothing changes them while the batch reads them; a request whose
+                # rows were withdrawn may refill its buffers, but then nobody reads this
+                # batch's results.
+                results = await request.infer(inputs, share_inputs=True)
             except InferCancelledError:
                 return  # every item was withdrawn; each has its answer already
             except Exception as exc:
@@ -343,7 +347,7 @@ class Batcher:
             item.batch = _Batch(request, 1)
             item.batch_rows, item.batch_size = item.rows, 1
             try:
-                results = await request.infer(item.inputs)
+                results = await request.infer(item.inputs, share_inputs=True)
             except InferCancelledError:
                 continue
             except Exception as exc:

@@ -8,78 +8,24 @@ axis, run once on the target and split back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from aioinfer.devices.batch.batcher import Batcher, BatchItem
-from aioinfer.devices.batch.request import AwaitExecutor, BatchInferRequest
+from aioinfer.devices.batch.properties import BATCH_TIMEOUT_MS, MAX_BATCH_SIZE
+from aioinfer.devices.batch.request import BatchInferRequest
 from aioinfer.errors import NotBatchableError, RequestClosedError, UnknownDeviceError
-from aioinfer.model import Model, Port
+from aioinfer.model import Model, batch_problem
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.executors import Executor
-from aioinfer.plugin.plugin import Plugin, VirtualPlugin
-from aioinfer.properties import PROPERTIES, parse_config
+from aioinfer.plugin.executors import AwaitExecutor, Executor
+from aioinfer.plugin.plugin import TARGET_DEVICE, VirtualPlugin
+from aioinfer.properties import DEVICE_NAME, NUM_CORES, SUPPORTED_PROPERTIES, declare
 from aioinfer.results import InferResults
 
 if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
-
-BATCH_PROPERTIES = ("TARGET_DEVICE", "MAX_BATCH_SIZE", "BATCH_TIMEOUT_MS")
-"""The properties the BATCH device itself reads; every other one goes to the target."""
-
-
-def batch_problem(inputs: Sequence[Port], outputs: Sequence[Port]) -> str | None:
-    """Why a model with these ports cannot be batched along its first axis (None: it can).
-
-    Batchable means: every input and output is a tensor whose first dimension is one and
-    the same symbolic dimension (``"batch"``), so rows can be joined and split back.
-    """
-    if not inputs:
-        return "the model has no inputs"
-    symbols: dict[str, str] = {}
-    for kind, ports in (("input", inputs), ("output", outputs)):
-        for port in ports:
-            if port.kind != "tensor":
-                return f"{kind} {port.name!r} is a {port.kind.replace('_', ' ')}, not a tensor"
-            if not port.shape:
-                rank = "unknown" if port.shape is None else "0"
-                return f"{kind} {port.name!r} has rank {rank}; batching needs a first dimension"
-            first = port.shape[0]
-            if not isinstance(first, str):
-                return (
-                    f"{kind} {port.name!r} ({port}) has first dimension "
-                    f"{'unknown' if first is None else first}, not a symbolic batch dimension"
-                )
-            symbols.setdefault(first, f"{kind} {port.name!r}")
-    if len(symbols) > 1:
-        which = ", ".join(f"{where}: {symbol!r}" for symbol, where in symbols.items())
-        return f"the first dimensions are different symbols ({which}); batching needs one"
-    return None
-
-
-def auto_batching(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> bool:
-    """Whether the Core should batch ``model`` on the BATCH device although ``plugin``'s
-    device was asked for: the config has the ``THROUGHPUT`` hint and does not set
-    ``ALLOW_AUTO_BATCHING`` to NO, the device opts in (it supports
-    ``ALLOW_AUTO_BATCHING``), the model keeps no state and is batchable."""
-    if plugin.device_name == BatchPlugin.device_name:
-        return False
-    if "ALLOW_AUTO_BATCHING" not in plugin.supported_properties:
-        return False
-    names = {str(getattr(k, "value", k)): v for k, v in config.items()}
-    try:
-        hint = PROPERTIES["PERFORMANCE_HINT"].parse(names.get("PERFORMANCE_HINT", "LATENCY"))
-        allowed = PROPERTIES["ALLOW_AUTO_BATCHING"].parse(names.get("ALLOW_AUTO_BATCHING", True))
-    except ValueError:
-        return False  # the device itself reports the bad value
-    return (
-        hint == "THROUGHPUT"
-        and allowed
-        and not names.get("STATEFUL")
-        and batch_problem(model.inputs, model.outputs) is None
-    )
 
 
 class BatchPlugin(VirtualPlugin):
@@ -90,7 +36,15 @@ class BatchPlugin(VirtualPlugin):
     """
 
     device_name = "BATCH"
-    supported_properties = (*BATCH_PROPERTIES, "SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
+    handles_state = True  # it refuses STATEFUL: each request would keep its own state
+    properties = declare(
+        TARGET_DEVICE,
+        MAX_BATCH_SIZE,
+        BATCH_TIMEOUT_MS,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        NUM_CORES,
+    )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> BatchCompiledModel:
         """Compile ``model`` for the target device and wrap it for batching.
@@ -106,11 +60,7 @@ class BatchPlugin(VirtualPlugin):
             UnknownPropertyError, InvalidPropertyValueError: a bad config value (checked by
                 this device or by the target).
         """
-        names = {str(getattr(k, "value", k)): v for k, v in config.items()}
-        own = parse_config(
-            {k: v for k, v in names.items() if k in BATCH_PROPERTIES}, BATCH_PROPERTIES
-        )
-        rest = {k: v for k, v in names.items() if k not in BATCH_PROPERTIES}
+        own, rest = self.split_config(config)
         target_device = own["TARGET_DEVICE"]
         if target_device.partition(":")[0] == self.device_name:
             raise UnknownDeviceError(
@@ -125,18 +75,8 @@ class BatchPlugin(VirtualPlugin):
         problem = batch_problem(model.inputs, model.outputs)
         if problem is not None:
             raise NotBatchableError(f"model {model.name!r} cannot be batched: {problem}")
-        if ":" in target_device:
-            # A virtual target with a target of its own ("PROCESS:CPU"): the Core compiles
-            # it, and never auto-batches a device that names a target.
-            target = self.core.compile_model(model, target_device, rest)
-        else:
-            # Through the target's plugin, not the Core: the Core would batch it again.
-            target = self.core.get_plugin(target_device).compile_model(model, rest)
+        target = self.core.compile_model(model, target_device, rest, auto_batching=False)
         return BatchCompiledModel(self, target, own)
-
-    def query_model(self, model: Model) -> dict[str, str]:
-        """The nodes the default target device (``CPU``) runs, mapped to ``BATCH``."""
-        return {name: self.device_name for name in self.core.query_model(model, "CPU")}
 
 
 class BatchCompiledModel(CompiledModel):
@@ -150,9 +90,8 @@ class BatchCompiledModel(CompiledModel):
     """
 
     def __init__(self, plugin: BatchPlugin, target: CompiledModel, config: dict[str, Any]) -> None:
-        super().__init__(
-            plugin, target.graph, target.inputs, target.outputs, config, target.streams
-        )
+        super().__init__(plugin, target.name, target.inputs, target.outputs, config)
+        self.streams = target.streams
         self.target = target
         """The compiled model that runs the batches."""
         self.batcher = Batcher(
@@ -177,7 +116,9 @@ class BatchCompiledModel(CompiledModel):
             (self.loop_executor, request.infer_postprocess),
         ]
 
-    async def infer_timed(self, inputs: Inputs) -> tuple[InferResults, float]:
+    async def infer_timed(
+        self, inputs: Inputs, *, share_inputs: bool = False
+    ) -> tuple[InferResults, float]:
         """Run one inference in a batch, without an infer request of its own (the cheapest
         way in, and what :meth:`infer` runs); return its results and the seconds its rows
         waited for their batch.
@@ -195,7 +136,7 @@ class BatchCompiledModel(CompiledModel):
         """
         if self._closed:
             raise RequestClosedError("this compiled model is closed")
-        item = self.batcher.submit(self._validator.validated(inputs))
+        item = self.batcher.submit(self._validator.validated(inputs, share_inputs=share_inputs))
         self._direct.add(item)
         try:
             await item.done.wait()
@@ -209,9 +150,17 @@ class BatchCompiledModel(CompiledModel):
         assert item.outputs is not None
         return InferResults(self.outputs, item.outputs), item.dispatched - item.enqueued
 
+    def ready(self) -> bool:
+        """Whether the target is ready, and this model not closed."""
+        return not self._closed and self.target.ready()
+
     def batch_statistics(self) -> dict[int, int]:
         """How many batches ran so far, by number of rows (``{rows: count}``)."""
         return dict(self.batcher.statistics)
+
+    def max_batch_size(self) -> int:
+        """``MAX_BATCH_SIZE``: the most rows one batch takes from concurrent inferences."""
+        return int(self.config["MAX_BATCH_SIZE"])
 
     def supported_properties(self) -> tuple[str, ...]:
         own = tuple(self.config)
@@ -226,6 +175,12 @@ class BatchCompiledModel(CompiledModel):
         if name == "DEVICE_NAME":
             return f"{self.plugin.device_name}:{self.target.get_property('DEVICE_NAME')}"
         return self.target.get_property(name)
+
+    def release_memory(self) -> None:
+        """Free this model's idle memory, then the target's (the batches in flight keep
+        theirs)."""
+        super().release_memory()
+        self.target.release_memory()
 
     async def close(self) -> None:
         """Close this model's requests, then the target (and the batches it runs)."""

@@ -2,38 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 
-from aioinfer.plugin.executors import Executor
 from aioinfer.plugin.sync_request import SyncInferRequest
 
 if TYPE_CHECKING:
     from aioinfer.devices.batch.batcher import BatchItem
     from aioinfer.devices.batch.plugin import BatchCompiledModel
-
-T = TypeVar("T")
-
-
-class AwaitExecutor(Executor):
-    """Runs a stage that is a coroutine function, on the event loop.
-
-    For a stage that waits for something else (its batch) rather than computing:
-    cancelling the awaiting task reaches the stage itself, so ``on_cancel`` is not needed.
-    """
-
-    name = "await"
-
-    async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
-        return cast("T", await cast("Any", stage()))
-
-    async def run_timed(
-        self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None
-    ) -> tuple[T, float]:
-        return cast("T", await cast("Any", stage())), 0.0
 
 
 class BatchInferRequest(SyncInferRequest):
@@ -87,7 +65,7 @@ class BatchInferRequest(SyncInferRequest):
         """The synchronous path: run this inference alone on the target device."""
         if self._alone is None:
             self._alone = self._target.create_sync_infer_request()
-        self._outputs = list(self._alone.infer(self._inputs).to_tuple())
+        self._outputs = list(self._alone.infer(self._inputs, share_inputs=True).to_tuple())
         self._item_done = None
         self.queued_seconds = 0.0
 

@@ -167,6 +167,12 @@ class RequestMemory:
 
         return observe
 
+    def release(self) -> None:
+        """Drop the buffers; the next inference plans and allocates them again."""
+        self._key = None
+        self._kernels = None
+        self.nbytes = 0
+
     def commit(self, key: tuple[Any, ...], first_outputs: Sequence[Any]) -> None:
         """Make and allocate the pattern for ``key`` from a complete recorded run."""
         pattern = make_pattern(self._plan, first_outputs)

@@ -3,105 +3,144 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import onnx_ir as ir
 
-from aioinfer import __version__
+from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.devices.cpu import kernels  # noqa: F401  (registers every kernel)
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
-from aioinfer.devices.cpu.export import Exported, cache_key, dump, load
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
 from aioinfer.devices.cpu.kernels.registry import find_kernel
 from aioinfer.devices.cpu.request import CPUInferRequest
-from aioinfer.errors import ImportModelError, InvalidPropertyValueError, UnsupportedOperatorError
+from aioinfer.errors import (
+    AioinferError,
+    InvalidBlobError,
+    UnsupportedOperatorError,
+)
 from aioinfer.model import Model, Port
-from aioinfer.opsets import node_opset
+from aioinfer.opsets import MAX_ONNX_OPSET, check_onnx_opset, node_opset
+from aioinfer.plugin.blob import ExportedModel
 from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.plugin.executors import ThreadExecutor, streams_for
+from aioinfer.plugin.onnx_payload import onnx_payload, read_onnx_payload
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.state import split_ports
-from aioinfer.properties import num_cores, parse_config
+from aioinfer.properties import (
+    CACHE_DIR,
+    DEVICE_NAME,
+    FULL_DEVICE_NAME,
+    INFERENCE_NUM_THREADS,
+    LOADED_FROM_CACHE,
+    NETWORK_NAME,
+    NUM_CORES,
+    NUM_STREAMS,
+    OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    PERF_COUNT,
+    PERFORMANCE_HINT,
+    STATEFUL,
+    SUPPORTED_PROPERTIES,
+    Property,
+    cpu_model_name,
+    declare,
+    num_cores,
+)
 from aioinfer.transforms.make_stateful import stateful_pairs, variable_shapes
 from aioinfer.transforms.pipelines import compile_passes
+
+ACTIVATION_MEMORY_BYTES = Property(
+    "ACTIVATION_MEMORY_BYTES",
+    "Bytes of planned activation buffers one request holds for the input shapes it "
+    "ran last (the largest over the requests; 0 before the first inference and after "
+    "release_memory).",
+    configurable=False,
+    mutable=True,
+)
 
 
 class CPUPlugin(Plugin):
     """The built-in ``"CPU"`` device."""
 
     device_name = "CPU"
-    supported_properties = (
-        "PERFORMANCE_HINT",
-        "NUM_STREAMS",
-        "INFERENCE_NUM_THREADS",
-        "ALLOW_AUTO_BATCHING",
-        "STATEFUL",
-        "PERF_COUNT",
-        "CACHE_DIR",
-        "ACTIVATION_MEMORY_BYTES",
-        "LOADED_FROM_CACHE",
-        "NETWORK_NAME",
-        "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
-        "SUPPORTED_PROPERTIES",
-        "DEVICE_NAME",
-        "NUM_CORES",
+    handles_state = True  # variables are inputs and outputs of the plan: see docs/stateful.md
+    properties = declare(
+        PERFORMANCE_HINT,
+        NUM_STREAMS,
+        INFERENCE_NUM_THREADS,
+        ALLOW_AUTO_BATCHING,
+        STATEFUL,
+        PERF_COUNT,
+        CACHE_DIR,
+        ACTIVATION_MEMORY_BYTES,
+        LOADED_FROM_CACHE,
+        NETWORK_NAME,
+        OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        FULL_DEVICE_NAME,
+        NUM_CORES,
     )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> CPUCompiledModel:
-        """Compile ``model``; with ``CACHE_DIR``, load it from the cache when it was
-        compiled before with the same device, config and aioinfer version (else compile
-        and store it there)."""
-        parsed = parse_config(config, self.supported_properties)
-        cache_dir = parsed["CACHE_DIR"]
-        if not cache_dir:
-            return CPUCompiledModel.compile(self, model, parsed)
-        path = Path(cache_dir) / f"{cache_key(model, self.device_name, parsed)}.blob"
-        if path.is_file():
-            try:
-                cached = self._from_blob(path.read_bytes(), parsed, set(config))
-            except ImportModelError:
-                pass  # a damaged or stale entry is compiled again and replaced below
-            else:
-                cached.loaded_from_cache = True
-                return cached
-        compiled = CPUCompiledModel.compile(self, model, parsed)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        partial.write_bytes(compiled.export_model())
-        os.replace(partial, path)  # atomic: a concurrent reader sees all or nothing
-        return compiled
-
-    def import_model(
-        self, blob: bytes, config: Mapping[str, Any] | None = None
-    ) -> CPUCompiledModel:
-        """A compiled model from ``blob`` (see :meth:`CPUCompiledModel.export_model`);
-        ``config`` may change run-time properties (hint, streams, threads, PERF_COUNT).
+        """Run the passes on a copy of ``model`` and lower it to a plan.
 
         Raises:
-            InvalidBlobError, BlobVersionError, BlobDeviceError: see
-                :func:`aioinfer.devices.cpu.export.load`.
-            InvalidPropertyValueError: ``STATEFUL`` given (the graph is already transformed).
-            UnknownPropertyError: a bad ``config``.
+            UnsupportedOpsetError: the model's ``ai.onnx`` opset is newer than
+                :data:`~aioinfer.opsets.MAX_ONNX_OPSET`.
+            UnsupportedOperatorError: an operator without a kernel (named).
         """
-        config = dict(config or {})
-        if "STATEFUL" in config:
-            raise InvalidPropertyValueError(
-                "STATEFUL cannot be set when importing: the exported model keeps the "
-                "variables it was compiled with"
+        parsed = self.parse_config(config)
+        check_onnx_opset(model.ir.opset_imports, self.device_name, MAX_ONNX_OPSET)
+        return CPUCompiledModel.compile(self, model, parsed)
+
+    def import_payload(self, exported: ExportedModel, config: dict[str, Any]) -> CPUCompiledModel:
+        """Lower the transformed graph of the payload again (see
+        :meth:`CPUCompiledModel.export_payload`), without running the passes.
+
+        Raises:
+            InvalidBlobError: the payload is not a self-contained, well-formed ONNX model
+                (see :func:`aioinfer.plugin.onnx_payload.read_onnx_payload`), cannot be
+                lowered, or does not fit the header (ports, ``STATEFUL`` pairs).
+        """
+        model = read_onnx_payload(exported.payload)
+        stored = config["STATEFUL"]  # never overridden: it is not mutable
+        if not isinstance(stored, dict):
+            raise InvalidBlobError(
+                f"the blob's config has STATEFUL {stored!r}, expected the "
+                "pairs made when it was compiled"
             )
-        return self._from_blob(blob, parse_config(config, self.supported_properties), set(config))
+        try:
+            compiled = CPUCompiledModel(self, model, exported.inputs, exported.outputs, config)
+        except (AioinferError, LookupError, ValueError, TypeError, RecursionError) as exc:
+            raise InvalidBlobError(f"the blob's model cannot be lowered: {exc}") from exc
+        if compiled.config["STATEFUL"] != stored:
+            raise InvalidBlobError(
+                f"the blob's config has STATEFUL {stored!r}, but its model "
+                f"makes the variables {compiled.config['STATEFUL']!r}"
+            )
+        graph = model.graph
+        feeds = [v.name for v in graph.inputs if v.name not in graph.initializers]
+        outputs = [v.name for v in graph.outputs]
+        if [p.name for p in compiled.inputs] != feeds or [
+            p.name for p in compiled.outputs
+        ] != outputs:
+            raise InvalidBlobError(
+                f"the blob's header ports do not match its model: inputs "
+                f"{[p.name for p in compiled.inputs]} and outputs "
+                f"{[p.name for p in compiled.outputs]}, the model has {feeds} and {outputs}"
+            )
+        return compiled
 
-    def _from_blob(self, blob: bytes, parsed: dict[str, Any], given: set[str]) -> CPUCompiledModel:
-        exported = load(blob, self.device_name)
-        config = {**parse_config({}, self.supported_properties), **exported.config}
-        config.update({name: parsed[name] for name in given if name in parsed})
-        return CPUCompiledModel(self, exported.model, exported.inputs, exported.outputs, config)
+    def get_property(self, name: str) -> Any:
+        """The device-level properties; ``FULL_DEVICE_NAME`` is the processor's model name."""
+        if name == "FULL_DEVICE_NAME":
+            return cpu_model_name()
+        return super().get_property(name)
 
-    def query_model(self, model: Model) -> dict[str, str]:
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """The nodes the CPU has a kernel for (in the model's opset), mapped to ``CPU``."""
         opsets = model.ir.opset_imports
         supported = {}
         for index, node in enumerate(model.ir.graph):
@@ -132,7 +171,7 @@ class CPUCompiledModel(CompiledModel):
         and ``source_outputs`` are the ports of the model before make-stateful, and
         ``config["STATEFUL"]`` the pairs it made."""
         self.ir_model = ir_model
-        self.source_ports = (list(source_inputs), list(source_outputs))
+        self._source_ports = (list(source_inputs), list(source_outputs))
         self.plan = lower(ir_model.graph, ir_model.opset_imports)
         pairs = config.get("STATEFUL") or {}
         made = [(name, pairs[name]) for name in self.plan.variables]
@@ -142,11 +181,15 @@ class CPUCompiledModel(CompiledModel):
             dataclasses.replace(v, shape=shapes.get(v.name, v.shape)) for v in variables
         ]
         config = {**config, "STATEFUL": dict(made)}
-        streams = _streams(config)
-        self.threads_per_stream = _configure_blas(config, streams)
-        self.loaded_from_cache = False
+        self.streams = streams_for(config, num_cores())
+        self.threads_per_stream = _configure_blas(config, self.streams)
         self._sync_requests: weakref.WeakSet[CPUInferRequest] = weakref.WeakSet()
-        super().__init__(plugin, ir_model.graph, inputs, outputs, config, streams)
+        super().__init__(plugin, ir_model.graph.name or "model", inputs, outputs, config)
+        self.graph = ir_model.graph
+        """The transformed graph (what the passes fused and folded)."""
+        self.task_executor = self.add_executor(
+            ThreadExecutor(f"{plugin.device_name}-task", self.streams)
+        )
 
     @classmethod
     def compile(cls, plugin: CPUPlugin, model: Model, config: dict[str, Any]) -> CPUCompiledModel:
@@ -156,19 +199,14 @@ class CPUCompiledModel(CompiledModel):
         compile_passes(evaluate_node, pairs)(ir_model)
         return cls(plugin, ir_model, model.inputs, model.outputs, {**config, "STATEFUL": pairs})
 
-    def export_model(self, stream: BinaryIO | None = None) -> bytes:
-        exported = Exported(
-            device=self.plugin.device_name,
-            aioinfer_version=__version__,
-            config={k: v for k, v in self.config.items() if k != "CACHE_DIR"},
-            inputs=self.source_ports[0],
-            outputs=self.source_ports[1],
-            model=self.ir_model,
-        )
-        blob = dump(exported)
-        if stream is not None:
-            stream.write(blob)
-        return blob
+    def export_payload(self) -> bytes:
+        """The transformed graph (fusions, folded weights, state operators) with its
+        weights, as an ONNX model: importing lowers it again without the passes."""
+        return onnx_payload(self.ir_model)
+
+    def source_ports(self) -> tuple[list[Port], list[Port]]:
+        """The ports of the model before make-stateful took some as variables."""
+        return self._source_ports
 
     def create_sync_infer_request(self) -> CPUInferRequest:
         request = CPUInferRequest(self)
@@ -180,8 +218,6 @@ class CPUCompiledModel(CompiledModel):
             return self.threads_per_stream * self.streams
         if name == "ACTIVATION_MEMORY_BYTES":
             return max((r.memory.nbytes for r in list(self._sync_requests)), default=0)
-        if name == "LOADED_FROM_CACHE":
-            return self.loaded_from_cache
         return super().read_only_property(name)
 
 
@@ -196,11 +232,3 @@ def _configure_blas(config: Mapping[str, Any], streams: int) -> int:
     per_stream = max(1, total // streams)
     set_intra_op_threads(per_stream)
     return per_stream
-
-
-def _streams(config: Mapping[str, Any]) -> int:
-    if config["NUM_STREAMS"] != "AUTO":
-        return int(config["NUM_STREAMS"])
-    if config["PERFORMANCE_HINT"] == "THROUGHPUT":
-        return max(1, num_cores())
-    return 1

@@ -8,8 +8,7 @@ import numpy as np
 
 from aioinfer.devices.cpu.memory import RequestMemory, shapes_key
 from aioinfer.devices.cpu.plan import Step
-from aioinfer.model import unnamed_dim_sizes
-from aioinfer.plugin.state import VariableState, VariableStore
+from aioinfer.plugin.state import VariableState, VariableStore, dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
 
 if TYPE_CHECKING:
@@ -37,12 +36,14 @@ class CPUInferRequest(SyncInferRequest):
         """The request's planned activation buffers (see :mod:`.memory`)."""
 
     def _state_sizes(self) -> dict[str, int]:
-        """What sizes a variable's initial value: the inputs' symbolic dimensions, and
-        their unnamed ones (a variable may follow one, see ``SizeStatesPass``)."""
-        return {**unnamed_dim_sizes(self._input_ports, self._inputs), **self.symbolic_sizes()}
+        """What sizes a variable's initial value (see :func:`dimension_sizes`)."""
+        return dimension_sizes(self._input_ports, self._inputs)
 
     def query_state(self, guard: Callable[[], None] | None = None) -> list[VariableState]:
         return self._variables.states(guard)
+
+    def release_memory(self) -> None:
+        self.memory.release()
 
     def infer_preprocess(self) -> None:
         super().infer_preprocess()

@@ -4,7 +4,8 @@
 model on the target device (``CPU``) and runs its inferences; the application's
 interpreter only validates inputs and moves arrays, so the compute never competes with
 the event loop for the GIL. ``"BATCH:PROCESS:CPU"`` batches in the application and runs
-the batches in the worker.
+the batches in the worker. A worker that dies or misses its heartbeat for
+``WORKER_TIMEOUT_S`` is replaced (:mod:`aioinfer.devices.process.supervisor`).
 """
 
 from __future__ import annotations
@@ -16,22 +17,35 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 import onnx_ir as ir
 
-from aioinfer.devices.batch.request import AwaitExecutor
-from aioinfer.devices.process.handle import WorkerHandle
 from aioinfer.devices.process.request import ProcessInferRequest
-from aioinfer.devices.process.worker import LIVE_PROPERTIES
+from aioinfer.devices.process.supervisor import WorkerSupervisor
 from aioinfer.errors import InvalidPropertyValueError, UnknownDeviceError
 from aioinfer.model import Model
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.executors import Executor
-from aioinfer.plugin.plugin import VirtualPlugin
-from aioinfer.properties import check_readable, parse_config
+from aioinfer.plugin.executors import AwaitExecutor, Executor
+from aioinfer.plugin.plugin import TARGET_DEVICE, VirtualPlugin
+from aioinfer.properties import (
+    DEVICE_NAME,
+    NUM_CORES,
+    SUPPORTED_PROPERTIES,
+    Property,
+    check_readable,
+    declare,
+    positive_float,
+    property_name,
+)
 
 if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import SyncInferRequest
 
-PROCESS_PROPERTIES = ("TARGET_DEVICE",)
-"""The properties the PROCESS device itself reads; every other one goes to the target."""
+WORKER_TIMEOUT_S = Property(
+    "WORKER_TIMEOUT_S",
+    "PROCESS device: a worker that does not answer its heartbeat for this many "
+    "seconds (stopped, deadlocked) is killed and replaced; its inferences fail with "
+    "WorkerTimeoutError.",
+    default=30.0,
+    parse=positive_float,
+)
 
 
 class ProcessPlugin(VirtualPlugin):
@@ -41,40 +55,40 @@ class ProcessPlugin(VirtualPlugin):
     """
 
     device_name = "PROCESS"
-    supported_properties = (*PROCESS_PROPERTIES, "SUPPORTED_PROPERTIES", "DEVICE_NAME", "NUM_CORES")
+    properties = declare(
+        TARGET_DEVICE, WORKER_TIMEOUT_S, SUPPORTED_PROPERTIES, DEVICE_NAME, NUM_CORES
+    )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> ProcessCompiledModel:
         """Start a worker process that compiles ``model`` on the target device.
 
-        ``config`` holds ``TARGET_DEVICE``; every other property goes to the target (and is
-        checked against the target's properties here, before a process starts). Blocks
-        until the worker has compiled (about a second and a half to start Python there).
+        ``config`` holds ``TARGET_DEVICE`` and ``WORKER_TIMEOUT_S``; every other property
+        goes to the target (and is checked against the target's properties here, before a
+        process starts). Blocks until the worker has compiled (about a second and a half
+        to start Python there).
 
         Raises:
             UnknownDeviceError: the target is unknown, virtual (``BATCH``, ``PROCESS``) or
                 names a target of its own.
             UnknownPropertyError, InvalidPropertyValueError: a bad config value;
-                ``STATEFUL`` is refused (the worker's requests keep no per-request state).
+                ``STATEFUL`` given here rather than through the Core, which keeps the
+                variables in the application (the worker stays stateless).
             CompileError, UnsupportedOperatorError: the compile failed in the worker (the
                 worker's class and message), or the worker died while compiling.
         """
-        names = {str(getattr(k, "value", k)): v for k, v in config.items()}
-        own = parse_config(
-            {k: v for k, v in names.items() if k in PROCESS_PROPERTIES}, PROCESS_PROPERTIES
-        )
-        rest = {k: v for k, v in names.items() if k not in PROCESS_PROPERTIES}
+        own, rest = self.split_config(config)
         target = own["TARGET_DEVICE"]
         if ":" in target or target in (self.device_name, "BATCH"):
             raise UnknownDeviceError(
                 f"the PROCESS device needs a plain target device such as 'CPU', got "
                 f"{target!r} (to batch in the application, use 'BATCH:PROCESS:CPU')"
             )
-        parsed = parse_config(rest, self.core.get_plugin(target).supported_properties)
+        parsed = self.core.get_plugin(target).parse_config(rest)
         if parsed.get("STATEFUL"):
             raise InvalidPropertyValueError(
                 f"invalid value {rest['STATEFUL']!r} for property 'STATEFUL': the PROCESS "
-                "device keeps no state per request; compile stateful models on "
-                f"{target!r} directly"
+                "worker keeps no state per request; compile through Core.compile_model, "
+                "which keeps the variables in the application"
             )
         payload = {
             "model": ir.serde.serialize_model(model.ir).SerializeToString(),
@@ -82,12 +96,11 @@ class ProcessPlugin(VirtualPlugin):
             "target": target,
             "config": rest,
         }
-        worker, info = WorkerHandle.start(f"{self.device_name}:{target}", payload)
-        return ProcessCompiledModel(self, worker, info, target)
-
-    def query_model(self, model: Model) -> dict[str, str]:
-        """The nodes the default target device (``CPU``) runs, mapped to ``PROCESS``."""
-        return {name: self.device_name for name in self.core.query_model(model, "CPU")}
+        supervisor = WorkerSupervisor(
+            f"{self.device_name}:{target}", payload, own["WORKER_TIMEOUT_S"]
+        )
+        info = supervisor.start()
+        return ProcessCompiledModel(self, supervisor, info, own)
 
 
 def _external_data_dir(graph: ir.Graph) -> str:
@@ -102,35 +115,60 @@ class ProcessCompiledModel(CompiledModel):
     """A model compiled on a target device inside a worker process.
 
     It has the worker's ports and ``NUM_STREAMS`` (the worker computes that many
-    inferences at once; more wait there for a stream). Properties: ``TARGET_DEVICE`` is
-    its own; every other one is the target's, read in the worker at compile time
-    (``ACTIVATION_MEMORY_BYTES``, which changes as it runs, is read from the worker each
-    time). ``DEVICE_NAME`` is ``"PROCESS:<target>"``. ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``
-    is twice the streams: an inference that waits in the worker starts the moment a
-    stream is free, without a round trip through the application's event loop.
+    inferences at once; more wait there for a stream). Properties: ``TARGET_DEVICE`` and
+    ``WORKER_TIMEOUT_S`` are its own; every other one is the target's, read in the worker
+    at compile time (``ACTIVATION_MEMORY_BYTES``, which changes as it runs, as of the
+    last inference answered). ``DEVICE_NAME`` is ``"PROCESS:<target>"``.
+    ``OPTIMAL_NUMBER_OF_INFER_REQUESTS`` is twice the streams: an inference that waits in
+    the worker starts the moment a stream is free, without a round trip through the
+    application's event loop.
+
+    A worker that dies, or misses its heartbeat for ``WORKER_TIMEOUT_S`` seconds, is
+    replaced by a new one (on a thread): see :attr:`worker_pid`, :attr:`worker_restarts`
+    and :meth:`ready`.
 
     Attributes:
-        worker: the handle of the worker process (``worker.pid``, ``worker.process``).
+        supervisor: keeps the worker running (see
+            :class:`aioinfer.devices.process.supervisor.WorkerSupervisor`).
     """
 
     def __init__(
-        self, plugin: ProcessPlugin, worker: WorkerHandle, info: dict[str, Any], target: str
+        self,
+        plugin: ProcessPlugin,
+        supervisor: WorkerSupervisor,
+        info: dict[str, Any],
+        own: dict[str, Any],
     ) -> None:
-        graph = ir.Graph((), (), nodes=(), name=info["name"])
-        config = {**info["config"], "TARGET_DEVICE": target}
-        super().__init__(plugin, graph, info["inputs"], info["outputs"], config, info["streams"])
-        self.worker = worker
+        config = {**info["config"], **own}
+        super().__init__(plugin, info["name"], info["inputs"], info["outputs"], config)
+        self.streams = info["streams"]
+        self.own_config = dict(own)
+        """The PROCESS device's own properties (``TARGET_DEVICE``, ``WORKER_TIMEOUT_S``)."""
+        self.supervisor = supervisor
         self.await_executor: Executor = AwaitExecutor()
         self._properties: dict[str, Any] = info["properties"]
         # A model that is dropped without close() still lets its worker go.
-        self._finalizer = weakref.finalize(self, worker.abandon)
+        self._finalizer = weakref.finalize(self, supervisor.abandon)
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The process id of the current worker, for diagnostics (None while a new worker
+        starts). It changes when a worker is replaced."""
+        return self.supervisor.pid
+
+    @property
+    def worker_restarts(self) -> int:
+        """How many times a new worker replaced one that died or stopped answering."""
+        return self.supervisor.restarts
+
+    def ready(self) -> bool:
+        """False while a new worker starts (after the last one died or hung), and once
+        closed; inferences started meanwhile wait for the new worker."""
+        return not self._closed and self.supervisor.ready()
 
     def create_sync_infer_request(self) -> ProcessInferRequest:
-        """A request with a connection of its own to the worker.
-
-        Raises:
-            InferenceError: the worker has died.
-        """
+        """A request that makes a connection of its own to the worker at its first
+        inference."""
         return ProcessInferRequest(self)
 
     def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
@@ -139,43 +177,47 @@ class ProcessCompiledModel(CompiledModel):
         assert isinstance(request, ProcessInferRequest)
         return [
             (self.loop_executor, request.infer_preprocess),
-            (self.loop_executor, request.start_pipeline),
+            (self.await_executor, request.start_async),
             (self.await_executor, request.wait_async),
             (self.loop_executor, request.infer_postprocess),
         ]
 
+    def record_live_properties(self, values: Mapping[str, Any]) -> None:
+        """Keep the values of the properties that change as the model runs (each
+        inference's reply carries them)."""
+        self._properties.update(values)
+
     def supported_properties(self) -> tuple[str, ...]:
+        own = tuple(self.own_config)
         target = self._properties.get("SUPPORTED_PROPERTIES", ())
-        return (*PROCESS_PROPERTIES, *(n for n in target if n not in PROCESS_PROPERTIES))
+        return (*own, *(n for n in target if n not in own))
 
     def get_property(self, name: str) -> Any:
-        """Read a property: ``TARGET_DEVICE``, ``DEVICE_NAME`` (``"PROCESS:CPU"``), or the
-        target's value.
+        """Read a property: ``TARGET_DEVICE``, ``WORKER_TIMEOUT_S``, ``DEVICE_NAME``
+        (``"PROCESS:CPU"``), or the target's value. Never waits for the worker.
 
         Raises:
             UnknownPropertyError: not supported by the target either.
-            InferenceError: a property read live (``ACTIVATION_MEMORY_BYTES``) after the
-                worker died.
         """
-        name = str(getattr(name, "value", name))
+        name = property_name(name)
         check_readable(name, self.supported_properties())
-        if name == "TARGET_DEVICE":
-            return self.config[name]
+        if name in self.own_config:
+            return self.own_config[name]
         if name == "SUPPORTED_PROPERTIES":
             return self.supported_properties()
         if name == "DEVICE_NAME":
             return f"{self.plugin.device_name}:{self._properties[name]}"
         if name == "OPTIMAL_NUMBER_OF_INFER_REQUESTS":
             return 2 * self.streams
-        if name in self._properties and name not in LIVE_PROPERTIES:
-            return self._properties[name]
-        return self.worker.read_property(name)
+        return self._properties[name]
 
     async def close(self) -> None:
-        """Close this model's requests (cancelling what runs), then stop the worker: ask it
-        to exit, wait for it (5 s at most), then terminate it."""
-        await super().close()
-        await anyio.to_thread.run_sync(self.worker.stop)
+        """Close this model's requests (cancelling what runs) while the worker is asked to
+        exit (it is killed when it has not within 5 s); no new worker starts."""
+        self.supervisor.close()
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, self.supervisor.stop)
+            await super().close()
         self._finalizer.detach()
 
     def __repr__(self) -> str:

@@ -3,12 +3,12 @@ connection of its own, and the event loop waits for the reply on that connection
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from aioinfer.devices.process.supervisor import CONNECT_ATTEMPTS, Link
 from aioinfer.devices.process.worker import error_from
 from aioinfer.errors import AioinferError, InferCancelledError
 from aioinfer.plugin.sync_request import SyncInferRequest
@@ -16,84 +16,192 @@ from aioinfer.plugin.sync_request import SyncInferRequest
 if TYPE_CHECKING:
     from aioinfer.devices.process.plugin import ProcessCompiledModel
 
+CANCEL_WAIT_SECONDS = 5.0
+"""How long cancelling an awaited inference waits for the worker's answer (at most
+``WORKER_TIMEOUT_S``) before it drops the request's connection instead."""
+
 
 class ProcessInferRequest(SyncInferRequest):
     """One infer request of a PROCESS compiled model, with its own worker connection.
 
     Stages: ``infer_preprocess`` validates the inputs here, in the application's process
-    (base class), before anything is sent; ``start_pipeline`` sends them (on the event
-    loop); ``wait_async`` awaits the reply on the loop, which watches the connection like
-    any socket, so no thread of the application takes part; ``infer_postprocess``
+    (base class), before anything is sent; :meth:`start_async` sends them and
+    :meth:`wait_async` awaits the reply, both on the event loop, which watches the
+    connection like any socket (no thread of the application takes part, and a worker
+    that stops reading or answering never blocks the loop); ``infer_postprocess``
     publishes the outputs (arrays made by unpickling: the caller owns them);
     ``queued_seconds`` is how long the inference waited in the worker for a stream. The
-    synchronous path waits with :meth:`wait_pipeline` instead. :meth:`cancel` reaches the
-    worker, whose compute stops at its next kernel.
+    synchronous path sends and waits in the calling thread (:meth:`start_pipeline`,
+    :meth:`wait_pipeline`). :meth:`cancel` reaches the worker, whose compute stops at its
+    next kernel.
+
+    The connection is made by the first inference (its handshake on a thread), and
+    again after the worker was replaced. An inference that could not reach a worker
+    that had just died goes to the next one; one that the worker had received fails
+    with the worker's ``death`` (:class:`WorkerDiedError`, :class:`WorkerTimeoutError`).
     """
 
     def __init__(self, compiled_model: ProcessCompiledModel) -> None:
         super().__init__(compiled_model)
-        self._worker = compiled_model.worker
-        self._number, self._connection = self._worker.connect()
+        self._compiled = compiled_model
+        self._supervisor = compiled_model.supervisor
+        self._cancel_wait = min(CANCEL_WAIT_SECONDS, self._supervisor.timeout)
+        self._link: Link | None = None
         self._lock = threading.Lock()
         self._sent: int | None = None
         """The number of the inference sent and not yet answered."""
         self._outputs: list[Any] = []
 
-    def start_pipeline(self) -> None:
-        """Send the inputs to the worker.
+    # -- the event loop's path ------------------------------------------------------------
+
+    async def start_async(self) -> None:
+        """Send the inputs to the worker, waiting for a new worker while one starts.
 
         Raises:
             InferCancelledError: :meth:`cancel` was called before they were sent.
-            InferenceError: the worker process has died (naming the device and its exit
-                code).
+            DeviceUnavailableError: no worker could be reached (retryable).
+            RequestClosedError: the compiled model was closed.
         """
         if self._sent is not None:  # an inference cancelled between its stages
-            self._take(self._worker.receive(self._connection), drain=True)
-        with self._lock:
-            if self.cancel_token.requested:
-                raise InferCancelledError("the inference was cancelled")
-            self._sent = self._worker.next_seq()
-        self._worker.send(self._connection, self._sent, self._inputs)
-
-    def wait_pipeline(self) -> None:
-        """Block until the worker's reply arrives (the synchronous path).
-
-        Raises:
-            InferCancelledError: the inference was cancelled (the worker stopped).
-            InferenceError: a kernel failed (the worker's message, naming the node), or
-                the worker process has died.
-        """
-        self._take(self._worker.receive(self._connection))
+            await self._drain_async()
+        error: AioinferError | None = None
+        for _ in range(CONNECT_ATTEMPTS):
+            link = self._link = await self._supervisor.link_async(self._link)
+            message = self._message(link)
+            try:
+                await link.channel.send_async(message)
+                return
+            except OSError:  # the worker ended before the inference reached it
+                self._unlink()
+                error = await self._supervisor.death_of_async(link.handle)
+            except BaseException:
+                if link.channel.torn:  # half sent: the connection cannot be reused
+                    self._unlink()
+                raise
+        assert error is not None
+        raise error
 
     async def wait_async(self) -> None:
-        """Await the worker's reply on the event loop; raises as :meth:`wait_pipeline`.
+        """Await the worker's reply on the event loop.
 
         Cancelling the awaiting task cancels the inference in the worker and waits
         (shielded) until the worker has answered, so that the connection is ready for the
-        next inference.
+        next inference; after :data:`CANCEL_WAIT_SECONDS` without an answer it drops the
+        connection instead (the next inference makes a new one).
+
+        Raises:
+            InferCancelledError: the inference was cancelled (the worker stopped).
+            InferenceError: a kernel failed (the worker's message, naming the node).
+            WorkerDiedError, WorkerTimeoutError: the worker died, or stopped answering
+                and was killed, before it answered (retryable: a new worker starts).
         """
+        link = self._link
+        assert link is not None
         try:
-            await anyio.wait_readable(self._connection.fileno())
+            reply = await link.channel.receive_async()
         except anyio.get_cancelled_exc_class():
             self.cancel()
-            with anyio.CancelScope(shield=True), contextlib.suppress(AioinferError, OSError):
-                await anyio.wait_readable(self._connection.fileno())
-                self._take(self._worker.receive(self._connection), drain=True)
+            with anyio.move_on_after(self._cancel_wait, shield=True):
+                await self._drain_async()
+            if self._sent is not None:  # no answer in time: nobody will read it
+                self._unlink()
             raise
-        except OSError:  # the connection was closed: the worker was stopped
-            raise self._worker.died() from None
-        self.wait_pipeline()
+        except (EOFError, OSError):
+            self._unlink()
+            raise await self._lost_async(link) from None
+        self._take(reply)
 
-    def _take(self, reply: tuple[Any, ...], drain: bool = False) -> None:
+    async def _drain_async(self) -> None:
+        """Read and drop the reply of the inference sent last (it was cancelled)."""
+        link = self._link
+        assert link is not None
+        try:
+            await link.channel.receive_async()
+        except (EOFError, OSError):
+            self._unlink()
+            return
+        except BaseException:
+            if link.channel.torn:
+                self._unlink()
+            raise
         with self._lock:
             self._sent = None
-        if drain:
+
+    async def _lost_async(self, link: Link) -> AioinferError:
+        if self.cancel_token.requested:
+            return InferCancelledError("the inference was cancelled")
+        return await self._supervisor.death_of_async(link.handle)
+
+    # -- the synchronous path -------------------------------------------------------------
+
+    def start_pipeline(self) -> None:
+        """Send the inputs to the worker, blocking the calling thread (the synchronous
+        path); raises as :meth:`start_async`."""
+        if self._sent is not None:
+            self._drain()
+        error: AioinferError | None = None
+        for _ in range(CONNECT_ATTEMPTS):
+            link = self._link = self._supervisor.link(self._link)
+            try:
+                link.channel.send(self._message(link))
+                return
+            except OSError:
+                self._unlink()
+                error = self._supervisor.death_of(link.handle)
+        assert error is not None
+        raise error
+
+    def wait_pipeline(self) -> None:
+        """Block until the worker's reply arrives (the synchronous path); raises as
+        :meth:`wait_async`."""
+        link = self._link
+        assert link is not None
+        try:
+            reply = link.channel.receive()
+        except (EOFError, OSError):
+            self._unlink()
+            if self.cancel_token.requested:
+                raise InferCancelledError("the inference was cancelled") from None
+            raise self._supervisor.death_of(link.handle) from None
+        self._take(reply)
+
+    def _drain(self) -> None:
+        link = self._link
+        assert link is not None
+        try:
+            link.channel.receive()
+        except (EOFError, OSError):
+            self._unlink()
             return
+        with self._lock:
+            self._sent = None
+
+    # -- both -----------------------------------------------------------------------------
+
+    def _message(self, link: Link) -> tuple[int, list[Any]]:
+        """Number the inference on ``link``: the message that sends it."""
+        with self._lock:
+            if self.cancel_token.requested:
+                raise InferCancelledError("the inference was cancelled")
+            self._sent = next(link.seqs)
+            return self._sent, self._inputs
+
+    def _unlink(self) -> None:
+        """Drop the connection (its worker ended, or a message on it was cut)."""
+        with self._lock:
+            link, self._link, self._sent = self._link, None, None
+        if link is not None:
+            link.channel.close()
+
+    def _take(self, reply: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._sent = None
         if reply[0] == "cancelled":
             raise InferCancelledError("the inference was cancelled")
         if reply[0] == "error":
             raise error_from(reply)
-        _, self._outputs, self.node_profile.timings, self.queued_seconds = reply
+        _, self._outputs, self.node_profile.timings, self.queued_seconds, live = reply
+        self._compiled.record_live_properties(live)
 
     def infer_postprocess(self) -> None:
         """Publish the outputs received from the worker."""
@@ -104,5 +212,5 @@ class ProcessInferRequest(SyncInferRequest):
         """Stop the running inference: in the worker when it was sent (any thread)."""
         super().cancel()
         with self._lock:
-            if self._sent is not None:
-                self._worker.cancel(self._number, self._sent)
+            if self._sent is not None and self._link is not None:
+                self._link.handle.cancel(self._link.number, self._sent)

@@ -4,17 +4,18 @@ serves inferences: a thread per connection of the parent, a compute thread per s
 The parent starts it with ``python -m aioinfer.devices.process`` (a fresh interpreter
 that does not import the application's ``__main__``), writes an authentication key to
 its stdin and reads the address it listens on from its stdout. Protocol (pickled tuples
-over authenticated ``multiprocessing.connection`` sockets):
+over authenticated local sockets, framed by :mod:`aioinfer.devices.process.channel`):
 
 - control connection, parent to worker: ``("compile", payload)`` once, then any of
-  ``("cancel", request number, seq)``, ``("property", name)`` and ``("close",)``;
-  worker to parent: ``("ok", value)`` or ``("error", class name, message)``, once for the
-  compile and once per ``"property"``.
+  ``("ping",)``, ``("cancel", request number, seq)`` and ``("close",)``; worker to
+  parent: ``("pong",)`` per ping (answered by the main thread, also while the model
+  compiles or computes: the parent's heartbeat), and once the compile's ``("ok",
+  description)`` or ``("error", class name, message)``.
 - one connection per infer request of the parent, which first sends its number, then
   ``(seq, inputs)`` per inference; worker to parent: ``("ok", outputs, node timings,
-  seconds waited for a stream)``, ``("cancelled",)`` or ``("error", class name,
-  message)``. Each inference computes on one of the target's NUM_STREAMS requests (it
-  waits while all are busy).
+  seconds waited for a stream, live properties)``, ``("cancelled",)`` or ``("error",
+  class name, message)``. Each inference computes on one of the target's NUM_STREAMS
+  requests (it waits while all are busy).
 
 The worker exits on ``"close"`` and when the control connection reaches its end (the
 parent closed it or died).
@@ -29,13 +30,14 @@ import sys
 import threading
 import time
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Listener
 from typing import TYPE_CHECKING, Any
 
 import onnx
 import onnx_ir as ir
 
 import aioinfer.errors
+from aioinfer.devices.process.channel import Channel
 from aioinfer.errors import AioinferError, InferCancelledError
 
 if TYPE_CHECKING:
@@ -43,9 +45,6 @@ if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import SyncInferRequest
 
 Reply = tuple[Any, ...]
-
-LIVE_PROPERTIES = ("ACTIVATION_MEMORY_BYTES",)
-"""Properties that change while the model runs: read from the worker each time."""
 
 
 def error_reply(exc: BaseException, default: str) -> Reply:
@@ -76,8 +75,9 @@ def compile_in_worker(payload: dict[str, Any]) -> CompiledModel:
     ir_model = ir.serde.deserialize_model(proto)
     if payload["base_dir"]:
         ir.external_data.set_base_dir(ir_model.graph, payload["base_dir"])
-    plugin = Core().get_plugin(payload["target"])
-    return plugin.compile_model(Model(ir_model), payload["config"])
+    return Core().compile_model(
+        Model(ir_model), payload["target"], payload["config"], auto_batching=False
+    )
 
 
 def describe(compiled: CompiledModel) -> dict[str, Any]:
@@ -97,6 +97,17 @@ def describe(compiled: CompiledModel) -> dict[str, Any]:
         "config": compiled.config,
         "properties": properties,
     }
+
+
+def live_properties(compiled: CompiledModel) -> list[str]:
+    """The readable properties of ``compiled`` whose values change while it runs: those
+    its device declares read-only and mutable (``ACTIVATION_MEMORY_BYTES``)."""
+    declared = compiled.plugin.properties
+    return [
+        name
+        for name in compiled.supported_properties()
+        if name in declared and declared[name].mutable and not declared[name].configurable
+    ]
 
 
 class Job:
@@ -124,6 +135,9 @@ class Streams:
     """
 
     def __init__(self, compiled: CompiledModel) -> None:
+        self.compiled = compiled
+        self.live_properties = live_properties(compiled)
+        """Read-only properties that change while the model runs: each reply carries them."""
         self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
         for index in range(compiled.streams):
             request = compiled.create_sync_infer_request()
@@ -160,9 +174,9 @@ class ConnectionServer:
     before its inference stops it as soon as it starts.
     """
 
-    def __init__(self, streams: Streams, connection: Connection) -> None:
+    def __init__(self, streams: Streams, channel: Channel) -> None:
         self.streams = streams
-        self.connection = connection
+        self.channel = channel
         self._lock = threading.Lock()
         self._request: SyncInferRequest | None = None
         self._current = -1
@@ -178,23 +192,20 @@ class ConnectionServer:
 
     def serve(self) -> None:
         """Answer inferences until the connection ends."""
-        with self.connection:
+        try:
             while True:
-                try:
-                    seq, inputs = self.connection.recv()
-                except (EOFError, OSError):
-                    return
-                reply = self.streams.run(Job(self, seq, inputs))
-                try:
-                    self.connection.send(reply)
-                except OSError:
-                    return
+                seq, inputs = self.channel.receive()
+                self.channel.send(self.streams.run(Job(self, seq, inputs)))
+        except (EOFError, OSError):
+            return
+        finally:
+            self.channel.close()
 
     def run(self, request: SyncInferRequest, seq: int, inputs: list[Any], waited: float) -> Reply:
         """Run one inference on a stream's ``request``, through its four stages (on the
         stream's thread); ``waited`` is the time it waited for the stream."""
         try:
-            request.set_inputs(inputs)
+            request.set_inputs(inputs, share_inputs=True)  # just unpickled: ours alone
             with self._lock:
                 self._request, self._current = request, seq
                 request.cancel_token.requested = self._cancelled >= seq
@@ -204,7 +215,9 @@ class ConnectionServer:
                 with self._lock:
                     self._request, self._current = None, -1
             timings = list(request.node_profile.timings)
-            return ("ok", list(results.to_tuple()), timings, waited)
+            compiled = self.streams.compiled
+            live = {name: compiled.get_property(name) for name in self.streams.live_properties}
+            return ("ok", list(results.to_tuple()), timings, waited, live)
         except InferCancelledError:
             return ("cancelled",)
         except Exception as exc:
@@ -218,76 +231,102 @@ def main() -> None:
 
     Reads the authentication key (hex) from stdin, listens on a local socket and writes
     its address to stdout. The first connection is the control connection, on which the
-    model arrives; after the compile, each connection is one infer request of the parent
+    model arrives; it compiles on a thread while the main thread answers the control
+    connection. After the compile, each connection is one infer request of the parent
     (it first sends its number). The worker serves until ``"close"`` or the end of the
     control connection (the parent closed it or died). Ctrl-C in a terminal reaches the
     whole process group; the worker ignores it and lets the parent decide when it ends.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    connected = threading.Event()
+    threading.Thread(
+        target=_exit_when_orphaned, args=(os.getppid(), connected), daemon=True
+    ).start()
     authkey = bytes.fromhex(sys.stdin.readline().strip())
-    listener = Listener(authkey=authkey)
-    sys.stdout.write(f"{listener.address}\n")
-    sys.stdout.flush()
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads stdout any more
+    if not authkey:  # the parent died before it wrote the key
+        return
+    listener = Listener(authkey=authkey, backlog=64)
     try:
-        control = listener.accept()
-        kind, payload = control.recv()
+        sys.stdout.write(f"{listener.address}\n")
+        sys.stdout.flush()
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads stdout any more
+        control = Channel(listener.accept())
     except (EOFError, OSError, AuthenticationError):  # the parent gave up or died
         return
-    assert kind == "compile"
-    try:
-        compiled = compile_in_worker(payload)
-        info = describe(compiled)
-    except Exception as exc:
-        control.send(error_reply(exc, "CompileError"))
-        return
-    streams = Streams(compiled)
-    servers: dict[int, ConnectionServer] = {}
-    threading.Thread(
-        target=_accept, args=(listener, streams, servers), name="aioinfer-accept", daemon=True
-    ).start()
-    control.send(("ok", info))
-    _control_loop(control, compiled, servers)
+    connected.set()
+    Control(control, listener).serve()
 
 
-def _accept(
-    listener: Listener,
-    streams: Streams,
-    servers: dict[int, ConnectionServer],
-) -> None:
-    """Accept the connections of the parent's infer requests, one thread each."""
-    while True:
-        try:
-            connection = listener.accept()
-            number = connection.recv()
-        except (EOFError, OSError, AuthenticationError):
-            continue
-        server = servers[number] = ConnectionServer(streams, connection)
-
-        def serve(server: ConnectionServer = server, number: int = number) -> None:
-            server.serve()
-            servers.pop(number, None)
-
-        threading.Thread(target=serve, name=f"aioinfer-request-{number}", daemon=True).start()
+def _exit_when_orphaned(parent: int, connected: threading.Event) -> None:
+    """Until the control connection is made (whose end then tells the worker that the
+    parent is gone), exit when the parent dies: it may die between starting the worker
+    and connecting to it, leaving the worker waiting for a connection forever."""
+    while not connected.wait(0.5):
+        if os.getppid() != parent:
+            os._exit(0)
 
 
-def _control_loop(
-    control: Connection, compiled: CompiledModel, servers: dict[int, ConnectionServer]
-) -> None:
-    while True:
-        try:
-            message = control.recv()
-        except (EOFError, OSError):
-            return
-        if message[0] == "cancel":
-            server = servers.get(message[1])
-            if server is not None:
-                server.cancel(message[2])
-        elif message[0] == "property":
+class Control:
+    """The control connection's end in the worker: compiles, answers heartbeats, passes
+    cancels on, and ends the worker."""
+
+    def __init__(self, channel: Channel, listener: Listener) -> None:
+        self.channel = channel
+        self.listener = listener
+        self.servers: dict[int, ConnectionServer] = {}
+        self._send_lock = threading.Lock()
+
+    def serve(self) -> None:
+        """Answer the control connection (on the main thread) until ``"close"`` or its
+        end."""
+        while True:
             try:
-                reply: Reply = ("ok", compiled.get_property(message[1]))
-            except Exception as exc:
-                reply = error_reply(exc, "PropertyError")
-            control.send(reply)
-        else:  # "close"
+                message = self.channel.receive()
+            except (EOFError, OSError):
+                return
+            if message[0] == "ping":
+                self.reply(("pong",))
+            elif message[0] == "cancel":
+                server = self.servers.get(message[1])
+                if server is not None:
+                    server.cancel(message[2])
+            elif message[0] == "compile":
+                threading.Thread(
+                    target=self.compile, args=(message[1],), name="aioinfer-compile", daemon=True
+                ).start()
+            else:  # "close"
+                return
+
+    def reply(self, message: Reply) -> None:
+        with self._send_lock:
+            self.channel.send(message)
+
+    def compile(self, payload: dict[str, Any]) -> None:
+        """Compile, start the streams and accept the infer requests' connections; reply."""
+        try:
+            compiled = compile_in_worker(payload)
+            info = describe(compiled)
+        except Exception as exc:
+            self.reply(error_reply(exc, "CompileError"))
             return
+        streams = Streams(compiled)
+        threading.Thread(
+            target=self.accept, args=(streams,), name="aioinfer-accept", daemon=True
+        ).start()
+        self.reply(("ok", info))
+
+    def accept(self, streams: Streams) -> None:
+        """Accept the connections of the parent's infer requests, one thread each."""
+        while True:
+            try:
+                channel = Channel(self.listener.accept())
+                number = channel.receive()
+            except (EOFError, OSError, AuthenticationError):
+                continue
+            server = self.servers[number] = ConnectionServer(streams, channel)
+
+            def serve(server: ConnectionServer = server, number: int = number) -> None:
+                server.serve()
+                self.servers.pop(number, None)
+
+            threading.Thread(target=serve, name=f"aioinfer-request-{number}", daemon=True).start()

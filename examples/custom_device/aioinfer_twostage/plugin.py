@@ -7,23 +7,37 @@ host work and the compute run on two different executors, so while request A com
 request B stages its inputs: stages of different requests overlap.
 
 The compute reuses the CPU device's compiler (passes and lowering to a plan of numpy
-kernels) and its export format; a real device would lower to its own executable form.
+kernels), and exports the transformed graph as an ONNX payload; a real device would
+lower to its own executable form and export that.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import onnx_ir as ir
 
-from aioinfer import __version__
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
-from aioinfer.devices.cpu.export import Exported, dump, load
 from aioinfer.devices.cpu.plugin import CPUPlugin
 from aioinfer.model import Model, Port
 from aioinfer.plugin import CompiledModel, Executor, Plugin, SyncInferRequest, ThreadExecutor
-from aioinfer.properties import num_cores, parse_config
+from aioinfer.plugin.blob import ExportedModel
+from aioinfer.plugin.executors import streams_for
+from aioinfer.plugin.onnx_payload import onnx_payload, read_onnx_payload
+from aioinfer.properties import (
+    CACHE_DIR,
+    DEVICE_NAME,
+    LOADED_FROM_CACHE,
+    NETWORK_NAME,
+    NUM_CORES,
+    NUM_STREAMS,
+    OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    PERFORMANCE_HINT,
+    SUPPORTED_PROPERTIES,
+    declare,
+    num_cores,
+)
 from aioinfer.transforms.pipelines import compile_passes
 from aioinfer_twostage.request import TwoStageInferRequest
 
@@ -32,47 +46,48 @@ class TwoStagePlugin(Plugin):
     """The ``"TWOSTAGE"`` device."""
 
     device_name = "TWOSTAGE"
-    # Every name must be declared in aioinfer.properties; parse_config and get_property
-    # derive the parsing, the defaults and the errors from those declarations.
-    supported_properties = (
-        "PERFORMANCE_HINT",
-        "NUM_STREAMS",
-        "NETWORK_NAME",
-        "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
-        "SUPPORTED_PROPERTIES",
-        "DEVICE_NAME",
-        "NUM_CORES",
+    # The shared declarations of aioinfer.properties this device supports (a property of
+    # its own would be one more Property here); parse_config and get_property derive the
+    # parsing, the defaults and the errors from them.
+    properties = declare(
+        PERFORMANCE_HINT,
+        NUM_STREAMS,
+        CACHE_DIR,  # its models export: the Core keeps them in CACHE_DIR
+        LOADED_FROM_CACHE,
+        NETWORK_NAME,
+        OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        NUM_CORES,
     )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> TwoStageCompiledModel:
         # Unknown names and invalid values raise UnknownPropertyError and
         # InvalidPropertyValueError before any work is done.
-        parsed = parse_config(config, self.supported_properties)
+        parsed = self.parse_config(config)
         # Transforms run on a copy: the user's Model is not changed.
         ir_model = model.ir.clone()
         compile_passes(evaluate_node)(ir_model)
         return TwoStageCompiledModel(self, ir_model, model.inputs, model.outputs, parsed)
 
-    def import_model(
-        self, blob: bytes, config: Mapping[str, Any] | None = None
+    def import_payload(
+        self, exported: ExportedModel, config: dict[str, Any]
     ) -> TwoStageCompiledModel:
-        # load() checks the magic, the checksum, the versions and the device, and raises
-        # InvalidBlobError, BlobVersionError or BlobDeviceError. The passes do not run
-        # again: the blob holds the transformed graph.
-        exported = load(blob, self.device_name)
-        parsed = parse_config({**exported.config, **(config or {})}, self.supported_properties)
-        return TwoStageCompiledModel(
-            self, exported.model, exported.inputs, exported.outputs, parsed
-        )
+        # The base class checked the framing (magic, checksum, versions, device: else
+        # InvalidBlobError, BlobVersionError or BlobDeviceError) and merged the config.
+        # read_onnx_payload refuses a malformed or not self-contained graph. The passes do
+        # not run again: the payload holds the transformed graph.
+        ir_model = read_onnx_payload(exported.payload)
+        return TwoStageCompiledModel(self, ir_model, exported.inputs, exported.outputs, config)
 
-    def query_model(self, model: Model) -> dict[str, str]:
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         # The compute runs the CPU device's kernels, so the supported nodes are the same.
         return {node: self.device_name for node in CPUPlugin().query_model(model)}
 
 
 class TwoStageCompiledModel(CompiledModel):
-    """A model compiled for ``TWOSTAGE``: the plan, and a host executor next to the
-    compute (task) executor of the base class."""
+    """A model compiled for ``TWOSTAGE``: the plan, a compute (task) executor and a host
+    executor."""
 
     def __init__(
         self,
@@ -86,12 +101,15 @@ class TwoStageCompiledModel(CompiledModel):
         # read once here and shared (read-only) by every request.
         self.ir_model = ir_model
         self.plan = lower(ir_model.graph, ir_model.opset_imports)
-        streams = _streams(config)
-        # The base class creates the task executor (one compute thread per stream) and
-        # the callback executor.
-        super().__init__(plugin, ir_model.graph, inputs, outputs, config, streams)
-        # One host thread stages inputs and outputs for all requests of this model.
-        self.host_executor: Executor = ThreadExecutor(f"{plugin.device_name}-host", 1)
+        self.streams = streams_for(config, num_cores())
+        super().__init__(plugin, ir_model.graph.name or "model", inputs, outputs, config)
+        # The executors are the device's choice: one compute thread per stream, and one
+        # host thread that stages inputs and outputs for all requests of this model.
+        # close() releases what add_executor keeps, once no request runs.
+        self.task_executor = self.add_executor(
+            ThreadExecutor(f"{plugin.device_name}-task", self.streams)
+        )
+        self.host_executor = self.add_executor(ThreadExecutor(f"{plugin.device_name}-host", 1))
 
     def create_sync_infer_request(self) -> TwoStageInferRequest:
         return TwoStageInferRequest(self)
@@ -105,34 +123,13 @@ class TwoStageCompiledModel(CompiledModel):
             (self.host_executor, request.infer_postprocess),
         ]
 
-    def export_model(self, stream: BinaryIO | None = None) -> bytes:
-        blob = dump(
-            Exported(
-                device=self.plugin.device_name,
-                aioinfer_version=__version__,
-                config=self.config,
-                inputs=self.inputs,
-                outputs=self.outputs,
-                model=self.ir_model,
-            )
-        )
-        if stream is not None:
-            stream.write(blob)
-        return blob
+    def export_payload(self) -> bytes:
+        # The transformed graph, weights included; the base class frames it with the
+        # device name, the config and the ports.
+        return onnx_payload(self.ir_model)
 
     def read_only_property(self, name: str) -> Any:
         if name == "OPTIMAL_NUMBER_OF_INFER_REQUESTS":
             # One request per stream computing, plus one on the host stage.
             return self.streams + 1
         return super().read_only_property(name)
-
-    async def close(self) -> None:
-        await super().close()  # closes the requests first: nothing runs on the host thread
-        self.host_executor.close()
-
-
-def _streams(config: Mapping[str, Any]) -> int:
-    """Compute streams: explicit ``NUM_STREAMS``, else one (LATENCY) or one per core."""
-    if config["NUM_STREAMS"] != "AUTO":
-        return int(config["NUM_STREAMS"])
-    return num_cores() if config["PERFORMANCE_HINT"] == "THROUGHPUT" else 1

@@ -36,18 +36,38 @@ def _unary_kernel(fn: Unary, widen_half: bool = True) -> Kernel:
 # -- the Relu family ----------------------------------------------------------------------
 
 
+def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``max(x, 0)`` (NaN stays NaN), into ``out`` when given (it may be ``x``).
+
+    ``np.clip`` with two bounds: with numpy 2.4, ``np.maximum(x, 0)`` and a one-sided
+    clip take 3-7x longer on float32 data (measured on 0.8M elements)."""
+    if x.dtype.kind == "f":
+        return np.clip(x, 0.0, math.inf, out=out)
+    return np.maximum(x, 0, out=out)
+
+
+def leaky_relu(x: np.ndarray, alpha: float, out: np.ndarray | None = None) -> np.ndarray:
+    """``x`` where positive, else ``alpha * x``; into ``out`` when given (may be ``x``)."""
+    if 0 <= alpha <= 1:
+        # For a slope in [0, 1] the larger of x and alpha*x is the right branch (an
+        # array-array maximum: 5-20x faster than np.where or a masked copy).
+        scaled = np.multiply(x, alpha)
+        return np.maximum(x, scaled, out=scaled if out is None else out)
+    # Else x + (alpha - 1) * min(x, 0): only clips and products, no masks.
+    negative = np.clip(x, -math.inf, 0.0)
+    negative *= alpha - 1
+    return np.add(x, negative, out=negative if out is None else out)
+
+
 @kernel("Relu", since=1)
 def _relu(spec: NodeSpec) -> Kernel:
-    return _unary_kernel(lambda x: np.maximum(x, 0), widen_half=False)
+    return _unary_kernel(relu, widen_half=False)
 
 
 @kernel("LeakyRelu", since=1)
 def _leaky_relu(spec: NodeSpec) -> Kernel:
     alpha = float(spec.attr("alpha", 0.01))
-    if 0 <= alpha <= 1:
-        # For a slope in [0, 1] the larger of x and alpha*x is the right branch.
-        return _unary_kernel(lambda x: np.maximum(x, x * alpha), widen_half=False)
-    return _unary_kernel(lambda x: np.where(x > 0, x, x * alpha), widen_half=False)
+    return _unary_kernel(lambda x: leaky_relu(x, alpha), widen_half=False)
 
 
 def _slope_for(x_shape: tuple[int, ...], slope: np.ndarray, name: str) -> np.ndarray:
@@ -290,6 +310,16 @@ def _clip(
     if low is None and high is None:
         return x
     y = np.empty_like(x)  # as out=, also keeps 0-d results arrays
+    if x.dtype.kind == "f":
+        # Both bounds given: numpy's fast clip loop (a one-sided clip or maximum/minimum
+        # is 3-7x slower on float32). A NaN bound propagates as with maximum/minimum.
+        np.clip(
+            x,
+            -math.inf if low is None else low,
+            math.inf if high is None else high,
+            out=y,
+        )
+        return y
     if low is not None:
         np.maximum(x, low, out=y)
     if high is not None:

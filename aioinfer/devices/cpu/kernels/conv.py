@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aioinfer.devices.cpu.kernels.parallel import blas_threads, run_parallel
+from aioinfer.devices.cpu.kernels.matmul import gemm_2d, stacked_matmul
+from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -236,12 +237,16 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             run_parallel(copy, c, work=cols.size)
             cols = cols.reshape(n, group, wmat.shape[-1], pixels)
         m = w.shape[0]
-        target = None if out is None else out.reshape(n, group, m // group, pixels)
-        with blas_threads():
-            if group == 1:
-                y = np.matmul(wmat[0], cols[:, 0], out=None if target is None else target[:, 0])
-            else:
-                y = np.matmul(wmat, cols, out=target)
+        y = (
+            np.empty((n, group, m // group, pixels), dtype=work.dtype)
+            if out is None
+            else out.reshape(n, group, m // group, pixels)
+        )
+        if group == 1:
+            for image in range(n):  # a large product is split between the threads
+                gemm_2d(wmat[0], cols[image, 0], y[image, 0])
+        else:
+            stacked_matmul(wmat, cols, y)
         y = y.reshape(n, m, pixels)
         if b is not None:
             y += b.reshape(-1, 1)

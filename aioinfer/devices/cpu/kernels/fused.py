@@ -12,8 +12,9 @@ put in place of several ONNX nodes (see :mod:`aioinfer.transforms`).
 - ``Gelu(X)``: ``x/2 * (1 + erf(x / sqrt 2))``.
 
 Activations are named by the ``activation`` attribute (``Relu``, ``LeakyRelu``, ``Clip``,
-``Sigmoid``, ``Tanh``, ``Gelu``; empty for none) with their parameters in
-``activation_params`` (LeakyRelu: alpha; Clip: min, max). Every kernel here is
+``Sigmoid``, ``Tanh``, ``Gelu``, ``HardSigmoid``, ``HardSwish``; empty for none) with their
+parameters in ``activation_params`` (LeakyRelu: alpha; Clip: min, max; HardSigmoid:
+alpha, beta). Every kernel here is
 registered with the execution type ``"fused"`` (profiling shows it) and has an out form
 for the memory planner.
 """
@@ -26,6 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from aioinfer.devices.cpu.kernels.activations import leaky_relu, relu
 from aioinfer.devices.cpu.kernels.conv import conv_compute
 from aioinfer.devices.cpu.kernels.elementwise import erf
 from aioinfer.devices.cpu.kernels.matmul import matmul_into
@@ -40,12 +42,12 @@ from aioinfer.devices.cpu.kernels.registry import (
 )
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 
-InPlace = Callable[[np.ndarray], None]
-"""An activation applied in place to a float array."""
+InPlace = Callable[[np.ndarray], object]
+"""An activation applied in place to a float array (what it returns is ignored)."""
 
 
 def _relu(y: np.ndarray) -> None:
-    np.maximum(y, 0, out=y)
+    relu(y, out=y)
 
 
 def _sigmoid(y: np.ndarray) -> None:
@@ -58,6 +60,21 @@ def _sigmoid(y: np.ndarray) -> None:
 
 def _tanh(y: np.ndarray) -> None:
     np.tanh(y, out=y)
+
+
+def _hard_sigmoid(y: np.ndarray, alpha: float, beta: float) -> None:
+    y *= alpha
+    y += beta
+    np.clip(y, 0.0, 1.0, out=y)
+
+
+def _hard_swish(y: np.ndarray) -> None:
+    """``y * clip(y / 6 + 1/2, 0, 1)`` = ``y * clip(y + 3, 0, 6) / 6``, with one
+    temporary (the slice of a split, or the whole product)."""
+    gate = np.add(y, 3.0)
+    np.clip(gate, 0.0, 6.0, out=gate)
+    gate *= 1 / 6
+    y *= gate
 
 
 _ERF_P = 0.3275911
@@ -139,18 +156,15 @@ def activation(spec: NodeSpec) -> InPlace | None:
         return _gelu
     if name == "LeakyRelu" and len(params) == 1:
         alpha = params[0]
-
-        def leaky_relu(y: np.ndarray) -> None:
-            np.copyto(y, y * y.dtype.type(alpha), where=y < 0)
-
-        return leaky_relu
+        return lambda y: leaky_relu(y, alpha, out=y)
     if name == "Clip" and len(params) == 2:
         low, high = params
-
-        def clip(y: np.ndarray) -> None:
-            np.clip(y, low, high, out=y)
-
-        return clip
+        return lambda y: np.clip(y, low, high, out=y)  # both bounds: numpy's fast loop
+    if name == "HardSigmoid" and len(params) == 2:
+        alpha, beta = params
+        return lambda y: _hard_sigmoid(y, alpha, beta)
+    if name == "HardSwish" and not params:
+        return _hard_swish
     raise ValueError(f"{spec.op_type}: unsupported activation {name!r} with parameters {params}")
 
 

@@ -1,25 +1,32 @@
 """Intra-op parallelism: the CPU device's threads inside one kernel.
 
 Each compiled model has *intra-op threads* per stream (all cores with the LATENCY hint,
-one with THROUGHPUT, where the streams already use the cores). BLAS runs on one thread
-by default: a large matrix product switches it to the intra-op threads for its call
-(:func:`blas_threads`), everything else with enough independent work (matrices of a
-stack, chunks of an elementwise pass, rows of a normalisation, input channels of
-im2col) is split with :func:`run_parallel` between Python threads. numpy releases the
-GIL inside its loops and BLAS calls, so the parts really run at the same time.
+one with THROUGHPUT, where the streams already use the cores). BLAS always runs on one
+thread; work with enough independent parts (column blocks of a large matrix product,
+matrices of a stack, chunks of an elementwise pass, rows of a normalisation, input
+channels of im2col) is split with :func:`run_parallel` between Python threads. numpy
+releases the GIL inside its loops and BLAS calls, so the parts really run at the same
+time.
 
-Why not BLAS threads everywhere: OpenBLAS wakes its threads for every call, also for
-small ones, and busy-waits for them. Products of a few thousand multiply-adds (an LSTM
-step, a classifier's batch-1 Gemm) took 5-400x longer with two OpenBLAS threads than with
-one on a loaded 2-core machine, and stacks of small matrices (attention) 10-20x longer.
+Why not BLAS's own threads: OpenBLAS wakes its threads for every call and busy-waits
+for them. On a loaded 2-core machine, products of a few thousand multiply-adds (an LSTM
+step, a classifier's batch-1 Gemm) took 5-400x longer with two OpenBLAS threads than
+with one, stacks of small matrices (attention) 10-20x longer, and even large products
+(64x1024x1024, 128x1152x784) 8-90x longer, while the same products split in two column
+blocks on this pool took 0.7-4x the one-thread time.
+
+Parts are claimed dynamically: every thread, the caller's included, takes the next
+unclaimed part until none is left, and helpers that have not started when the caller
+runs out of parts are cancelled. A helper the OS does not schedule (another process
+holds the core) therefore delays the call by at most the part it is running, never by
+parts it has not begun.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -55,18 +62,31 @@ class _Pool:
                 self._workers = workers
             return self._executor
 
-    def run(self, task: Callable[[int, int], None], total: int, threads: int) -> None:
-        bounds = [total * i // threads for i in range(threads + 1)]
-        first, *others = itertools.pairwise(bounds)
+    def run(
+        self, task: Callable[[int, int], None], total: int, threads: int, parts: int, align: int
+    ) -> None:
+        bounds = sorted({min(total, total * i // parts // align * align) for i in range(parts)})
+        pieces = list(itertools.pairwise([*bounds, total]))
+        parts = len(pieces)
+        claims = itertools.count()
+        lock = threading.Lock()
+
+        def claim_parts() -> None:
+            while True:
+                with lock:
+                    index = next(claims)
+                if index >= parts:
+                    return
+                self.part(task, *pieces[index])
+
         executor = self.executor(threads - 1)
-        futures: list[Future[None]] = [
-            executor.submit(self.part, task, start, stop) for start, stop in others
-        ]
+        futures: list[Future[None]] = [executor.submit(claim_parts) for _ in range(threads - 1)]
         try:
-            self.part(task, *first)
+            claim_parts()
         finally:
             for future in futures:
-                future.result()
+                if not future.cancel():  # a helper that never started has nothing to do
+                    future.result()
 
     def part(self, task: Callable[[int, int], None], start: int, stop: int) -> None:
         self._inside.active = True
@@ -84,29 +104,13 @@ _POOL = _Pool()
 
 def set_intra_op_threads(threads: int) -> None:
     """Let kernels split their work between ``threads`` threads, and make BLAS
-    single-threaded outside :func:`blas_threads`. Process-wide, like BLAS settings: the
-    model compiled last sets it."""
+    single-threaded. Process-wide, like BLAS settings: the model compiled last sets it.
+
+    (Per-compiled-model thread counts need the plugin to pass them at compile time and
+    the kernels to read them from their plan; today the plugin calls this.)"""
     for lib in _POOL.blas():
         lib.set_num_threads(1)
     _POOL.threads = max(1, threads)
-
-
-@contextlib.contextmanager
-def blas_threads() -> Iterator[None]:
-    """BLAS on the intra-op threads for the calls inside (one large product), then back
-    on one thread. Inside a part of a split it stays on one."""
-    threads = _POOL.available()
-    if threads <= 1:
-        yield
-        return
-    libs = _POOL.blas()
-    for lib in libs:
-        lib.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        for lib in libs:
-            lib.set_num_threads(1)
 
 
 def intra_op_threads() -> int:
@@ -115,16 +119,26 @@ def intra_op_threads() -> int:
     return _POOL.available()
 
 
-def run_parallel(task: Callable[[int, int], None], total: int, *, work: int) -> None:
+def run_parallel(
+    task: Callable[[int, int], None],
+    total: int,
+    *,
+    work: int,
+    parts_per_thread: int = 1,
+    align: int = 1,
+) -> None:
     """Run ``task(start, stop)`` over contiguous parts of ``range(total)``.
 
-    The parts run on :func:`intra_op_threads` threads (the caller's among them) when
-    ``work`` (elements touched in all) is at least :data:`MIN_PARALLEL_ELEMENTS`, else
-    ``task(0, total)`` runs in the calling thread. The first exception of a part
-    propagates, once every part has finished.
+    The parts (``parts_per_thread`` per thread, at most ``total``) run on
+    :func:`intra_op_threads` threads, the caller's among them, each thread claiming the
+    next part when it is free, when ``work`` (elements touched in all) is at least
+    :data:`MIN_PARALLEL_ELEMENTS`; else ``task(0, total)`` runs in the calling thread.
+    Parts start at multiples of ``align``. The first exception of a part propagates, once
+    every started part has finished.
     """
     threads = min(_POOL.available(), total)
     if threads <= 1 or work < MIN_PARALLEL_ELEMENTS:
         task(0, total)
         return
-    _POOL.run(task, total, threads)
+    parts = min(total, threads * max(1, parts_per_thread))
+    _POOL.run(task, total, threads, parts, max(1, align))

@@ -1,0 +1,246 @@
+"""The OPENVINO device: OpenVINO's runtime behind aioinfer's requests.
+
+``core.compile_model(model, "OPENVINO", config)`` hands the model aioinfer read (and
+checked) to OpenVINO's ONNX frontend, compiles it on an OpenVINO device (``CPU`` unless
+``OPENVINO_DEVICE`` says otherwise) and wraps the result: each aioinfer request owns one
+OpenVINO ``InferRequest``. aioinfer's properties map onto OpenVINO's
+(``PERFORMANCE_HINT``, ``NUM_STREAMS``, ``INFERENCE_NUM_THREADS``,
+``INFERENCE_PRECISION_HINT``, ``PERF_COUNT``); a config name that aioinfer does not
+declare is passed to OpenVINO when it is one of the OpenVINO device's own properties.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import onnx
+import onnx_ir as ir
+
+from aioinfer.errors import (
+    CompileError,
+    InvalidPropertyValueError,
+    ReadOnlyPropertyError,
+    UnknownDeviceError,
+    UnknownPropertyError,
+    UnsupportedOperatorError,
+)
+from aioinfer.model import Model
+from aioinfer.plugin.plugin import Plugin
+from aioinfer.properties import (
+    COMMON,
+    DEVICE_NAME,
+    INFERENCE_NUM_THREADS,
+    NETWORK_NAME,
+    NUM_CORES,
+    NUM_STREAMS,
+    OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    PERF_COUNT,
+    PERFORMANCE_HINT,
+    SUPPORTED_PROPERTIES,
+    Property,
+    declare,
+    property_name,
+)
+
+from .engine import engine_message, is_property_error, unconverted_operators
+from .properties import INFERENCE_PRECISION_HINT, OPENVINO_DEVICE
+
+if TYPE_CHECKING:
+    from .compiled_model import OpenVINOCompiledModel
+
+MAPPED = (
+    "PERFORMANCE_HINT",
+    "NUM_STREAMS",
+    "INFERENCE_NUM_THREADS",
+    "INFERENCE_PRECISION_HINT",
+    "PERF_COUNT",
+)
+"""aioinfer properties that are OpenVINO properties of the same name."""
+
+
+class OpenVINOPlugin(Plugin):
+    """The ``"OPENVINO"`` device (needs the ``openvino`` package: the ``openvino`` extra)."""
+
+    device_name = "OPENVINO"
+    properties = declare(
+        PERFORMANCE_HINT,
+        NUM_STREAMS,
+        INFERENCE_NUM_THREADS,
+        INFERENCE_PRECISION_HINT,
+        PERF_COUNT,
+        OPENVINO_DEVICE,
+        NETWORK_NAME,
+        OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        NUM_CORES,
+    )
+
+    def __init__(self) -> None:
+        self._ov_core: Any = None
+        self._lock = threading.Lock()
+
+    def is_own_name(self, name: str) -> bool:
+        """Whether ``name`` is aioinfer's (a shared declaration or one of this device's),
+        parsed here, rather than one of OpenVINO's, passed through."""
+        return name in COMMON or name in self.properties
+
+    @property
+    def ov_core(self) -> Any:
+        """The ``openvino.Core`` this plugin compiles with (made on first use).
+
+        Raises:
+            CompileError: the ``openvino`` package is not installed.
+        """
+        with self._lock:
+            if self._ov_core is None:
+                try:
+                    import openvino
+                except ImportError:
+                    raise CompileError(
+                        "the OPENVINO device needs the openvino package: "
+                        "pip install 'aioinfer[openvino]'"
+                    ) from None
+                self._ov_core = openvino.Core()
+            return self._ov_core
+
+    def compile_model(self, model: Model, config: Mapping[str, Any]) -> OpenVINOCompiledModel:
+        """Compile ``model`` with OpenVINO on ``OPENVINO_DEVICE`` (default ``CPU``).
+
+        ``INFERENCE_PRECISION_HINT`` defaults to ``f32``, so that results agree with the
+        other devices; ``bf16``/``f16`` are faster where the hardware has them, ``AUTO``
+        leaves the choice to OpenVINO. Config names that aioinfer does not declare go to
+        OpenVINO when the OpenVINO device has such a property.
+
+        Raises:
+            UnknownPropertyError: a name neither aioinfer's device nor OpenVINO's knows.
+            ReadOnlyPropertyError: a read-only property of either.
+            InvalidPropertyValueError: a value aioinfer or OpenVINO refuses; ``STATEFUL``
+                given to the plugin directly (the Core keeps state above this device).
+            UnknownDeviceError: ``OPENVINO_DEVICE`` is not a device OpenVINO has here.
+            UnsupportedOperatorError: an operator OpenVINO's ONNX frontend cannot convert.
+            CompileError: any other reason OpenVINO cannot read or compile the model.
+        """
+        from .compiled_model import OpenVINOCompiledModel
+
+        names = {property_name(k): v for k, v in config.items()}
+        if names.pop("STATEFUL", None):
+            raise InvalidPropertyValueError(
+                "property 'STATEFUL' is not handled by the OPENVINO device itself: compile "
+                "through a Core, which keeps the state above the device"
+            )
+        own = {k: v for k, v in names.items() if self.is_own_name(k)}
+        parsed = self.parse_config(own)
+        device = parsed["OPENVINO_DEVICE"]
+        ov_properties = self._device_properties(device)
+        engine = {k: v for k, v in names.items() if not self.is_own_name(k)}
+        for name in engine:
+            self._check_engine_name(name, device, ov_properties)
+        ov_config: dict[str, Any] = {}
+        for name in MAPPED:
+            value = _engine_value(self.properties[name], parsed[name])
+            if value is None:
+                continue
+            if name in ov_properties:
+                ov_config[name] = value
+            elif name in own:  # asked for explicitly, but this OpenVINO device lacks it
+                raise UnknownPropertyError(
+                    f"property {name!r} is not supported by OpenVINO's {device} device"
+                )
+        ov_config.update(engine)
+        ov_model = self._read(model)
+        try:
+            ov_compiled = self.ov_core.compile_model(ov_model, device, ov_config)
+        except RuntimeError as exc:
+            if is_property_error(exc):
+                raise InvalidPropertyValueError(
+                    f"OpenVINO refused the config {ov_config}: {engine_message(exc)}"
+                ) from None
+            raise CompileError(
+                f"OpenVINO cannot compile model {model.name!r} for {device}: {engine_message(exc)}"
+            ) from None
+        return OpenVINOCompiledModel(self, model, ov_compiled, parsed)
+
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """The nodes OpenVINO's device (``OPENVINO_DEVICE`` of ``config``, else ``CPU``)
+        runs: every node when it runs the whole converted model, else those whose outputs
+        it runs; none when OpenVINO's frontend cannot convert the model."""
+        try:
+            ov_model = self._read(model)
+        except CompileError:
+            return {}
+        given = {property_name(k): v for k, v in (config or {}).items()}
+        device = self.parse_config({"OPENVINO_DEVICE": given.get("OPENVINO_DEVICE", "CPU")})
+        supported = self.ov_core.query_model(ov_model, device["OPENVINO_DEVICE"])
+        whole = len(supported) >= len(ov_model.get_ops())
+        return {
+            node.name or f"{node.op_type}_{index}": self.device_name
+            for index, node in enumerate(model.ir.graph)
+            if whole or all(value.name in supported for value in node.outputs)
+        }
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _device_properties(self, device: str) -> dict[str, str]:
+        """OpenVINO's properties of ``device``: name -> ``"RW"`` or ``"RO"``."""
+        try:
+            supported = self.ov_core.get_property(device, "SUPPORTED_PROPERTIES")
+        except RuntimeError:
+            available = ", ".join(self.ov_core.available_devices)
+            raise UnknownDeviceError(
+                f"OpenVINO has no device {device!r} here (OPENVINO_DEVICE); available: {available}"
+            ) from None
+        return {str(k): str(v) for k, v in dict(supported).items()}
+
+    def _check_engine_name(self, name: str, device: str, ov_properties: dict[str, str]) -> None:
+        mode = ov_properties.get(name)
+        if mode is None:
+            ours = ", ".join(sorted(self.supported_properties))
+            theirs = ", ".join(sorted(n for n, m in ov_properties.items() if m == "RW"))
+            raise UnknownPropertyError(
+                f"unknown property {name!r}; supported: {ours}; or one of OpenVINO's "
+                f"{device} properties: {theirs}"
+            )
+        if mode != "RW":
+            raise ReadOnlyPropertyError(f"OpenVINO's {device} property {name!r} is read-only")
+
+    def _read(self, model: Model) -> Any:
+        """OpenVINO's model of ``model``, read by its ONNX frontend from the ModelProto."""
+        proto = ir.serde.serialize_model(model.ir)
+        base_dir = _external_data_dir(model.ir.graph)
+        if base_dir:
+            onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
+        try:
+            data = proto.SerializeToString()
+        except ValueError as exc:  # over protobuf's 2 GiB
+            raise CompileError(f"model {model.name!r} is too large for OPENVINO: {exc}") from None
+        try:
+            return self.ov_core.read_model(data)
+        except RuntimeError as exc:
+            operators = unconverted_operators(exc)
+            if operators is not None:
+                raise UnsupportedOperatorError(
+                    f"model {model.name!r}: OpenVINO cannot run operator(s) {operators}"
+                ) from None
+            raise CompileError(
+                f"OpenVINO cannot read model {model.name!r}: {engine_message(exc)}"
+            ) from None
+
+
+def _engine_value(declared: Property, value: Any) -> Any:
+    """The OpenVINO value of an aioinfer property (None: let OpenVINO decide)."""
+    if declared.is_auto(value):
+        return None
+    if declared.name == "PERF_COUNT":
+        return True if value else None
+    return value
+
+
+def _external_data_dir(graph: ir.Graph) -> str:
+    """The directory external weights are read from ('' when all are in memory)."""
+    for value in graph.initializers.values():
+        if isinstance(value.const_value, ir.ExternalTensor):
+            return str(value.const_value.base_dir)
+    return ""

@@ -1,0 +1,183 @@
+"""The OPENVINO device's infer request: one OpenVINO ``InferRequest``, started with
+OpenVINO's own ``start_async`` and awaited through :mod:`.bridge`.
+
+On the event loop, the stages are: check the inputs and hand them to OpenVINO without a
+copy (``infer_preprocess``), start OpenVINO's request (``start_on_loop``), await its
+completion (``wait_async``), copy the outputs out of OpenVINO's tensors
+(``infer_postprocess``). OpenVINO computes on its own threads; its callback only wakes
+the loop, so no user code ever runs on them. The synchronous path (``infer_sync``, the
+PROCESS worker) starts the same way and blocks in OpenVINO's ``wait()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import anyio
+import numpy as np
+import openvino
+
+from aioinfer.errors import InferCancelledError, InferenceError
+from aioinfer.plugin.sync_request import SyncInferRequest
+
+from .bridge import Completion, NoCompletion, completion, on_success
+from .engine import failure_message
+
+if TYPE_CHECKING:
+    from .compiled_model import OpenVINOCompiledModel
+
+FIRST_CHECK = 0.005
+"""Seconds before the first look at OpenVINO's request when no callback came (a failed
+inference has none); each later check waits twice as long, up to :data:`LAST_CHECK`."""
+LAST_CHECK = 0.1
+CANCEL_CHECK = 0.0005
+"""Seconds between looks at a request that was asked to cancel (OpenVINO's CPU plugin
+stops at the next node)."""
+
+_SYNC = NoCompletion()
+_EXECUTED = openvino.ProfilingInfo.Status.EXECUTED
+
+
+class OpenVINOInferRequest(SyncInferRequest):
+    """One aioinfer request over one OpenVINO request.
+
+    Inputs are shared with OpenVINO (a C-contiguous, writeable array is not copied; the
+    caller must not change it while the inference runs, as on every device); outputs
+    are copied, so that the caller owns them.
+    """
+
+    def __init__(self, compiled_model: OpenVINOCompiledModel) -> None:
+        super().__init__(compiled_model)
+        self._ov = compiled_model.ov_compiled_model.create_infer_request()
+        self._ov.set_callback(on_success, _SYNC)
+        self._input_indices = compiled_model.ov_input_indices
+        self._output_indices = compiled_model.ov_output_indices
+        self._kept: list[np.ndarray] = []
+        """Copies made for OpenVINO of inputs it cannot share, alive until the next one."""
+        self._producers = compiled_model.producers
+        self._profiling = compiled_model.profiling
+        self._lock = threading.Lock()
+        """Orders ``cancel()`` (any thread) against the start of an inference."""
+        self._completion: Completion = _SYNC
+
+    # -- stages ---------------------------------------------------------------------------
+
+    def infer_preprocess(self) -> None:
+        """Check the inputs (base class), then set them on OpenVINO's request."""
+        super().infer_preprocess()
+        set_input = self._ov.set_input_tensor
+        kept = self._kept
+        kept.clear()
+        for index, value in zip(self._input_indices, self._inputs):
+            if index is None or value is None:
+                continue  # an input OpenVINO's frontend found unused; an empty optional
+            if not (value.flags.c_contiguous and value.flags.writeable):
+                value = np.array(value, order="C")  # OpenVINO shares only such arrays
+                kept.append(value)  # the shared memory must outlive the inference
+            set_input(index, openvino.Tensor(value, shared_memory=True))
+
+    def start_pipeline(self) -> None:
+        """Start OpenVINO's request (the synchronous path waits in :meth:`wait_pipeline`).
+
+        Raises:
+            InferCancelledError: :meth:`cancel` was called before it started.
+        """
+        self._start(_SYNC)
+
+    def start_on_loop(self) -> None:
+        """Start OpenVINO's request with a completion for the running event loop."""
+        self._start(completion())
+
+    def _start(self, waker: Completion) -> None:
+        with self._lock:
+            if self.cancel_token.requested:
+                raise InferCancelledError("the inference was cancelled")
+            self._completion = waker
+            self._ov.start_async(None, waker)
+
+    def wait_pipeline(self) -> None:
+        """Block until OpenVINO's request has finished.
+
+        Raises:
+            InferCancelledError: the inference was cancelled.
+            InferenceError: OpenVINO failed (the message names the ONNX node).
+        """
+        try:
+            self._ov.wait()
+        except RuntimeError as exc:
+            raise self._failure(exc) from None
+
+    async def wait_async(self) -> None:
+        """Await OpenVINO's request on the event loop; raises as :meth:`wait_pipeline`.
+
+        Woken by OpenVINO's callback when the inference succeeded; a failed or cancelled
+        one is found by the checks of :mod:`.bridge`. Cancelling the awaiting task cancels
+        OpenVINO's request and waits (shielded) until OpenVINO has let go of it.
+        """
+        waker = self._completion
+        delay = FIRST_CHECK
+        try:
+            while not waker.done:
+                await waker.wait(delay)
+                if waker.done or self._finished():
+                    break
+                delay = CANCEL_CHECK if self.cancel_token.requested else min(2 * delay, LAST_CHECK)
+        except anyio.get_cancelled_exc_class():
+            self.cancel()
+            with anyio.CancelScope(shield=True):
+                await self._let_go(waker)
+            raise
+        # Woken from inside OpenVINO's callback: this returns once the callback returned.
+        self.wait_pipeline()
+
+    def _finished(self) -> bool:
+        """Whether OpenVINO's request finished, without blocking; raises its failure."""
+        try:
+            return bool(self._ov.wait_for(0))
+        except RuntimeError as exc:
+            raise self._failure(exc) from None
+
+    async def _let_go(self, waker: Completion) -> None:
+        """Wait until OpenVINO has finished with a cancelled request, however it ended."""
+        delay = CANCEL_CHECK
+        while not waker.done:
+            try:
+                if self._ov.wait_for(0):
+                    return
+            except RuntimeError:
+                return
+            await waker.wait(delay)
+            delay = min(2 * delay, LAST_CHECK)
+        try:
+            self._ov.wait()
+        except RuntimeError:
+            return
+
+    def infer_postprocess(self) -> None:
+        """Copy the outputs out of OpenVINO's tensors (the next inference reuses them)."""
+        get_output = self._ov.get_output_tensor
+        arrays = [
+            np.array(get_output(index).data, dtype=port.dtype)
+            for port, index in zip(self._output_ports, self._output_indices)
+        ]
+        if self._profiling:
+            timings = self.node_profile
+            timings.timings.clear()
+            for info in self._ov.profiling_info:
+                if info.status == _EXECUTED:
+                    seconds = info.real_time.total_seconds()
+                    timings.add(info.node_name, info.node_type, "native", seconds)
+        self.set_results(arrays)
+
+    def cancel(self) -> None:
+        """Cancel OpenVINO's request (it stops at the next node); any thread."""
+        with self._lock:
+            super().cancel()
+            self._ov.cancel()
+            self._completion.wake(False)
+
+    def _failure(self, exc: BaseException) -> Exception:
+        if self.cancel_token.requested:
+            return InferCancelledError("the inference was cancelled")
+        return InferenceError(failure_message(exc, self._producers))

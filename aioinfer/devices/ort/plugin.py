@@ -1,0 +1,154 @@
+"""The ``ORT`` device: an onnxruntime session behind aioinfer's request pipeline."""
+
+from __future__ import annotations
+
+import shutil
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import onnxruntime as ort
+
+from aioinfer.devices.ort.executor import RunExecutor, RunTimes
+from aioinfer.devices.ort.profile import SessionProfiler, profile_directory
+from aioinfer.devices.ort.properties import ORT_ALLOW_SPINNING, ORT_INLINE_RUN_US, ORT_PROVIDERS
+from aioinfer.devices.ort.request import ORTInferRequest
+from aioinfer.devices.ort.session import SessionSpec, supported_nodes
+from aioinfer.model import Model
+from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.plugin.executors import Executor, ThreadExecutor, streams_for
+from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.sync_request import SyncInferRequest
+from aioinfer.properties import (
+    DEVICE_NAME,
+    INFERENCE_NUM_THREADS,
+    NETWORK_NAME,
+    NUM_CORES,
+    NUM_STREAMS,
+    OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    PERF_COUNT,
+    PERFORMANCE_HINT,
+    SUPPORTED_PROPERTIES,
+    declare,
+    num_cores,
+)
+
+
+class ORTPlugin(Plugin):
+    """The ``"ORT"`` device: onnxruntime's CPU execution provider, or the providers
+    listed in ``ORT_PROVIDERS``."""
+
+    device_name = "ORT"
+    properties = declare(
+        PERFORMANCE_HINT,
+        NUM_STREAMS,
+        INFERENCE_NUM_THREADS,
+        PERF_COUNT,
+        ORT_PROVIDERS,
+        ORT_ALLOW_SPINNING,
+        ORT_INLINE_RUN_US,
+        NETWORK_NAME,
+        OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        NUM_CORES,
+    )
+
+    def compile_model(self, model: Model, config: Mapping[str, Any]) -> ORTCompiledModel:
+        """Create the onnxruntime session of ``model``.
+
+        Raises:
+            UnknownPropertyError: a property the device does not support (``STATEFUL``,
+                ``CACHE_DIR``: not on this device yet).
+            InvalidPropertyValueError: a bad value, or a provider that is not available.
+            UnsupportedOperatorError: onnxruntime has no kernel for a node (named).
+            CompileError: onnxruntime refused the model for another reason.
+        """
+        return ORTCompiledModel(self, model, self.parse_config(config))
+
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """The nodes whose operator, at the model's opset, has an onnxruntime kernel."""
+        return supported_nodes(model, self.device_name)
+
+
+class ORTCompiledModel(CompiledModel):
+    """One onnxruntime session shared by all requests; up to ``NUM_STREAMS`` of them run
+    at once, each on a thread of the task executor with ``intra_op_num_threads``
+    threads of the session's pool.
+
+    Attributes:
+        session: the ``onnxruntime.InferenceSession`` (with ``PERF_COUNT``, the
+            profiling session runs currently start on).
+    """
+
+    def __init__(self, plugin: ORTPlugin, model: Model, config: dict[str, Any]) -> None:
+        streams = streams_for(config, num_cores())
+        total = int(config["INFERENCE_NUM_THREADS"]) or num_cores()
+        self.threads_per_stream = max(1, total // streams)
+        prefix = ""
+        directory = ""
+        if config["PERF_COUNT"]:
+            directory = profile_directory()
+            prefix = f"{directory}/profile"
+        spec = SessionSpec.from_model(model, config, self.threads_per_stream, prefix)
+        self.profiler: SessionProfiler | None = None
+        self.plain_session: ort.InferenceSession | None = None
+        """The session when profiling is off."""
+        try:
+            if directory:
+                self.profiler = SessionProfiler(spec.create, directory)
+            else:
+                self.plain_session = spec.create()
+        except BaseException:
+            if directory:
+                shutil.rmtree(directory, ignore_errors=True)
+            raise
+        if self.profiler is not None:
+            weakref.finalize(self, self.profiler.close)
+        config = {**config, "ORT_PROVIDERS": tuple(self.session.get_providers())}
+        budget = int(config["ORT_INLINE_RUN_US"]) / 1e6 if streams == 1 else 0.0
+        self.run_times = RunTimes(budget)
+        """The last run times that decide where a run goes (see :mod:`.executor`)."""
+        # The session holds the weights: the IR graph (and its weights) is not kept.
+        self.streams = streams
+        super().__init__(
+            plugin, model.ir.graph.name or "model", model.inputs, model.outputs, config
+        )
+        # One compute thread per stream; a short run may skip it (see pipeline).
+        self.task_executor = self.add_executor(
+            ThreadExecutor(f"{plugin.device_name}-task", streams)
+        )
+
+    @property
+    def session(self) -> ort.InferenceSession:
+        """The onnxruntime session requests run on."""
+        if self.profiler is not None:
+            return self.profiler.session
+        assert self.plain_session is not None
+        return self.plain_session
+
+    def create_sync_infer_request(self) -> ORTInferRequest:
+        return ORTInferRequest(self)
+
+    def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
+        """The default pipeline, but the run goes through a :class:`RunExecutor`: inline
+        on the loop when it is short and the stream idle, else on the task executor."""
+        assert isinstance(request, ORTInferRequest)
+        run = RunExecutor(self.task_executor, self.run_times, request.input_shapes)
+        return [
+            (self.loop_executor, request.infer_preprocess),
+            (run, request.start_pipeline),
+            (self.loop_executor, request.wait_pipeline),
+            (self.loop_executor, request.infer_postprocess),
+        ]
+
+    def read_only_property(self, name: str) -> Any:
+        if name == "INFERENCE_NUM_THREADS":
+            return self.threads_per_stream * self.streams
+        return super().read_only_property(name)
+
+    async def close(self) -> None:
+        """Close the requests and executors, then end profiling (PERF_COUNT)."""
+        await super().close()
+        if self.profiler is not None:
+            self.profiler.close()

@@ -1,0 +1,42 @@
+"""The ORT device's own properties (the shared ones are in :mod:`aioinfer.properties`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aioinfer.properties import Property, non_negative_int, yes_no
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """A non-empty list of names, or one string of comma-separated names."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"expected a list of names, not {type(value).__name__}")
+    names = tuple(str(item).strip() for item in items)
+    if not names or not all(names):
+        raise ValueError("expected a non-empty list of non-empty names")
+    return names
+
+
+ORT_PROVIDERS = Property(
+    "ORT_PROVIDERS",
+    "ORT device: onnxruntime execution providers, in order of preference (a list or "
+    "a comma-separated string). Read back: the providers the session uses.",
+    default=("CPUExecutionProvider",),
+    parse=_names,
+)
+ORT_ALLOW_SPINNING = Property(
+    "ORT_ALLOW_SPINNING",
+    "ORT device: let onnxruntime's idle intra-op threads spin (off by default: "
+    "spinning threads take cores from the event loop and other streams).",
+    default=False,
+    parse=yes_no,
+)
+ORT_INLINE_RUN_US = Property(
+    "ORT_INLINE_RUN_US",
+    "ORT device with one stream: a run whose last run on inputs of the same shapes "
+    "took less than this many microseconds runs on the event loop's thread when no "
+    "other run is in flight, saving the hop to a compute thread (0: never).",
+    default=200,
+    parse=non_negative_int,
+)

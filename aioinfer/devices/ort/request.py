@@ -1,0 +1,97 @@
+"""The ORT device's infer request: ``session.run`` in ``start_pipeline`` (on a task thread,
+or on the event loop when it is short: see :mod:`.executor`), with a ``RunOptions`` of
+its own so that a cancel stops this request's run only."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import onnxruntime as ort
+
+from aioinfer.devices.ort.profile import RunProfile
+from aioinfer.devices.ort.session import TERMINATED, ort_message
+from aioinfer.errors import InferCancelledError, InferenceError
+from aioinfer.plugin.sync_request import SyncInferRequest
+
+if TYPE_CHECKING:
+    from aioinfer.devices.ort.plugin import ORTCompiledModel
+
+
+class ORTInferRequest(SyncInferRequest):
+    """One infer request on the compiled model's onnxruntime session.
+
+    The inputs are checked by the base class (the same errors as on every device);
+    ``cancel()`` sets ``RunOptions.terminate``, which onnxruntime checks before each
+    kernel; the flag is cleared before the next run. The output arrays onnxruntime
+    returns are new for each run and handed to the caller as they are.
+    """
+
+    def __init__(self, compiled_model: ORTCompiledModel) -> None:
+        super().__init__(compiled_model)
+        self._name = compiled_model.name
+        self._session = compiled_model.plain_session
+        self._run_options = ort.RunOptions()
+        # A failing run is raised as an InferenceError with onnxruntime's message; its
+        # log line on stderr would say the same again.
+        self._run_options.log_severity_level = 4
+        self._input_names = [port.name for port in self._input_ports]
+        self._output_names = [port.name for port in self._output_ports]
+        self._feed: dict[str, Any] = {}
+        self._shapes: tuple[object, ...] = ()
+        self._times = compiled_model.run_times
+        self._outputs: list[Any] = []
+        self._run_profile: RunProfile | None = None
+        if compiled_model.profiler is not None:
+            self.node_profile = self._run_profile = RunProfile(compiled_model.profiler)
+
+    def infer_preprocess(self) -> None:
+        """Check the inputs (base class) and make the feed; an optional input left out
+        is not fed."""
+        super().infer_preprocess()
+        self._feed = {
+            name: value for name, value in zip(self._input_names, self._inputs) if value is not None
+        }
+        self._shapes = tuple(getattr(value, "shape", None) for value in self._inputs)
+
+    def input_shapes(self) -> tuple[object, ...]:
+        """The shapes of the inputs of the inference being run (None for a non-tensor)."""
+        return self._shapes
+
+    def start_pipeline(self) -> None:
+        """Run the session on the feed and note how long the run took.
+
+        Raises:
+            InferCancelledError: ``cancel()`` was called before or during the run.
+            InferenceError: onnxruntime failed (its message names the node).
+        """
+        options = self._run_options
+        options.terminate = False  # set by the last cancel; a cancel from now on stops
+        if self.cancel_token.requested:
+            raise InferCancelledError("the inference was cancelled")
+        feed, self._feed = self._feed, {}
+        start = time.perf_counter()
+        try:
+            if self._run_profile is not None:
+                self._outputs = self._run_profile.profiler.run(
+                    self._output_names, feed, options, self._run_profile
+                )
+            else:
+                assert self._session is not None  # there is one when nothing profiles
+                self._outputs = self._session.run(self._output_names, feed, options)
+        except Exception as exc:  # onnxruntime's own exception classes
+            message = ort_message(exc)
+            if TERMINATED in message:
+                raise InferCancelledError("the inference was cancelled") from None
+            raise InferenceError(f"model {self._name!r} failed in onnxruntime: {message}") from None
+        self._times.record(self._shapes, time.perf_counter() - start)
+
+    def infer_postprocess(self) -> None:
+        """Publish the arrays of the run."""
+        outputs, self._outputs = self._outputs, []
+        self.set_results(outputs)
+
+    def cancel(self) -> None:
+        """Stop the running inference before onnxruntime's next kernel (any thread)."""
+        super().cancel()
+        self._run_options.terminate = True

@@ -1,0 +1,148 @@
+"""The onnxruntime session of an ORT compiled model: model bytes, options, errors.
+
+The session is created from the model aioinfer read (its IR serialized to bytes), so a
+model changed after reading (``Model.reshape``) runs as changed. Weights kept in external
+data files stay there: onnxruntime reads them from the directory they were found in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx_ir as ir
+import onnxruntime as ort
+
+from aioinfer.errors import (
+    CompileError,
+    InvalidPropertyValueError,
+    UnsupportedOperatorError,
+)
+from aioinfer.model import Model
+
+_EXTERNAL_DATA_DIR = "session.model_external_initializers_file_folder_path"
+_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+TERMINATED = "terminate flag"
+"""In onnxruntime's message when a run stopped because ``RunOptions.terminate`` was set."""
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """Everything needed to create (and, for profiling, re-create) the session."""
+
+    name: str
+    model: bytes
+    external_data_dir: str
+    providers: tuple[str, ...]
+    intra_op_threads: int
+    allow_spinning: bool
+    profile_prefix: str = ""
+    """Where onnxruntime writes the profile ('' when profiling is off)."""
+
+    @classmethod
+    def from_model(
+        cls,
+        model: Model,
+        config: Mapping[str, Any],
+        intra_op_threads: int,
+        profile_prefix: str = "",
+    ) -> SessionSpec:
+        """The spec for ``model`` compiled with the parsed ``config``.
+
+        Raises:
+            InvalidPropertyValueError: a provider in ``ORT_PROVIDERS`` is not available.
+        """
+        providers = tuple(config["ORT_PROVIDERS"])
+        available = ort.get_available_providers()
+        missing = [p for p in providers if p not in available]
+        if missing:
+            raise InvalidPropertyValueError(
+                f"invalid value {list(providers)!r} for property 'ORT_PROVIDERS': "
+                f"{', '.join(map(repr, missing))} not available; this onnxruntime has "
+                f"{', '.join(map(repr, available))}"
+            )
+        return cls(
+            name=model.name,
+            model=ir.serde.serialize_model(model.ir).SerializeToString(),
+            external_data_dir=external_data_dir(model.ir),
+            providers=providers,
+            intra_op_threads=intra_op_threads,
+            allow_spinning=bool(config["ORT_ALLOW_SPINNING"]),
+            profile_prefix=profile_prefix,
+        )
+
+    def options(self) -> ort.SessionOptions:
+        """The session options: threads, spinning, external data, profiling."""
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.intra_op_threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        spinning = "1" if self.allow_spinning else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+        options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
+        if self.external_data_dir:
+            options.add_session_config_entry(_EXTERNAL_DATA_DIR, self.external_data_dir)
+        if self.profile_prefix:
+            options.enable_profiling = True
+            options.profile_file_prefix = self.profile_prefix
+        return options
+
+    def create(self) -> ort.InferenceSession:
+        """A new session.
+
+        Raises:
+            UnsupportedOperatorError: onnxruntime has no kernel for a node (named).
+            CompileError: onnxruntime refused the model for another reason.
+        """
+        try:
+            return ort.InferenceSession(self.model, self.options(), providers=self.providers)
+        except Exception as exc:  # onnxruntime's own exception classes
+            message = f"onnxruntime cannot load model {self.name!r}: {ort_message(exc)}"
+            if type(exc).__name__ == "NotImplemented":
+                raise UnsupportedOperatorError(message) from None
+            raise CompileError(message) from None
+
+
+def external_data_dir(model: ir.Model) -> str:
+    """The directory of the model's external weights ('' when all are in memory)."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                return str(value.const_value.base_dir)
+    return ""
+
+
+def ort_message(exc: BaseException) -> str:
+    """onnxruntime's message without its ``[ONNXRuntimeError] : 1 : FAIL :`` prefix."""
+    return _PREFIX.sub("", str(exc)).strip()
+
+
+def supported_nodes(model: Model, device_name: str) -> dict[str, str]:
+    """The nodes of ``model``'s main graph whose operator (domain, type and version) has
+    a kernel in this onnxruntime build; element types are not checked."""
+    from onnx.defs import SchemaError, get_schema
+    from onnxruntime.capi.onnxruntime_pybind11_state import get_all_opkernel_def
+
+    from aioinfer.opsets import node_opset
+
+    kernels: dict[tuple[str, str], list[Sequence[int]]] = {}
+    for kernel in get_all_opkernel_def():
+        domain = "" if kernel.domain == "ai.onnx" else kernel.domain
+        kernels.setdefault((domain, kernel.op_name), []).append(kernel.version_range)
+    supported = {}
+    opsets = model.ir.opset_imports
+    for index, node in enumerate(model.ir.graph):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        ranges = kernels.get((domain, node.op_type))
+        if not ranges:
+            continue
+        opset = node_opset(node, opsets)
+        try:  # the version of the operator's definition the node uses
+            version = get_schema(node.op_type, opset, domain).since_version
+        except SchemaError:  # a domain onnx does not know (com.microsoft)
+            version = opset
+        if any(low <= version <= high for low, high in ranges):
+            supported[node.name or f"{node.op_type}_{index}"] = device_name
+    return supported
