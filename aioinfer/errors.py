@@ -7,6 +7,8 @@ them; the request, compiled model and core stay usable after any of them.
 
 from __future__ import annotations
 
+import enum
+
 
 class AioinferError(Exception):
     """Base class of every aioinfer error."""
@@ -161,3 +163,58 @@ class RepositoryError(AioinferError):
 class ServingConfigError(AioinferError, ValueError):
     """A server option that cannot be used: an empty API key, a limit out of range, a
     TLS key without its certificate."""
+
+
+class ErrorKind(enum.Enum):
+    """Why the model service refused or failed a request, whatever the transport: REST
+    answers each kind with an HTTP status, gRPC with a status code (one table each)."""
+
+    INVALID_ARGUMENT = "invalid_argument"
+    """The request is malformed or does not fit the model (the client's to fix)."""
+    NOT_FOUND = "not_found"
+    """No such model or version is served."""
+    TOO_LARGE = "too_large"
+    """The request is larger than the server accepts."""
+    UNSUPPORTED_MEDIA = "unsupported_media"
+    """The request comes in an encoding the server does not read."""
+    UNAUTHENTICATED = "unauthenticated"
+    """The request lacks valid credentials."""
+    UNAVAILABLE = "unavailable"
+    """The model is at capacity, the server is shutting down, or the model's device failed
+    and recovers (a :class:`DeviceUnavailableError`): try again later."""
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+    """A limit of the model is reached (its open sequences)."""
+    CANCELLED = "cancelled"
+    """The client went away; its work was stopped."""
+    ABORTED = "aborted"
+    """The server stopped the work: the model was closed under it (shutdown)."""
+    INTERNAL = "internal"
+    """A fault of the server, not of the request."""
+
+
+class ServiceError(AioinferError):
+    """A request that the model service refuses or could not serve; :attr:`kind` says
+    why, in terms every transport maps to its own (HTTP status, gRPC code)."""
+
+    def __init__(self, message: str, kind: ErrorKind) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[type[ServiceError], tuple[str, ErrorKind]]:
+        # Pickled with its kind (an error crossing a process: a Ray replica's answer).
+        return type(self), (str(self), self.kind)
+
+
+class ProtocolError(ServiceError):
+    """A request whose wire encoding is malformed: its body, its tensors, its headers
+    (INVALID_ARGUMENT unless said otherwise: TOO_LARGE, UNSUPPORTED_MEDIA)."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.INVALID_ARGUMENT) -> None:
+        super().__init__(message, kind)
+
+
+class ClientDisconnectedError(ServiceError):
+    """The client went away before its answer was ready (its work was cancelled)."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.CANCELLED) -> None:
+        super().__init__(message, kind)

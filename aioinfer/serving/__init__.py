@@ -1,14 +1,34 @@
-"""Serving: an ASGI app for the Open Inference Protocol (KServe v2 REST).
+"""Serving: the model service, and the Open Inference Protocol (KServe v2 REST) over it.
 
 Needs the ``serve`` extra (``pip install 'aioinfer[serve]'``: Starlette, uvicorn,
 prometheus-client).
 
     app = create_app("models/")          # <repo>/<model>/<version>/model.onnx
     serve("models/", port=8000)          # or: aioinfer serve models/ --port 8000
+
+``InferenceService`` is what every transport calls (``app.state.server`` of the REST
+app); it raises ``ServiceError`` with an ``ErrorKind`` that each transport maps to its
+own codes.
 """
 
-from aioinfer.serving.app import ModelServer, create_app
+from aioinfer.errors import ErrorKind, ServiceError
+from aioinfer.serving.messages import InferenceRequest, InferenceResponse, RequestedOutput
 from aioinfer.serving.repository import ModelConfig, ModelRepository
+from aioinfer.serving.rest import create_app
 from aioinfer.serving.server import serve
+from aioinfer.serving.service import InferCall, InferenceService, ModelServer
 
-__all__ = ["ModelConfig", "ModelRepository", "ModelServer", "create_app", "serve"]
+__all__ = [
+    "ErrorKind",
+    "InferCall",
+    "InferenceRequest",
+    "InferenceResponse",
+    "InferenceService",
+    "ModelConfig",
+    "ModelRepository",
+    "ModelServer",
+    "RequestedOutput",
+    "ServiceError",
+    "create_app",
+    "serve",
+]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import zlib
 
-from aioinfer.serving.protocol import ProtocolError
+from aioinfer.errors import ErrorKind, ProtocolError
 
 CODINGS = ("gzip", "deflate")
 """The content codings the server reads and writes (besides ``identity``)."""
@@ -26,9 +26,10 @@ def decompress(body: bytes, coding: str, limit: int) -> bytes:
     bytes of it.
 
     Raises:
-        ProtocolError: 415 for a coding other than gzip, deflate and identity; 413 when
-            the decoded body exceeds ``limit`` bytes; 400 for data that is corrupt,
-            truncated or followed by other bytes.
+        ProtocolError: UNSUPPORTED_MEDIA for a coding other than gzip, deflate and
+            identity; TOO_LARGE when the decoded body exceeds ``limit`` bytes;
+            INVALID_ARGUMENT for data that is corrupt, truncated or followed by other
+            bytes.
     """
     coding = coding.strip().lower()
     if coding in ("", "identity"):
@@ -37,7 +38,7 @@ def decompress(body: bytes, coding: str, limit: int) -> bytes:
     if wbits is None:
         raise ProtocolError(
             f"Content-Encoding {coding!r} is not supported; send gzip, deflate or identity",
-            status=415,
+            ErrorKind.UNSUPPORTED_MEDIA,
         )
     if coding == "deflate" and not _zlib_header(body):
         wbits = -zlib.MAX_WBITS  # a raw deflate stream
@@ -53,7 +54,7 @@ def decompress(body: bytes, coding: str, limit: int) -> bytes:
         if size > limit:
             raise ProtocolError(
                 f"the request body decompresses to more than the limit of {limit} bytes",
-                status=413,
+                ErrorKind.TOO_LARGE,
             )
         if not inflater.eof:
             raise ProtocolError(f"the {coding} request body is truncated")

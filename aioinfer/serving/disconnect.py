@@ -19,15 +19,13 @@ from typing import Any, TypeVar
 import anyio
 from starlette.types import Receive
 
+from aioinfer.errors import ClientDisconnectedError
+
 T = TypeVar("T")
 
 WATCH_AFTER = 0.05
 """Seconds of work after which (under asyncio) a disconnect is watched for: the work of
 a client that went away stops at most one and a half times this long after it went."""
-
-
-class ClientDisconnectedError(Exception):
-    """The client went away before its response was ready (its work was cancelled)."""
 
 
 async def unless_disconnected(receive: Receive, work: Callable[[], Awaitable[T]]) -> T:

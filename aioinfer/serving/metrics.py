@@ -19,12 +19,37 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from aioinfer.errors import DeviceUnavailableError, ErrorKind
 from aioinfer.serving.models import ServedModel
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+FAILURE_REASONS = {
+    ErrorKind.INVALID_ARGUMENT: "bad_request",
+    ErrorKind.NOT_FOUND: "bad_request",
+    ErrorKind.TOO_LARGE: "bad_request",
+    ErrorKind.UNSUPPORTED_MEDIA: "bad_request",
+    ErrorKind.UNAUTHENTICATED: "bad_request",
+    ErrorKind.UNAVAILABLE: "busy",
+    ErrorKind.RESOURCE_EXHAUSTED: "busy",
+    ErrorKind.CANCELLED: "cancelled",
+    ErrorKind.ABORTED: "shutdown",
+    ErrorKind.INTERNAL: "error",
+}
+"""The ``reason`` label of ``aioinfer_inference_failures`` for each kind of error."""
+
+
+def failure_reason(kind: ErrorKind, error: BaseException | None = None) -> str:
+    """The ``reason`` label for a failure of ``kind``: ``unavailable`` when ``error`` is (or
+    was caused by) a :class:`~aioinfer.errors.DeviceUnavailableError` (the device
+    recovers), else that of :data:`FAILURE_REASONS`."""
+    for cause in (error, getattr(error, "__cause__", None)):
+        if isinstance(cause, DeviceUnavailableError):
+            return "unavailable"
+    return FAILURE_REASONS[kind]
 
 
 class Histogram:

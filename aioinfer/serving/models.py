@@ -1,4 +1,9 @@
-"""A served model version: its compiled model, a bounded pool of requests, its sequences."""
+"""A served model version: its compiled model, bounded admission, its sequences.
+
+The service's policy for one model version, whatever the transport: how many
+inferences run at once and wait, which request a sequence runs on, how many sequences
+stay open. Refusals are :class:`~aioinfer.errors.ServiceError` with a kind.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,11 @@ from typing import Any
 import anyio
 import numpy as np
 
-from aioinfer.devices.batch import BatchCompiledModel
-from aioinfer.errors import DeviceUnavailableError
+from aioinfer.errors import DeviceUnavailableError, ErrorKind, ServiceError
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.results import InferResults
-from aioinfer.serving.protocol import ProtocolError, RequestDecoder, datatype
+from aioinfer.serving.messages import datatype
 from aioinfer.serving.repository import ModelConfig
 
 
@@ -33,11 +37,15 @@ class SequenceFlags:
         """The flags in a request's parameters; None when it names no sequence (id 0 or "").
 
         Raises:
-            ProtocolError: a sequence id that is not an integer or a string.
+            ServiceError: INVALID_ARGUMENT, a sequence id that is not an integer or a
+                string.
         """
         sequence_id = parameters.get("sequence_id", 0)
         if isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str)):
-            raise ProtocolError(f"sequence_id must be an integer or a string, got {sequence_id!r}")
+            raise ServiceError(
+                f"sequence_id must be an integer or a string, got {sequence_id!r}",
+                ErrorKind.INVALID_ARGUMENT,
+            )
         if sequence_id in (0, ""):
             return None
         return cls(
@@ -108,11 +116,11 @@ class ServedModel:
     """One version of a model as the server runs it.
 
     At most ``max_concurrency`` inferences run at once (each on a pooled request); up to
-    ``max_queue`` more wait in arrival order; beyond that :meth:`infer` refuses with 503.
-    A request naming a sequence runs on that sequence's own request, which keeps its
+    ``max_queue`` more wait in arrival order; beyond that :meth:`infer` refuses
+    (UNAVAILABLE). A request naming a sequence runs on that sequence's own request, which keeps its
     state between the sequence's inferences and is dropped at ``sequence_end`` or after
     ``sequence_idle_timeout_s`` without use. At most ``max_sequences`` (the config's, else
-    the argument) are open at once: a new one beyond is refused with 503.
+    the argument) are open at once: a new one beyond is refused (RESOURCE_EXHAUSTED).
     """
 
     def __init__(
@@ -133,12 +141,11 @@ class ServedModel:
         """The compiled model's output names, in order."""
         self.input_datatypes = {port.name: datatype(port.dtype) for port in compiled.inputs}
         """The protocol datatype of each input, by name."""
-        self.decoder = RequestDecoder(self.input_datatypes)
-        """Decodes this model's infer request bodies."""
         self._slots = _Admission(self.max_concurrency)
         self._sequences: dict[int | str, _Sequence] = {}
         self._executed: Counter[int] = Counter()
-        self._batched = compiled if isinstance(compiled, BatchCompiledModel) else None
+        self._count_rows = compiled.batch_statistics() is None
+        """Whether :meth:`batch_sizes` counts executions here (the device does not)."""
 
     @property
     def inputs(self) -> list[Any]:
@@ -163,9 +170,8 @@ class ServedModel:
     def batch_sizes(self) -> dict[int, int]:
         """Executions so far by number of rows: the BATCH device's batches, or else each
         inference's first-dimension size."""
-        if self._batched is not None:
-            return self._batched.batch_statistics()
-        return dict(self._executed)
+        batches = self.compiled.batch_statistics()
+        return dict(self._executed) if batches is None else batches
 
     async def infer(
         self, inputs: dict[str, np.ndarray], sequence: SequenceFlags | None
@@ -173,9 +179,9 @@ class ServedModel:
         """Run one inference; return its results and the seconds it waited to start.
 
         Raises:
-            ProtocolError: 503 when the queue is full or a new sequence would exceed
-                ``max_sequences``; 400 for a sequence that is not active and has no
-                ``sequence_start``.
+            ServiceError: UNAVAILABLE when the queue is full; RESOURCE_EXHAUSTED when a
+                new sequence would exceed ``max_sequences``; INVALID_ARGUMENT for a
+                sequence that is not active and has no ``sequence_start``.
             DeviceUnavailableError: the device failed to run it and recovers (the message
                 names the model and the cause): retryable.
             The errors of ``AsyncInferRequest.infer`` (bad input, failed kernel).
@@ -204,16 +210,16 @@ class ServedModel:
         before it reads a request's body, so that a full model parses no bodies.
 
         Raises:
-            ProtocolError: 503 when every slot is taken and the queue is full.
+            ServiceError: UNAVAILABLE when every slot is taken and the queue is full.
         """
         if self._slots.free <= 0 and self._slots.waiting >= self.config.max_queue:
             raise self._at_capacity()
 
-    def _at_capacity(self) -> ProtocolError:
-        return ProtocolError(
+    def _at_capacity(self) -> ServiceError:
+        return ServiceError(
             f"model {self.name!r} is at capacity: {self.max_concurrency} inferences "
             f"running and {self.config.max_queue} waiting (the queue limit)",
-            status=503,
+            ErrorKind.UNAVAILABLE,
         )
 
     async def _infer_in_sequence(
@@ -224,19 +230,20 @@ class ServedModel:
             if sequence is not None:
                 await self._drop(flags.id, sequence)
             elif len(self._sequences) >= self.max_sequences:
-                raise ProtocolError(
+                raise ServiceError(
                     f"model {self.name!r} has {len(self._sequences)} open sequences, its "
                     f"limit (max_sequences {self.max_sequences}): end one (sequence_end) or "
                     f"wait until one is idle for {self.config.sequence_idle_timeout_s:g} s",
-                    status=503,
+                    ErrorKind.RESOURCE_EXHAUSTED,
                 )
             sequence = _Sequence(self.compiled.create_infer_request())
             self._sequences[flags.id] = sequence
         elif sequence is None:
-            raise ProtocolError(
+            raise ServiceError(
                 f"sequence {flags.id!r} of model {self.name!r} is not active: its first "
                 f"request must set sequence_start (or it ended, or was idle for more than "
-                f"{self.config.sequence_idle_timeout_s:g} s)"
+                f"{self.config.sequence_idle_timeout_s:g} s)",
+                ErrorKind.INVALID_ARGUMENT,
             )
         locked = time.perf_counter()
         async with sequence.lock:
@@ -263,7 +270,7 @@ class ServedModel:
                 await self._drop(key, sequence)
 
     def _count(self, inputs: dict[str, np.ndarray]) -> None:
-        if self._batched is None:
+        if self._count_rows:
             first = next(iter(inputs.values()))
             self._executed[int(first.shape[0]) if first.ndim else 1] += 1
 
@@ -274,8 +281,8 @@ class ServedModel:
 
 
 def _default_concurrency(compiled: CompiledModel) -> int:
-    optimal = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-    if isinstance(compiled, BatchCompiledModel):
+    batch = compiled.max_batch_size()
+    if batch is not None:
         # Enough inferences in flight to fill a batch per stream, twice over.
-        return int(compiled.get_property("MAX_BATCH_SIZE")) * compiled.target.streams * 2
-    return optimal
+        return batch * compiled.streams * 2
+    return int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))

@@ -1,20 +1,13 @@
-"""The Open Inference Protocol (KServe v2) on the wire: tensors in JSON and binary form.
+"""The Open Inference Protocol (KServe v2) REST bodies: decoding requests into the
+service's :class:`~aioinfer.serving.messages.InferenceRequest`, encoding its responses.
 
 An infer request body is a JSON header, optionally followed by raw tensor bytes (the
 binary tensor data extension): the ``Inference-Header-Content-Length`` HTTP header gives
 the JSON part's length, and each input with ``parameters.binary_data_size`` takes that
 many bytes from the rest, in input order. Responses use the same layout for outputs asked
 for in binary form (``parameters.binary_data`` per output, or ``binary_data_output`` for
-the whole request).
-
-Tensors in JSON are checked, not coerced: an integer out of its datatype's range, a
-fraction in integer data, ``null`` or a string in numeric data, a number beyond FP16/FP32
-range are refused (400) rather than wrapped, truncated or turned into NaN/infinity. NaN
-and the infinities have no JSON literal: outputs write them as the strings ``"NaN"``,
-``"Infinity"`` and ``"-Infinity"``, and inputs accept those strings (and the bare
-literals Python's ``json`` and Triton write). The checks run on whole arrays (numpy
-reductions); only data that mixes those strings (or ``null``...) with numbers is looked
-at element by element.
+the whole request). Tensor values in JSON are read and written by
+:mod:`aioinfer.serving.json_values`. Every malformed body raises :class:`ProtocolError`.
 """
 
 from __future__ import annotations
@@ -25,34 +18,25 @@ import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from aioinfer.errors import ProtocolError
 from aioinfer.model import Port
+from aioinfer.serving.json_values import from_json, object_array, spell_special_floats, to_json
+from aioinfer.serving.messages import (
+    DATATYPES,
+    InferenceRequest,
+    RequestedOutput,
+    TensorMetadata,
+    datatype,
+)
 
 HEADER_LENGTH = b"inference-header-content-length"
 """The HTTP header that gives the JSON part's length of a body with binary tensors."""
 
-DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-    "BYTES": np.dtype(object),
-}
-"""Protocol datatype -> numpy dtype (``BYTES``: an object array of strings)."""
-
-_NAMES = {dtype: name for name, dtype in DATATYPES.items()}
 _LITTLE_ENDIAN = {name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items()}
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # The bare literals NaN/Infinity/-Infinity become the strings that stand for them, so
@@ -67,64 +51,15 @@ MAX_ELEMENTS = 2**62
 MAX_HEADER_DIGITS = 18
 """Longer ``Inference-Header-Content-Length`` values are refused (no body is that big)."""
 
-SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-"""How JSON data writes the floats that JSON has no number for (inputs and outputs)."""
-
-
-class ProtocolError(Exception):
-    """A request the server answers with an HTTP error ``status`` and ``{"error": ...}``."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def datatype(dtype: np.dtype) -> str:
-    """The protocol datatype of a numpy dtype (strings are ``BYTES``).
-
-    Raises:
-        ProtocolError: no protocol datatype for it.
-    """
-    if dtype.kind in "OSU":
-        return "BYTES"
-    try:
-        return _NAMES[dtype]
-    except KeyError:
-        raise ProtocolError(
-            f"element type {dtype} has no Open Inference Protocol datatype"
-        ) from None
-
 
 def port_metadata(port: Port) -> dict[str, Any]:
     """``{"name", "datatype", "shape"}`` of a model port; -1 marks a dynamic dimension."""
-    shape = [-1] if port.shape is None else [d if isinstance(d, int) else -1 for d in port.shape]
-    return {"name": port.name, "datatype": datatype(port.dtype), "shape": shape}
-
-
-@dataclass
-class RequestedOutput:
-    """An output a request asks for, and whether it wants it as binary data."""
-
-    name: str
-    binary: bool
-
-
-@dataclass
-class InferRequestBody:
-    """A decoded infer request."""
-
-    id: str | None
-    parameters: dict[str, Any]
-    inputs: dict[str, np.ndarray]
-    outputs: list[RequestedOutput] | None
-    """The outputs asked for (None: every output)."""
-    binary_output: bool
-    """The default for outputs not asked for by name (``binary_data_output``)."""
+    return asdict(TensorMetadata.of(port))
 
 
 def parse_infer_request(
     body: bytes, header_length: str | None, inputs: Mapping[str, str]
-) -> InferRequestBody:
+) -> InferenceRequest:
     """Decode an infer request body against the model's inputs (name -> datatype).
 
     Raises:
@@ -154,21 +89,21 @@ class _BinaryLayout:
     """What a JSON header says, for a request whose inputs are all fixed-size binary
     tensors: everything but the tensor bytes, which each request brings anew."""
 
-    request: InferRequestBody
+    request: InferenceRequest
     """The header's fields (with no ``inputs``)."""
     inputs: tuple[tuple[str, np.dtype, np.dtype, tuple[int, ...], int], ...]
     """Per input, in body order: name, wire dtype, numpy dtype, shape, byte size."""
     size: int
     """The bytes that follow the header."""
 
-    def decode(self, body: bytes, offset: int) -> InferRequestBody:
+    def decode(self, body: bytes, offset: int) -> InferenceRequest:
         arrays: dict[str, np.ndarray] = {}
         for name, wire, native, shape, size in self.inputs:
             array = np.frombuffer(body, wire, size // wire.itemsize, offset)
             arrays[name] = array.astype(native, copy=False).reshape(shape)
             offset += size
         request = self.request
-        return InferRequestBody(
+        return InferenceRequest(
             request.id, request.parameters, arrays, request.outputs, request.binary_output
         )
 
@@ -189,7 +124,7 @@ class RequestDecoder:
         self.size = size
         self._layouts: dict[bytes, _BinaryLayout] = {}
 
-    def decode(self, body: bytes, header_length: str | None) -> InferRequestBody:
+    def decode(self, body: bytes, header_length: str | None) -> InferenceRequest:
         """Decode ``body``; raises as :func:`parse_infer_request`."""
         if header_length is None:
             return _parse(body, None, self.inputs)[0]
@@ -202,7 +137,7 @@ class RequestDecoder:
             self._remember(body[:length], request)
         return request
 
-    def _remember(self, header: bytes, request: InferRequestBody) -> None:
+    def _remember(self, header: bytes, request: InferenceRequest) -> None:
         if len(header) > self.MAX_HEADER_BYTES:
             return
         inputs = []
@@ -219,7 +154,7 @@ class RequestDecoder:
 
 def _parse(
     body: bytes, header_length: int | None, inputs: Mapping[str, str]
-) -> tuple[InferRequestBody, bool]:
+) -> tuple[InferenceRequest, bool]:
     """The decoded request, and whether all its inputs were fixed-size binary tensors."""
     if header_length is None:
         header, binary = body, b""
@@ -263,7 +198,7 @@ def _parse(
     # No output named ("outputs" absent, null or []): every output, as Triton does.
     outputs = requested or None
     request_id = request.get("id")
-    decoded = InferRequestBody(
+    decoded = InferenceRequest(
         None if request_id is None else str(request_id), parameters, arrays, outputs, binary_output
     )
     return decoded, all_binary
@@ -332,7 +267,7 @@ def _decode_input(
         array = _from_bytes(name, chunk, expected, count)
         offset += size
     elif "data" in spec:
-        array = _from_json(name, spec["data"], expected, count)
+        array = from_json(name, spec["data"], expected, count)
     else:
         raise ProtocolError(f"input {name!r} has neither 'data' nor binary_data_size")
     return name, array.reshape(shape), offset
@@ -343,7 +278,7 @@ def _from_bytes(name: str, chunk: bytes, kind: str, count: int) -> np.ndarray:
         items = _unpack_bytes(name, chunk)
         if len(items) != count:
             raise ProtocolError(f"input {name!r}: {len(items)} strings for {count} elements")
-        return _objects(items)
+        return object_array(items)
     dtype = _LITTLE_ENDIAN[kind]
     if len(chunk) != count * dtype.itemsize:
         raise ProtocolError(
@@ -367,181 +302,6 @@ def _unpack_bytes(name: str, chunk: bytes) -> list[bytes]:
     return items
 
 
-def _from_json(name: str, data: Any, kind: str, count: int) -> np.ndarray:
-    if kind == "BYTES":
-        flat = _strings(name, data)
-    else:
-        try:
-            values = np.asarray(data)  # numpy picks int64, uint64, float64, bool or else
-        except ValueError as exc:  # ragged nesting, too many dimensions
-            raise ProtocolError(f"input {name!r}: 'data' is not {kind} values ({exc})") from None
-        flat = _numbers(name, values.reshape(-1), data, kind)
-    if flat.size != count:
-        raise ProtocolError(
-            f"input {name!r}: {flat.size} values in 'data', the shape needs {count}"
-        )
-    return flat
-
-
-def _numbers(name: str, flat: np.ndarray, data: Any, kind: str) -> np.ndarray:
-    """``flat`` (numpy's reading of the JSON ``data``) as ``kind``, or the error naming
-    the first element that is not a value of ``kind``."""
-    dtype = DATATYPES[kind]
-    source = flat.dtype.kind
-    if not flat.size:
-        return flat.astype(dtype)
-    if kind == "BOOL":
-        if source != "b":
-            objects = np.asarray(data, dtype=object).reshape(-1).tolist()
-            index = next(i for i, item in enumerate(objects) if type(item) is not bool)
-            raise _not_a(name, kind, index, objects[index])
-        return flat
-    if source not in "iuf":  # strings, null, booleans, integers beyond 64 bits, a mix
-        return _mixed(name, np.asarray(data, dtype=object).reshape(-1), kind)
-    if dtype.kind == "f":
-        with np.errstate(over="ignore"):
-            array = flat.astype(dtype)
-        # Only floats (JSON numbers such as 1e999 parse as infinity) and integers into
-        # FP16 can become infinite.
-        if source == "f" or dtype.itemsize == 2:
-            finite = np.isfinite(array)
-            if not finite.all():
-                raise _out_of_range(name, kind, int(np.argmin(finite)), flat)
-        return array
-    if flat.dtype == dtype:  # int64 or uint64 as numpy read them: in range
-        return flat
-    if source == "i":  # numpy's int64, the common case: in range if the cast keeps it
-        array = flat.astype(dtype)
-        if (array != flat).any():
-            info = np.iinfo(dtype)
-            values = flat.tolist()
-            index = next(i for i, v in enumerate(values) if not info.min <= v <= info.max)
-            raise _out_of_range(name, kind, index, values)
-        return array
-    low, high = flat.min().item(), flat.max().item()
-    if source == "f":
-        fraction = np.trunc(flat) != flat
-        if fraction.any():
-            index = int(np.argmax(fraction))
-            raise _not_a(name, kind, index, flat[index])
-        if max(-low, high) > 2**53:
-            # Integers that numpy read as float64 (values on both sides of 2**63, or
-            # next to fractional notation) may have lost digits: take JSON's own.
-            return _mixed(name, np.asarray(data, dtype=object).reshape(-1), kind)
-    info = np.iinfo(dtype)
-    if low < info.min or high > info.max:
-        values = flat.tolist()
-        index = next(i for i, v in enumerate(values) if not info.min <= v <= info.max)
-        raise _out_of_range(name, kind, index, values)
-    return flat.astype(dtype)
-
-
-def _mixed(name: str, objects: np.ndarray, kind: str) -> np.ndarray:
-    """The slow path of :func:`_numbers`: element by element, for data that is not all
-    numbers (the strings of :data:`SPECIAL_FLOATS` among them)."""
-    dtype = DATATYPES[kind]
-    floating = dtype.kind == "f"
-    items = objects.tolist()
-    for index, item in enumerate(items):
-        if type(item) is int or (type(item) is float and (floating or item.is_integer())):
-            continue
-        if floating and type(item) is str and item in SPECIAL_FLOATS:
-            items[index] = SPECIAL_FLOATS[item]
-            continue
-        raise _not_a(name, kind, index, item)
-    if floating:
-        wide = np.empty(len(items), np.float64)
-        for index, item in enumerate(items):
-            try:
-                wide[index] = item
-            except OverflowError:  # an integer beyond float64
-                raise _out_of_range(name, kind, index, items) from None
-        with np.errstate(over="ignore"):
-            array = wide.astype(dtype)
-        overflow = np.isfinite(wide) & ~np.isfinite(array)
-        if overflow.any():
-            raise _out_of_range(name, kind, int(np.argmax(overflow)), items)
-        return array
-    info = np.iinfo(dtype)
-    for index, item in enumerate(items):
-        if not info.min <= item <= info.max:
-            raise _out_of_range(name, kind, index, items)
-    return np.array([int(item) for item in items], dtype=dtype)
-
-
-def _out_of_range(name: str, kind: str, index: int, values: Any) -> ProtocolError:
-    value = values[index]
-    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
-        shown = "a number beyond the range of FP64"  # e.g. 1e999, which parses as infinity
-    else:
-        shown = str(value)
-        if len(shown) > 40:
-            shown = f"{shown[:20]}... ({len(shown)} digits)"
-    dtype = DATATYPES[kind]
-    info = np.iinfo(dtype) if dtype.kind in "iu" else np.finfo(dtype)
-    return ProtocolError(
-        f"input {name!r}: element {index} of 'data' is {shown}, out of the range of {kind} "
-        f"[{info.min!s}, {info.max!s}]"
-    )
-
-
-_EXPECTED = {"BOOL": "true or false", "BYTES": "a string", "f": "a number", "iu": "an integer"}
-
-
-def _not_a(name: str, kind: str, index: int, item: Any) -> ProtocolError:
-    if isinstance(item, np.generic):
-        item = item.item()
-    shown = json.dumps(item) if isinstance(item, (str, bool)) or item is None else repr(item)
-    if len(shown) > 40:
-        shown = shown[:40] + "..."
-    expected = _EXPECTED.get(kind) or _EXPECTED["f" if kind.startswith("FP") else "iu"]
-    if kind.startswith("FP"):
-        expected = 'a number, "NaN", "Infinity" or "-Infinity"'
-    return ProtocolError(
-        f"input {name!r}: element {index} of 'data' is {shown}, not {expected} ({kind})"
-    )
-
-
-def _strings(name: str, data: Any) -> np.ndarray:
-    """The strings of the JSON ``data`` of a BYTES input (nested lists flattened)."""
-    items: list[Any] = []
-    pending = [iter(data if isinstance(data, list) else [data])]
-    while pending:
-        for item in pending[-1]:
-            if isinstance(item, list):
-                pending.append(iter(item))
-                break
-            items.append(item)
-        else:
-            pending.pop()
-    for index, item in enumerate(items):
-        if type(item) is not str:
-            raise _not_a(name, "BYTES", index, item)
-    try:
-        "".join(items).encode()
-    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in the JSON)
-        index = next(i for i, item in enumerate(items) if not _is_unicode(item))
-        raise ProtocolError(
-            f"input {name!r}: element {index} ({items[index]!r}) is not valid Unicode text"
-        ) from None
-    return _objects(items)
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _objects(items: list[Any]) -> np.ndarray:
-    """A 1-D object array of ``items`` (numpy would split equal-length strings)."""
-    array = np.empty(len(items), dtype=object)
-    array[:] = items
-    return array
-
-
 def encode_infer_response(
     model: str,
     version: str,
@@ -555,15 +315,18 @@ def encode_infer_response(
     Raises:
         ProtocolError: a BYTES output asked for as JSON holds bytes that are not UTF-8.
     """
+    # Lists, not generators, for the few outputs of a response: cheaper on the hot path.
     if (
         outputs
         and not parameters
-        and all(binary and array.dtype.kind not in "OSU" for _, array, binary in outputs)
+        and all([binary and array.dtype.kind not in "OSU" for _, array, binary in outputs])
     ):
         chunks = [_to_bytes(array) for _, array, _ in outputs]
         layout = tuple(
-            (name, array.dtype, array.shape, len(chunk))
-            for (name, array, _), chunk in zip(outputs, chunks)
+            [
+                (name, array.dtype, array.shape, len(chunk))
+                for (name, array, _), chunk in zip(outputs, chunks)
+            ]
         )
         header = _binary_header(model, version, request_id, layout)
         return b"".join([header, *chunks]), len(header)
@@ -581,7 +344,7 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
         else:
-            entry["data"] = _to_json(name, array)
+            entry["data"] = to_json(name, array)
             if array.dtype.kind == "f":
                 floats.append((entry, array))
         entries.append(entry)
@@ -595,7 +358,7 @@ def encode_infer_response(
         text = _ENCODER.encode(response)
     except ValueError:  # NaN or an infinity (found only when there is one: they are rare)
         for entry, array in floats:
-            _spell_special_floats(entry["data"], array.reshape(-1))
+            spell_special_floats(entry["data"], array.reshape(-1))
         text = _ENCODER.encode(response)
     header = text.encode()
     if not chunks:
@@ -628,7 +391,7 @@ def _binary_header(
 
 
 def _to_bytes(array: np.ndarray) -> bytes:
-    if datatype(array.dtype) == "BYTES":
+    if array.dtype.kind in "OSU":  # BYTES
         parts = []
         for item in array.reshape(-1):
             raw = item if isinstance(item, bytes) else str(item).encode()
@@ -637,34 +400,3 @@ def _to_bytes(array: np.ndarray) -> bytes:
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     return array.tobytes()
-
-
-def _to_json(name: str, array: np.ndarray) -> list[Any]:
-    flat = array.reshape(-1)
-    if datatype(array.dtype) == "BYTES":
-        return _texts(name, flat)
-    values: list[Any] = flat.tolist()
-    return values
-
-
-def _spell_special_floats(values: list[Any], flat: np.ndarray) -> None:
-    """Replace NaN and the infinities in ``values`` (``flat.tolist()``) by their strings."""
-    for index in np.flatnonzero(~np.isfinite(flat)).tolist():
-        value = values[index]
-        values[index] = "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
-
-
-def _texts(name: str, flat: np.ndarray) -> list[str]:
-    texts = []
-    for index, item in enumerate(flat):
-        if isinstance(item, bytes):
-            try:
-                item = item.decode()
-            except UnicodeDecodeError:
-                raise ProtocolError(
-                    f"output {name!r}: element {index} ({item[:20]!r}) is not UTF-8 text, "
-                    "which JSON cannot carry; ask for it as binary data "
-                    "(parameters.binary_data)"
-                ) from None
-        texts.append(item if isinstance(item, str) else str(item))
-    return texts

@@ -12,10 +12,10 @@ from typing import Any
 import uvicorn
 
 from aioinfer.errors import ServingConfigError
-from aioinfer.serving.app import create_app
 from aioinfer.serving.connection import ConnectionLimits
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES
 from aioinfer.serving.repository import ModelConfig
+from aioinfer.serving.rest import create_app
 
 SWITCH_INTERVAL = 0.0005
 """The interpreter's thread switch interval that :func:`serve` sets (seconds).

@@ -32,10 +32,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aioinfer.cli import main
 from aioinfer.serving import ModelServer, create_app, serve
-from aioinfer.serving import app as app_module
 from aioinfer.serving import disconnect as disconnect_module
-from aioinfer.serving.app import infer_target
+from aioinfer.serving import rest as rest_module
 from aioinfer.serving.metrics import LATENCY_BUCKETS, Histogram
+from aioinfer.serving.rest import infer_target
 from aioinfer.serving.server import SWITCH_INTERVAL
 from tests.helpers import mlp_model, reference_outputs, two_input_model
 from tests.serving.conftest import WIDE
@@ -326,7 +326,7 @@ async def test_a_root_path_from_the_server_is_honoured(app, monkeypatch):
 )
 def test_route_path_agrees_with_starlette(path: str, root: str) -> None:
     scope = {"type": "http", "path": path, "root_path": root}
-    assert app_module._route_path(scope) == get_route_path(scope)
+    assert rest_module._route_path(scope) == get_route_path(scope)
 
 
 INFER_PATHS = [

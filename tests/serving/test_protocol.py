@@ -22,6 +22,7 @@ from aioinfer.serving.protocol import (
     parse_infer_request,
     port_metadata,
 )
+from aioinfer.serving.rest import HTTP_STATUS
 
 
 def port(name: str, dtype: Any, shape: tuple[Any, ...] | None = ("n", 2)) -> Port:
@@ -150,7 +151,7 @@ def test_malformed_requests_name_the_problem(body: bytes, length: str | None, me
     with pytest.raises(ProtocolError, match=None) as caught:
         parse_infer_request(body, length, {"x": "FP32"})
     assert message in str(caught.value)
-    assert caught.value.status == 400
+    assert HTTP_STATUS[caught.value.kind] == 400
 
 
 def test_binary_sizes_must_add_up() -> None:
@@ -317,7 +318,7 @@ def test_json_values_that_do_not_fit_are_refused(kind: str, data: Any, message: 
         json_input(kind, data)
     assert "input 'x': " in str(caught.value)
     assert message in str(caught.value)
-    assert caught.value.status == 400
+    assert HTTP_STATUS[caught.value.kind] == 400
 
 
 def test_special_floats_are_strings_both_ways() -> None:

@@ -1,0 +1,389 @@
+"""The REST adapter: the Open Inference Protocol (KServe v2 REST) over the model service.
+
+An ASGI app that translates and decides nothing: an HTTP request becomes calls of the
+:class:`~aioinfer.serving.service.InferenceService` (start: find and admit; infer), the
+body is decoded and the response encoded by :mod:`aioinfer.serving.protocol`, and the
+kind of every :class:`~aioinfer.errors.ServiceError` becomes an HTTP status through one
+table, :data:`HTTP_STATUS`. What is HTTP's alone stays here: reading the body (the size
+limit counted as it arrives), content codings, the binary tensor extension's headers, a
+client's disconnect, the API key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from aioinfer.core import Core
+from aioinfer.errors import ClientDisconnectedError, ErrorKind, ProtocolError, ServiceError
+from aioinfer.serving.auth import HEALTH_PATHS, ApiKeyCheck
+from aioinfer.serving.compression import compress, decompress, response_coding
+from aioinfer.serving.disconnect import unless_disconnected
+from aioinfer.serving.metrics import CONTENT_TYPE
+from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, ServedModel
+from aioinfer.serving.protocol import HEADER_LENGTH, RequestDecoder, encode_infer_response
+from aioinfer.serving.repository import ModelConfig, ModelRepository
+from aioinfer.serving.service import InferenceService
+
+_logger = logging.getLogger(__name__)
+
+EXTENSIONS = ("binary_tensor_data",)
+"""The protocol extensions of REST alone (``GET /v2`` lists the service's too)."""
+
+HTTP_STATUS: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_ARGUMENT: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.TOO_LARGE: 413,
+    ErrorKind.UNSUPPORTED_MEDIA: 415,
+    ErrorKind.UNAUTHENTICATED: 401,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.RESOURCE_EXHAUSTED: 503,
+    ErrorKind.CANCELLED: 499,  # the client closed the request (nginx's code)
+    ErrorKind.ABORTED: 503,
+    ErrorKind.INTERNAL: 500,
+}
+"""The HTTP status that answers each kind of :class:`~aioinfer.errors.ServiceError`."""
+
+
+class RestAdapter:
+    """The endpoints of the REST app over one service; per model, the decoder of its
+    request bodies (which remembers the JSON headers of recent binary requests)."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+        self._decoders: dict[ServedModel, RequestDecoder] = {}
+
+    @asynccontextmanager
+    async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
+        """The service's lifespan (see :meth:`InferenceService.lifespan`)."""
+        try:
+            async with self.service.lifespan():
+                yield
+        finally:
+            self._decoders.clear()  # a later lifespan serves new model objects
+
+    def _new_decoder(self, model: ServedModel) -> RequestDecoder:
+        decoder = self._decoders[model] = RequestDecoder(model.input_datatypes)
+        return decoder
+
+    # -- endpoints ------------------------------------------------------------------------
+
+    async def live(self, request: Request) -> Response:
+        return JSONResponse({"live": self.service.live()})
+
+    async def ready(self, request: Request) -> Response:
+        ready = self.service.ready()
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 400)
+
+    async def server_metadata(self, request: Request) -> Response:
+        metadata = self.service.server_metadata()
+        extensions = [*EXTENSIONS, *metadata.extensions]
+        return JSONResponse(
+            {"name": metadata.name, "version": metadata.version, "extensions": extensions}
+        )
+
+    async def model_metadata(self, request: Request) -> Response:
+        return JSONResponse(asdict(self.service.model_metadata(self._model_of(request))))
+
+    async def model_ready(self, request: Request) -> Response:
+        model = self._model_of(request)
+        ready = self.service.model_ready(model)
+        return JSONResponse({"name": model.name, "ready": ready}, status_code=200 if ready else 400)
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.service.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def infer(
+        self, scope: Scope, receive: Receive, send: Send, name: str, version: str | None
+    ) -> None:
+        """``POST /v2/models/{name}[/versions/{version}]/infer``, as bare ASGI: the hot
+        path skips Starlette's request and response objects."""
+        service = self.service
+        try:
+            call = service.start(name, version)  # before the body: a full model reads none
+        except ServiceError as exc:
+            await _respond(send, HTTP_STATUS[exc.kind], _error_body(exc), _JSON)
+            return
+        model = call.model
+        try:
+            length, json_length, coding, accepted = _headers(scope)
+            limit = service.max_request_bytes
+            raw = await _read_body(receive, length, limit)
+            if coding is not None:
+                inline = len(raw) <= _INLINE_BYTES // _INFLATION
+                raw = await _off_loop(inline, decompress, raw, coding, limit)
+            decoder = self._decoders.get(model) or self._new_decoder(model)
+            request = decoder.decode(raw, json_length)
+            response = await unless_disconnected(receive, lambda: call.infer(request))
+            content, header_length = encode_infer_response(
+                response.model_name, response.model_version, response.id, response.outputs
+            )
+            response_encoding = None if accepted is None else response_coding(accepted)
+            if response_encoding is not None:
+                inline = len(content) <= _INLINE_BYTES
+                content = await _off_loop(inline, compress, content, response_encoding)
+        except ServiceError as exc:
+            call.fail(exc.kind, exc)
+            await _respond(send, HTTP_STATUS[exc.kind], _error_body(exc), _JSON)
+            return
+        except Exception as exc:  # a fault of the server's, not of the request
+            _logger.exception("infer request to model %r version %s", model.name, model.version)
+            call.fail(ErrorKind.INTERNAL)
+            await _respond(send, HTTP_STATUS[ErrorKind.INTERNAL], _internal_error_body(exc), _JSON)
+            return
+        finally:
+            call.end()
+        call.succeed()
+        if header_length is None:
+            headers = _JSON
+        else:
+            length_header = (b"inference-header-content-length", str(header_length).encode())
+            headers = [_OCTETS, length_header]
+        if response_encoding is not None:
+            headers = [*headers, (b"content-encoding", response_encoding.encode()), _VARY]
+        await _respond(send, 200, content, headers)
+
+    def _model_of(self, request: Request) -> ServedModel:
+        params = request.path_params
+        return self.service.find(params["model"], params.get("version"))
+
+
+async def _read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:
+    """The request body, refused (TOO_LARGE) as soon as it is known to exceed ``limit``
+    bytes: by its ``Content-Length``, or else as its parts arrive."""
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ProtocolError(
+            f"the request body has {int(declared)} bytes; the limit is {limit}",
+            ErrorKind.TOO_LARGE,
+        )
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnectedError("the client disconnected while sending")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ProtocolError(
+                f"the request body exceeds the limit of {limit} bytes", ErrorKind.TOO_LARGE
+            )
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)  # of one part: that part itself, not a copy
+
+
+_JSON = [(b"content-type", b"application/json")]
+_OCTETS = (b"content-type", b"application/octet-stream")
+_VARY = (b"vary", b"accept-encoding")
+
+_INLINE_BYTES = 1 << 16
+"""Bodies up to this size are compressed (or decompressed to at most about this size)
+on the event loop; larger ones on a thread (zlib releases the GIL), so that the loop
+keeps serving meanwhile."""
+_INFLATION = 16
+"""What a compressed body is taken to grow by; its worst case is about 1000x, and
+``decompress`` stops at the size limit whatever it is."""
+
+
+def _headers(scope: Scope) -> tuple[bytes | None, str | None, str | None, str | None]:
+    """The request's ``Content-Length``, ``Inference-Header-Content-Length``,
+    ``Content-Encoding`` and ``Accept-Encoding`` headers (ASGI gives header names
+    lower-case)."""
+    length = header_length = coding = accepted = None
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            length = value
+        elif name == HEADER_LENGTH:
+            header_length = value.decode("latin-1")
+        elif name == b"content-encoding":
+            coding = value.decode("latin-1")
+        elif name == b"accept-encoding":
+            accepted = value.decode("latin-1")
+    return length, header_length, coding, accepted
+
+
+async def _off_loop(inline: bool, function: Callable[..., bytes], *args: Any) -> bytes:
+    """``function(*args)``: on the event loop when ``inline``, else on a worker thread."""
+    if inline:
+        return function(*args)
+    return await anyio.to_thread.run_sync(function, *args)
+
+
+def _error_body(exc: Exception) -> bytes:
+    return json.dumps({"error": str(exc)}).encode()
+
+
+def _internal_error_body(exc: Exception) -> bytes:
+    return json.dumps({"error": f"internal server error: {type(exc).__name__}: {exc}"}).encode()
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class _InferEndpoint:
+    """An ASGI app, so that Starlette's router calls it without wrapping (a function
+    endpoint gets request and response objects)."""
+
+    def __init__(self, adapter: RestAdapter) -> None:
+        self.adapter = adapter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        params = scope["path_params"]
+        await self.adapter.infer(scope, receive, send, params["model"], params.get("version"))
+
+
+def infer_target(path: str) -> tuple[str, str | None] | None:
+    """(model, version or None) when ``path`` is ``/v2/models/{model}/infer`` or
+    ``/v2/models/{model}/versions/{version}/infer``; else None."""
+    if not (path.startswith("/v2/models/") and path.endswith("/infer")):
+        return None
+    parts = path[len("/v2/models/") : -len("/infer")].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        return parts[0], parts[2]
+    return None
+
+
+class OipApp(Starlette):
+    """The server's Starlette app. Infer requests (most of the traffic) skip Starlette's
+    own middleware and the router, unless middleware was added to the app. With an
+    ``api_key``, every request but the open ones must carry it (see ``serving/auth.py``).
+    """
+
+    adapter: RestAdapter
+    """The endpoints (set by :func:`create_app`)."""
+    api_key_check: ApiKeyCheck | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            self.api_key_check is not None
+            and scope["type"] == "http"
+            and not self.api_key_check.allows(_route_path(scope), scope)
+        ):
+            await self.api_key_check.refuse(scope, send)
+            return
+        if scope["type"] == "http" and scope["method"] == "POST" and not self.user_middleware:
+            target = infer_target(_route_path(scope))
+            if target is not None:
+                scope["app"] = self
+                await self.adapter.infer(scope, receive, send, *target)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below the app's mount point (Starlette keeps it in ``root_path``)."""
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] == "/":
+        return path[len(root) :]
+    return path
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    body = {"error": f"{exc.detail}: {request.url.path}"}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)  # 405: Allow
+
+
+async def _service_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServiceError)
+    return JSONResponse({"error": str(exc)}, status_code=HTTP_STATUS[exc.kind])
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # Starlette still re-raises the exception after sending this, for the server to log.
+    return Response(_internal_error_body(exc), status_code=500, media_type="application/json")
+
+
+def create_app(
+    source: str | Path | ModelRepository,
+    *,
+    configs: Mapping[str, ModelConfig] | None = None,
+    core: Core | None = None,
+    max_request_bytes: int = 64 * 2**20,
+    drain_timeout: float = 30.0,
+    max_sequences: int = DEFAULT_MAX_SEQUENCES,
+    api_key: str | None = None,
+    public_metrics: bool = False,
+) -> Starlette:
+    """An ASGI app (Starlette) serving the models of ``source`` over the Open Inference
+    Protocol (KServe v2 REST), with Prometheus metrics at ``/metrics``.
+
+    ``source`` is a repository directory (``<repo>/<model>/<version>/model.onnx``), a
+    single ``.onnx`` file, or a :class:`ModelRepository`; ``configs`` gives models their
+    config in code (instead of ``config.json``). The models are compiled in the app's
+    lifespan; ``app.state.server`` is the :class:`InferenceService`. To mount the app in
+    another one, run its lifespan there: ``FastAPI(lifespan=app.router.lifespan_context)``.
+
+    ``max_sequences`` caps the open sequences of each model whose config sets none. With
+    an ``api_key``, every endpoint but ``/v2/health/live`` and ``/v2/health/ready`` (and
+    ``/metrics`` with ``public_metrics``) answers 401 unless the request carries the key
+    as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``.
+
+    Raises:
+        RepositoryError: the repository or a config file is invalid.
+        ServingConfigError: ``api_key`` is empty, or ``max_sequences`` below 1.
+    """
+    repository = source if isinstance(source, ModelRepository) else ModelRepository(source, configs)
+    service = InferenceService(
+        repository,
+        core=core,
+        max_request_bytes=max_request_bytes,
+        drain_timeout=drain_timeout,
+        max_sequences=max_sequences,
+    )
+    adapter = RestAdapter(service)
+    model = "/v2/models/{model}"
+    version = model + "/versions/{version}"
+    routes = [  # the hot path first: routes are tried in order
+        Route(model + "/infer", _InferEndpoint(adapter), methods=["POST"]),
+        Route(version + "/infer", _InferEndpoint(adapter), methods=["POST"]),
+        Route("/v2/health/live", adapter.live),
+        Route("/v2/health/ready", adapter.ready),
+        Route("/v2", adapter.server_metadata),
+        Route(model, adapter.model_metadata),
+        Route(version, adapter.model_metadata),
+        Route(model + "/ready", adapter.model_ready),
+        Route(version + "/ready", adapter.model_ready),
+        Route("/metrics", adapter.metrics_text),
+    ]
+    app = OipApp(
+        routes=routes,
+        lifespan=adapter.lifespan,
+        exception_handlers={
+            HTTPException: _http_error,
+            ServiceError: _service_error,
+            Exception: _server_error,
+        },
+    )
+    app.adapter = adapter
+    app.state.server = service
+    if api_key is not None:
+        open_paths = HEALTH_PATHS | {"/metrics"} if public_metrics else HEALTH_PATHS
+        app.api_key_check = ApiKeyCheck(api_key, open_paths)
+    return app
