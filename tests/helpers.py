@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as onh
 import onnxruntime as ort
+from prometheus_client.parser import text_string_to_metric_families
 
 Dims = Sequence[int | str | None] | None
 """A shape for a value info: ints static, strings symbolic, None unknown; None for any rank."""
@@ -225,3 +228,24 @@ def kv_cache_model(width: int = 8, seed: int = 9) -> onnx.ModelProto:
         weights,
         name="kv_cache",
     )
+
+
+def scrape_metric(url: str, name: str, **labels: str) -> float:
+    """A sample of the server's ``/metrics`` at ``url`` (host:port); 0 when absent."""
+    text = httpx.get(f"http://{url}/metrics", timeout=60).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``condition`` until it holds (a hang guard of ``timeout`` seconds); the
+    seconds it took."""
+    start = time.perf_counter()
+    while not condition():
+        if time.perf_counter() - start > timeout:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+    return time.perf_counter() - start

@@ -16,12 +16,12 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.http as httpclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from aioinfer.errors import RequestClosedError
 from aioinfer.serving import create_app
-from tests.helpers import mlp_model, reference_outputs
+from tests.helpers import mlp_model, reference_outputs, wait_until
+from tests.helpers import scrape_metric as metric
 from tests.serving.conftest import WIDE, LiveServer, chain_model
 
 SLOW_ROWS = 1024
@@ -48,16 +48,6 @@ def json_body(x: np.ndarray, **extra: Any) -> dict[str, Any]:
     return {"inputs": [spec], **extra}
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """A sample of the server's /metrics (0 when absent)."""
-    text = httpx.get(f"http://{url}/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
-
-
 def slow_input() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((SLOW_ROWS, WIDE)).astype(np.float32)
 
@@ -69,15 +59,6 @@ def timed_slow_infer(url: str) -> float:
         f"http://{url}/v2/models/slow/infer", content=body, headers=headers, timeout=60
     )
     assert response.status_code == 200, response.text
-    return time.perf_counter() - start
-
-
-def wait_until(condition: Any, timeout: float, what: str) -> float:
-    start = time.perf_counter()
-    while not condition():
-        if time.perf_counter() - start > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
     return time.perf_counter() - start
 
 

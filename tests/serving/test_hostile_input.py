@@ -26,8 +26,8 @@ from aioinfer.devices.cpu.request import CPUInferRequest
 from aioinfer.model import Model
 from aioinfer.serving import create_app
 from tests.helpers import make_model, mlp_model, reference_outputs, tensor_info
+from tests.helpers import scrape_metric as metric
 from tests.serving.conftest import LiveServer, write_config, write_model
-from tests.serving.test_behaviour import metric
 
 LIMIT = 1 << 20
 """The servers' request size limit (bytes)."""

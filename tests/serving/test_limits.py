@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,13 +15,13 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.http as httpclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from aioinfer import RepositoryError, ServingConfigError
 from aioinfer.serving import ModelRepository, create_app
 from aioinfer.serving.connection import ConnectionLimits
-from tests.helpers import mlp_model
+from tests.helpers import mlp_model, wait_until
+from tests.helpers import scrape_metric as metric
 from tests.serving.conftest import (
     WIDE,
     LiveServer,
@@ -83,23 +83,6 @@ def read_response(connection: socket.socket) -> tuple[int, bytes]:
 
 def status_of(live: LiveServer, path: str = "/v2/health/live") -> int:
     return httpx.get(f"http://{live.url}{path}", timeout=60).status_code
-
-
-def metric(live: LiveServer, name: str, **labels: str) -> float:
-    text = httpx.get(f"http://{live.url}/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 # -- the header-read timeout --------------------------------------------------------------
@@ -275,12 +258,12 @@ def test_a_full_queue_answers_503_before_reading_the_body(limited):
         client = httpclient.InferenceServerClient(limited.url, network_timeout=120)
         shapes.append(client.infer("slow", [tensor]).as_numpy("y").shape)
 
-    busy = metric(limited, "aioinfer_inference_failures_total", model="slow", reason="busy")
+    busy = metric(limited.url, "aioinfer_inference_failures_total", model="slow", reason="busy")
     threads = [threading.Thread(target=post) for _ in range(2)]  # one runs, one waits
     for thread in threads:
         thread.start()
     in_flight = "aioinfer_inference_requests_in_flight"
-    wait_until(lambda: metric(limited, in_flight, model="slow") == 2, 60, "two in flight")
+    wait_until(lambda: metric(limited.url, in_flight, model="slow") == 2, 60, "two in flight")
     # A 60 MB body of which the client sends the first kilobyte only.
     head = (
         b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: test\r\n"
@@ -293,6 +276,6 @@ def test_a_full_queue_answers_503_before_reading_the_body(limited):
     for thread in threads:
         thread.join(120)
     assert shapes == [(1024, WIDE)] * 2  # both served
-    after = metric(limited, "aioinfer_inference_failures_total", model="slow", reason="busy")
+    after = metric(limited.url, "aioinfer_inference_failures_total", model="slow", reason="busy")
     assert after == busy + 1
     assert status_of(limited) == 200
