@@ -431,10 +431,11 @@ def _pool_of(compiled: CompiledModel) -> _RequestPool:
 
 
 def _token_ids(values: Any, what: str) -> tuple[int, ...]:
-    items = [values] if isinstance(values, int) else values
-    if not isinstance(items, (list, tuple, set, frozenset)) or any(
-        isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0 for v in items
-    ):
+    items = [values] if isinstance(values, (int, np.integer)) else values
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        items = [items]  # refused below, named
+    items = list(items)
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0 for v in items):
         raise GenerationError(
             f"{what} must be a token id or a list of them (integers at least 0), got {values!r}"
         )

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -355,3 +356,37 @@ def test_a_malformed_generate_key_fails_reading_the_repository(
     with pytest.raises(RepositoryError, match=r"config\.json: ") as raised:
         ModelRepository(tmp_path)
     assert message in str(raised.value)
+
+
+@pytest.mark.anyio
+async def test_a_generation_beyond_the_models_concurrency_waits_for_a_slot(tmp_path: Path):
+    write_model(tmp_path, "decoder", 1, decoder_model())
+    write_config(
+        tmp_path,
+        "decoder",
+        {"stateful": "auto", "generate": {}, "max_concurrency": 1, "max_queue": 1},
+    )
+    service = InferenceService(ModelRepository(tmp_path))
+    first_prompt, second_prompt = [1, 2, 3], [4, 5]
+    async with service.lifespan():
+        metrics = service.metrics.of(service.find("decoder", None))
+        first = service.generate(
+            "decoder", None, GenerateRequest(first_prompt, None, {"max_new_tokens": 6})
+        )
+        second = service.generate(
+            "decoder", None, GenerateRequest(second_prompt, None, {"max_new_tokens": 6})
+        )
+        got_first = [(await anext(first)).token_id]
+        got_second: list[int] = []
+
+        async def wait_for_the_slot() -> None:
+            got_second.extend([t.token_id async for t in second])
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(wait_for_the_slot)
+            await anyio.sleep(0.05)
+            assert got_second == [] and metrics.in_flight == 2  # queued
+            got_first += [t.token_id async for t in first]  # then hands its slot on
+        assert metrics.in_flight == 0 and metrics.failures == {}
+    assert got_first == reference_generation(decoder_model(), first_prompt, 6)[0]
+    assert got_second == reference_generation(decoder_model(), second_prompt, 6)[0]
