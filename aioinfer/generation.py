@@ -324,7 +324,7 @@ async def generate(
             else:
                 feed = sequence
     finally:
-        if running.state is not RequestState.CLOSED:
+        if running.state is RequestState.IDLE:
             running.clear_inputs()  # keeps no step's inputs alive
         if pool is not None:
             pool.release(running)
