@@ -61,6 +61,18 @@ async def test_greedy_tokens_equal_a_hand_written_loop_with_explicit_kv_inputs(
     assert await collect(ai.generate(compiled, PROMPT, max_new_tokens=12)) == expected
 
 
+@pytest.mark.parametrize("device", ["ORT", "PROCESS:CPU"])
+async def test_greedy_tokens_are_the_same_on_devices_that_keep_state_above_them(
+    model: onnx.ModelProto, device: str
+) -> None:
+    expected, _ = reference_generation(model, PROMPT, 8)
+    compiled = await ai.Core().compile_model_async(model, device, {"STATEFUL": "auto"})
+    try:
+        assert await collect(ai.generate(compiled, PROMPT, max_new_tokens=8)) == expected
+    finally:
+        await compiled.close()
+
+
 async def test_mask_and_positions_are_optional_and_a_model_without_state_gets_the_sequence(
     model: onnx.ModelProto,
 ) -> None:

@@ -47,7 +47,7 @@ class ModelConfig:
     device). ``max_concurrency`` None means: ``MAX_BATCH_SIZE`` x streams x 2 for a
     batching model, else the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
     ``max_sequences`` None means the server's default. ``generate`` (a
-    :class:`~aioinfer.generation.GenerationConfig` as a mapping) serves the model's
+    :class:`~aioinfer.generation.GenerationConfig`, or its mapping) serves the model's
     generate endpoints.
     """
 
@@ -60,7 +60,7 @@ class ModelConfig:
     max_queue: int = 256
     sequence_idle_timeout_s: float = 60.0
     max_sequences: int | None = None
-    generate: Mapping[str, Any] | None = None
+    generate: Mapping[str, Any] | GenerationConfig | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> ModelConfig:
