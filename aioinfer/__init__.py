@@ -13,6 +13,7 @@ from aioinfer.errors import (
     CompileError,
     DeviceUnavailableError,
     ExportError,
+    GenerationError,
     ImportModelError,
     InferCancelledError,
     InferenceError,
@@ -40,6 +41,7 @@ from aioinfer.errors import (
     WorkerDiedError,
     WorkerTimeoutError,
 )
+from aioinfer.generation import GenerationConfig, generate
 from aioinfer.model import Model, Port
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.plugin.compiled_model import CompiledModel
@@ -64,6 +66,8 @@ __all__ = [
     "DeviceUnavailableError",
     "DeviceVersion",
     "ExportError",
+    "GenerationConfig",
+    "GenerationError",
     "ImportModelError",
     "InferCancelledError",
     "InferRequest",
@@ -98,4 +102,5 @@ __all__ = [
     "WorkerTimeoutError",
     "__version__",
     "compile_model",
+    "generate",
 ]

@@ -153,6 +153,12 @@ class RequestClosedError(AioinferError):
     """The request, compiled model or queue was closed."""
 
 
+class GenerationError(AioinferError, ValueError):
+    """``generate()`` cannot run with these settings: a generate config that names a port
+    the model lacks (or one of the wrong kind), a model input it would not feed, or an
+    argument out of range (the message names it, what was expected and what was given)."""
+
+
 # -- serving ----------------------------------------------------------------------------
 
 

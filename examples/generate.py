@@ -5,39 +5,21 @@
 The model is the tiny decoder of ``examples/models/decoder.py`` (built on the fly, in
 milliseconds). It has ``past_key_values.*`` inputs and ``present.*`` outputs; compiled
 with ``{"STATEFUL": "auto"}`` they become variables of the request, so each step feeds
-only the new token: the request keeps the cache between steps.
+only the new token: the request keeps the cache between steps. ``aioinfer.generate``
+runs the loop (here on a request of our own, to show its cache afterwards) and yields
+each token as it comes.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import anyio
-import numpy as np
 from models.decoder import build_decoder, decode, encode
 
 import aioinfer as ai
-
-
-async def generate(
-    request: ai.InferRequest, prompt: Sequence[int], max_new_tokens: int, stop: int | None = None
-) -> AsyncIterator[int]:
-    """Yield up to ``max_new_tokens`` greedy tokens after ``prompt`` (ending at ``stop``).
-
-    The first step feeds the whole prompt, every later step one token; the KV cache
-    stays in ``request`` (compiled with ``STATEFUL``), which starts from an empty cache.
-    """
-    request.reset_state()
-    ids = np.array([prompt], np.int64)
-    for _ in range(max_new_tokens):
-        logits = (await request.infer({"input_ids": ids}))["logits"]
-        token = int(logits[0, -1].argmax())
-        yield token
-        if token == stop:
-            return
-        ids = np.array([[token]], np.int64)
 
 
 async def main(argv: Sequence[str] | None = None) -> None:
@@ -56,8 +38,12 @@ async def main(argv: Sequence[str] | None = None) -> None:
     async with compiled.create_infer_request() as request:
         print(" ".join(args.prompt), end="", flush=True)
         start, count = time.perf_counter(), 0
-        async for token in generate(
-            request, encode(" ".join(args.prompt)), args.max_new_tokens, stop=encode(".")[0]
+        async for token in ai.generate(
+            compiled,
+            encode(" ".join(args.prompt)),
+            max_new_tokens=args.max_new_tokens,
+            stop=encode("."),
+            request=request,
         ):
             print(" " + decode([token]), end="", flush=True)
             count += 1

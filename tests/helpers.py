@@ -249,3 +249,160 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> floa
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
     return time.perf_counter() - start
+
+
+def decoder_model(
+    vocab: int = 16,
+    width: int = 8,
+    *,
+    cache: bool = True,
+    attention_mask: bool = True,
+    position_ids: bool = True,
+    slow: int = 0,
+    seed: int = 3,
+) -> onnx.ModelProto:
+    """A one-layer, one-head causal decoder: ``input_ids`` int64 ``[batch, sequence]`` to
+    ``logits`` float32 ``[batch, sequence, vocab]``.
+
+    With ``cache``, the keys and values come in as ``past_key`` / ``past_value``
+    ``[batch, past_sequence, width]`` and go out concatenated with the new ones along the
+    sequence as ``present_key`` / ``present_value`` (``STATEFUL: auto`` pairs them); the
+    queries attend causally over past and new positions. ``attention_mask`` int64
+    ``[batch, past + sequence]`` masks keys (a wrong length fails the Where);
+    ``position_ids`` int64 ``[batch, sequence]`` picks position embeddings. ``slow`` adds
+    that many MatMul+Tanh pairs to every step (slow enough to cancel during a step)."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    weights = {
+        "wte": normal(vocab, width),
+        "wpe": normal(64, width, scale=2.0),
+        "Wq": normal(width, width, scale=width**-0.5),
+        "Wk": normal(width, width, scale=width**-0.5),
+        "Wv": normal(width, width, scale=width**-0.5),
+        "Wout": normal(width, vocab, scale=2.0),
+        "Wslow": normal(width, width, scale=width**-0.5),
+        "scale": np.array(width**-0.5, np.float32),
+        "blocked": np.array(-1e9, np.float32),
+        "axis0": np.array([0], np.int64),
+        "axis1": np.array([1], np.int64),
+        "zero": np.array(0, np.int64),
+        "one": np.array(1, np.int64),
+    }
+    node = oh.make_node
+    nodes = [node("Gather", ["wte", "input_ids"], ["tokens"])]
+    hidden = "tokens"
+    if position_ids:
+        nodes += [
+            node("Gather", ["wpe", "position_ids"], ["positions"]),
+            node("Add", ["tokens", "positions"], ["embedded"]),
+        ]
+        hidden = "embedded"
+    nodes += [node("MatMul", [hidden, w], [n]) for w, n in (("Wq", "q"), ("Wk", "k"), ("Wv", "v"))]
+    keys, values = "k", "v"
+    if cache:
+        nodes += [
+            node("Concat", ["past_key", "k"], ["present_key"], axis=1),
+            node("Concat", ["past_value", "v"], ["present_value"], axis=1),
+        ]
+        keys, values = "present_key", "present_value"
+    nodes += [
+        # Causal: a query at position p (past + i) sees the keys at positions <= p.
+        node("Shape", [keys], ["total"], start=1, end=2),
+        node("Shape", ["input_ids"], ["sequence"], start=1, end=2),
+        node("Sub", ["total", "sequence"], ["past"]),
+        node("Squeeze", ["past", "axis0"], ["first"]),
+        node("Squeeze", ["total", "axis0"], ["limit"]),
+        node("Range", ["first", "limit", "one"], ["query_positions"]),
+        node("Range", ["zero", "limit", "one"], ["key_positions"]),
+        node("Unsqueeze", ["query_positions", "axis1"], ["query_column"]),
+        node("LessOrEqual", ["key_positions", "query_column"], ["causal"]),
+    ]
+    allowed = "causal"
+    if attention_mask:
+        nodes += [
+            node("Cast", ["attention_mask"], ["mask_bool"], to=onnx.TensorProto.BOOL),
+            node("Unsqueeze", ["mask_bool", "axis1"], ["mask_rows"]),
+            node("And", ["causal", "mask_rows"], ["allowed"]),
+        ]
+        allowed = "allowed"
+    nodes += [
+        node("Transpose", [keys], ["keys_t"], perm=[0, 2, 1]),
+        node("MatMul", ["q", "keys_t"], ["qk"]),
+        node("Mul", ["qk", "scale"], ["scores"]),
+        node("Where", [allowed, "scores", "blocked"], ["masked"]),
+        node("Softmax", ["masked"], ["attention"], axis=-1),
+        node("MatMul", ["attention", values], ["context"]),
+        node("Add", [hidden, "context"], ["h0"]),
+    ]
+    last = "h0"
+    for i in range(slow):
+        nodes += [
+            node("MatMul", [last, "Wslow"], [f"slow_m{i}"]),
+            node("Tanh", [f"slow_m{i}"], [f"h{i + 1}"]),
+        ]
+        last = f"h{i + 1}"
+    nodes.append(node("MatMul", [last, "Wout"], ["logits"]))
+    inputs = [tensor_info("input_ids", np.int64, ["batch", "sequence"])]
+    if attention_mask:
+        inputs.append(tensor_info("attention_mask", np.int64, ["batch", "total_sequence"]))
+    if position_ids:
+        inputs.append(tensor_info("position_ids", np.int64, ["batch", "sequence"]))
+    outputs = [tensor_info("logits", np.float32, ["batch", "sequence", vocab])]
+    if cache:
+        kv = ["batch", "past_sequence", width]
+        inputs += [
+            tensor_info("past_key", np.float32, kv),
+            tensor_info("past_value", np.float32, kv),
+        ]
+        present = ["batch", "total_sequence", width]
+        outputs += [
+            tensor_info("present_key", np.float32, present),
+            tensor_info("present_value", np.float32, present),
+        ]
+    used = {name for n in nodes for name in n.input}
+    return make_model(
+        nodes, inputs, outputs, {k: v for k, v in weights.items() if k in used}, name="decoder"
+    )
+
+
+def reference_generation(
+    model: onnx.ModelProto,
+    prompt: Sequence[int],
+    count: int,
+    pick: Callable[[np.ndarray], int] | None = None,
+) -> tuple[list[int], list[np.ndarray]]:
+    """``count`` tokens of ``model`` (a :func:`decoder_model`) after ``prompt``, written out
+    by hand on onnxruntime: the KV cache fed back explicitly (or the whole sequence for a
+    model without one), mask and positions filled for the inputs it has. ``pick(logits)``
+    chooses each token (default: argmax). Returns the tokens and each step's last
+    logits."""
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    width = next((i.shape[2] for i in session.get_inputs() if i.name == "past_key"), 0)
+    cache = {n: np.zeros((1, 0, width), np.float32) for n in ("past_key", "past_value")}
+    sequence, feed, past = list(prompt), list(prompt), 0
+    tokens, logits_seen = [], []
+    for _ in range(count):
+        total = past + len(feed)
+        feeds: dict[str, np.ndarray] = {"input_ids": np.array([feed], np.int64)}
+        if "attention_mask" in names:
+            feeds["attention_mask"] = np.ones((1, total), np.int64)
+        if "position_ids" in names:
+            feeds["position_ids"] = np.arange(past, total, dtype=np.int64)[None]
+        if "past_key" in names:
+            feeds.update(cache)
+        outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        last = outputs["logits"][0, -1]
+        token = int(np.argmax(last)) if pick is None else pick(last)
+        tokens.append(token)
+        logits_seen.append(last)
+        sequence.append(token)
+        if "past_key" in names:
+            cache = {"past_key": outputs["present_key"], "past_value": outputs["present_value"]}
+            past, feed = total, [token]
+        else:
+            feed = list(sequence)
+    return tokens, logits_seen

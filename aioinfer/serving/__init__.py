@@ -12,6 +12,7 @@ own codes.
 """
 
 from aioinfer.errors import ErrorKind, ServiceError
+from aioinfer.serving.generation import GeneratedToken, GenerateRequest
 from aioinfer.serving.messages import InferenceRequest, InferenceResponse, RequestedOutput
 from aioinfer.serving.repository import ModelConfig, ModelRepository
 from aioinfer.serving.rest import create_app
@@ -20,6 +21,8 @@ from aioinfer.serving.service import InferCall, InferenceService, ModelServer
 
 __all__ = [
     "ErrorKind",
+    "GenerateRequest",
+    "GeneratedToken",
     "InferCall",
     "InferenceRequest",
     "InferenceResponse",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +203,24 @@ class ServedModel:
             return results, waited + queued
         except DeviceUnavailableError as exc:
             raise type(exc)(f"model {self.name!r} version {self.version}: {exc}") from exc
+        finally:
+            self._slots.release()
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[float]:
+        """Hold one of the model's ``max_concurrency`` slots (waiting in its queue) for work
+        of several inferences, such as a generation's steps; gives the seconds it waited.
+
+        Raises:
+            ServiceError: UNAVAILABLE when the queue is full.
+        """
+        arrived = time.perf_counter()
+        if not self._slots.try_acquire():
+            if self._slots.waiting >= self.config.max_queue:
+                raise self._at_capacity()
+            await self._slots.acquire()
+        try:
+            yield time.perf_counter() - arrived
         finally:
             self._slots.release()
 

@@ -12,8 +12,13 @@ version (a positive integer) holding ``model.onnx``, and optionally ``config.jso
       "max_concurrency": 64,                // inferences in flight (default: see below)
       "max_queue": 256,                     // inferences waiting; beyond: HTTP 503
       "sequence_idle_timeout_s": 60,        // a sequence idle this long is dropped
-      "max_sequences": 1000                 // open sequences; beyond: HTTP 503
+      "max_sequences": 1000,                // open sequences; beyond: HTTP 503
+      "generate": {"input_ids": "input_ids", "logits": "logits", "eos_token_id": 0}
+                                            // a decoder that generates (docs/generation.md)
     }
+
+A ``tokenizer.json`` beside ``model.onnx`` (or beside the version directories) lets a
+generating model take and give text.
 
 A single ``.onnx`` file is a repository of one model (named after the file, version 1).
 """
@@ -26,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aioinfer.errors import RepositoryError
+from aioinfer.errors import GenerationError, RepositoryError
+from aioinfer.generation import GenerationConfig
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.onnx"
@@ -40,7 +46,9 @@ class ModelConfig:
     model), False (never batch) or ``{"max_batch_size": N, "timeout_ms": T}`` (the BATCH
     device). ``max_concurrency`` None means: ``MAX_BATCH_SIZE`` x streams x 2 for a
     batching model, else the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
-    ``max_sequences`` None means the server's default.
+    ``max_sequences`` None means the server's default. ``generate`` (a
+    :class:`~aioinfer.generation.GenerationConfig`, or its mapping) serves the model's
+    generate endpoints.
     """
 
     device: str = "CPU"
@@ -52,6 +60,7 @@ class ModelConfig:
     max_queue: int = 256
     sequence_idle_timeout_s: float = 60.0
     max_sequences: int | None = None
+    generate: Mapping[str, Any] | GenerationConfig | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> ModelConfig:
@@ -71,6 +80,7 @@ class ModelConfig:
             "max_queue": (int,),
             "sequence_idle_timeout_s": (int, float),
             "max_sequences": (int,),
+            "generate": (dict,),
         }
         for key, value in values.items():
             if key not in kinds:
@@ -91,6 +101,11 @@ class ModelConfig:
                     f"{where}: unknown batching key(s) {sorted(unknown)}; "
                     "known: max_batch_size, timeout_ms"
                 )
+        if "generate" in values:
+            try:
+                GenerationConfig.from_mapping(values["generate"])
+            except GenerationError as exc:
+                raise RepositoryError(f"{where}: {exc}") from None
         for key in ("max_concurrency", "max_queue", "max_sequences"):
             if key in values and values[key] < (0 if key == "max_queue" else 1):
                 raise RepositoryError(f"{where}: {key!r} is {values[key]}, too small")

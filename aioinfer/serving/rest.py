@@ -36,11 +36,12 @@ from aioinfer.serving.metrics import CONTENT_TYPE
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, ServedModel
 from aioinfer.serving.protocol import HEADER_LENGTH, RequestDecoder, encode_infer_response
 from aioinfer.serving.repository import ModelConfig, ModelRepository
+from aioinfer.serving.rest_generation import generate_routes
 from aioinfer.serving.service import InferenceService
 
 _logger = logging.getLogger(__name__)
 
-EXTENSIONS = ("binary_tensor_data",)
+EXTENSIONS = ("binary_tensor_data", "generate")
 """The protocol extensions of REST alone (``GET /v2`` lists the service's too)."""
 
 HTTP_STATUS: dict[ErrorKind, int] = {
@@ -371,6 +372,7 @@ def create_app(
         Route(model + "/ready", adapter.model_ready),
         Route(version + "/ready", adapter.model_ready),
         Route("/metrics", adapter.metrics_text),
+        *generate_routes(service, HTTP_STATUS, [model, version]),
     ]
     app = OipApp(
         routes=routes,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 import anyio
@@ -49,6 +49,12 @@ from aioinfer.errors import (
     RequestClosedError,
     ServiceError,
     ServingConfigError,
+)
+from aioinfer.serving.generation import (
+    GeneratedToken,
+    GenerateRequest,
+    ModelGeneration,
+    generate_tokens,
 )
 from aioinfer.serving.messages import (
     InferenceRequest,
@@ -111,6 +117,8 @@ class InferenceService:
         self.max_sequences = max_sequences
         self.models: dict[str, dict[str, ServedModel]] = {}
         """Model name -> version -> the served model (filled by :meth:`load`)."""
+        self.generations: dict[ServedModel, ModelGeneration] = {}
+        """The generation of each served model whose config has ``generate``."""
         self.metrics = ServerMetrics(self.served_models)
         """The statistics of every model version (Prometheus families at scrape time)."""
         self.closing = False
@@ -142,9 +150,11 @@ class InferenceService:
                     compiled = await self.core.compile_model_async(str(path), device, config)
                 except AioinferError as exc:
                     raise type(exc)(f"model {entry.name!r} version {version}: {exc}") from exc
-                versions[version] = ServedModel(
+                served = versions[version] = ServedModel(
                     entry.name, version, compiled, entry.config, self.max_sequences
                 )
+                if entry.config.generate is not None:
+                    self.generations[served] = ModelGeneration.beside(served, path)
             self.models[entry.name] = versions
 
     @asynccontextmanager
@@ -166,6 +176,7 @@ class InferenceService:
             for model in self.served_models():
                 await model.close()
         self.models.clear()  # a later lifespan compiles them again
+        self.generations.clear()
 
     async def drain(self) -> None:
         """Refuse new inferences and wait (up to ``drain_timeout``) for in-flight ones."""
@@ -276,6 +287,24 @@ class InferenceService:
             call.end()
         call.succeed()
         return response
+
+    def generate(
+        self, name: str, version: str | None, request: GenerateRequest
+    ) -> AsyncGenerator[GeneratedToken, None]:
+        """The tokens that model ``name`` at ``version`` (None: the latest) generates for
+        ``request``, one per step, the last with its ``finish_reason`` (see
+        :mod:`aioinfer.serving.generation`). Iterate it to its end, or close it to stop
+        the generation.
+
+        Raises (from the iteration that meets them; the first one raises those of the
+        prompt and of admission):
+            ServiceError: the errors of :meth:`start`; INVALID_ARGUMENT, the model does
+                not generate (no ``generate`` in its config), a bad prompt or parameter,
+                or a kernel that failed on them; UNAVAILABLE when the model's queue is
+                full; ABORTED when the model was closed under it; INTERNAL for a fault
+                of the server.
+        """
+        return generate_tokens(self, name, version, request)
 
 
 class InferCall:
