@@ -308,6 +308,7 @@ class GrpcServer:
             ("grpc.max_receive_message_length", self.service.max_request_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.max_metadata_size", limits.max_header_bytes),
+            ("grpc.absolute_max_metadata_size", limits.max_header_bytes),
             ("grpc.server_handshake_timeout_ms", int(limits.header_timeout * 1000)),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
         ]

@@ -13,12 +13,14 @@ from typing import Any
 import uvicorn
 
 from aioinfer.serving import create_app
+from aioinfer.serving.connection import ConnectionLimits
 from aioinfer.serving.grpc import GrpcServer
 
 
 class LiveGrpcServer:
     """``source`` served over REST (:attr:`url`) and gRPC (:attr:`grpc_url`); ``tls`` is
-    (certificate, key) PEM paths for both; ``options`` go to :func:`create_app`."""
+    (certificate, key) PEM paths for both; ``limits`` are the gRPC server's;
+    ``options`` go to :func:`create_app`."""
 
     def __init__(
         self,
@@ -26,13 +28,20 @@ class LiveGrpcServer:
         *,
         api_key: str | None = None,
         tls: tuple[Path, Path] | None = None,
+        limits: ConnectionLimits | None = None,
         **options: Any,
     ) -> None:
         self.app = create_app(source, api_key=api_key, **options)
         self.service = self.app.state.server
         cert, key = tls or (None, None)
         self.grpc = GrpcServer(
-            self.service, "127.0.0.1", 0, ssl_certfile=cert, ssl_keyfile=key, api_key=api_key
+            self.service,
+            "127.0.0.1",
+            0,
+            limits=limits,
+            ssl_certfile=cert,
+            ssl_keyfile=key,
+            api_key=api_key,
         )
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.bind(("127.0.0.1", 0))

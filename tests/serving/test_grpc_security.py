@@ -27,8 +27,11 @@ import trustme
 from tritonclient.utils import InferenceServerException
 
 from aioinfer.errors import ServingConfigError
+from aioinfer.serving.connection import ConnectionLimits
 from aioinfer.serving.grpc import GrpcServer
-from tests.helpers import mlp_model, reference_outputs
+from tests.helpers import mlp_model, reference_outputs, wait_until
+from tests.helpers import scrape_metric as metric
+from tests.serving.conftest import WIDE, chain_model, write_model
 from tests.serving.live_grpc import LiveGrpcServer
 
 KEY = "s3cret-key-0123456789"
@@ -59,6 +62,14 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("secure-grpc") / "mlp.onnx"
     onnx.save(mlp_model(), path)
     return path
+
+
+@pytest.fixture(scope="module")
+def repository_with_slow(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("limits-grpc")
+    write_model(repo, "mlp", 1, mlp_model())
+    write_model(repo, "slow", 1, chain_model(300))
+    return repo
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +175,53 @@ def test_messages_over_the_request_size_limit_are_refused(model_file):
         assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
         assert client.infer("mlp", [mlp_input(small)]).as_numpy("y").shape == (8, 3)
         client.close()
+
+
+def test_connection_limits_bound_concurrent_rpcs_and_metadata(repository_with_slow):
+    limits = ConnectionLimits(limit_concurrency=1, max_header_bytes=2048)
+    with LiveGrpcServer(repository_with_slow, limits=limits) as live:
+        client = grpcclient.InferenceServerClient(live.grpc_url)
+        x = np.ones((1, 4), np.float32)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("mlp", [mlp_input(x)], headers={"x-big": "b" * 4096})
+        assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "metadata size exceeds hard limit" in caught.value.message()
+        assert client.infer("mlp", [mlp_input(x)], headers={"x-small": "s"})
+        # One RPC at a time: while slow computes, another call is refused.
+        slow = grpcclient.InferInput("x", [1024, WIDE], "FP32")
+        slow.set_data_from_numpy(np.ones((1024, WIDE), np.float32))
+        outcome: list[object] = []
+        other = grpcclient.InferenceServerClient(live.grpc_url)
+        worker = threading.Thread(target=lambda: outcome.append(other.infer("slow", [slow])))
+        worker.start()
+        in_flight = "aioinfer_inference_requests_in_flight"
+        wait_until(lambda: metric(live.url, in_flight, model="slow") == 1, 60, "in flight")
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("mlp", [mlp_input(x)])
+        assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        worker.join(120)
+        assert len(outcome) == 1
+        assert client.infer("mlp", [mlp_input(x)])
+        other.close()
+        client.close()
+
+
+def test_the_grpc_client_example_runs():
+    done = subprocess.run(
+        [sys.executable, "examples/grpc_client.py"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "live True, ready True"
+    assert lines[1] == "model tiny_cnn versions ['1']: image FP32[-1, 3, 32, 32]"
+    assert re.fullmatch(r"8 concurrent requests: classes \[(\d, ){7}\d\]", lines[2])
+    assert lines[3] == "stream answered ['s0', 's1', 's2']"
+    assert lines[4] == "512 images with a 50 ms deadline: StatusCode.DEADLINE_EXCEEDED"
+    assert re.fullmatch(r"the next request: class \d in \d+ ms", lines[5])
 
 
 # -- aioinfer serve --grpc-port --------------------------------------------------------------
