@@ -30,6 +30,12 @@ it, 5 ms by default: a batch of a few dozen kernels then spends longer waiting t
 computing. 0.5 ms made the serving benchmark 15-25% faster (docs/serving.md)."""
 
 
+GRPC_STOP_GRACE = 2.0
+"""Seconds the gRPC server lets its calls end at shutdown, once the service has drained
+(the answers of the last inferences still being sent); then what remains (an idle
+stream) is cancelled."""
+
+
 def serve(
     source: str | Path,
     host: str = "127.0.0.1",
@@ -149,7 +155,7 @@ def serve(
         try:
             await server.serve()  # its lifespan drains the service at the end, gRPC too
         finally:
-            await grpc_server.stop()
+            await grpc_server.stop(GRPC_STOP_GRACE)
 
     loop_factory = config.get_loop_factory()
     runner = getattr(asyncio, "Runner", None)  # Python 3.11+: uvicorn's event loop (uvloop)

@@ -279,3 +279,42 @@ def test_serve_grpc_port_with_tls_and_a_key(model_file, certificates):
     finally:
         process.kill()
         process.wait()
+
+
+def test_sigterm_lets_an_inference_in_flight_over_grpc_finish(tmp_path):
+    model = chain_model(300)
+    onnx.save(model, tmp_path / "chain.onnx")
+    process, lines = start(str(tmp_path / "chain.onnx"), "--port", "0", "--grpc-port", "0", env={})
+    try:
+        port = wait_for(lines, r"gRPC running on 127\.0\.0\.1:(\d+) \(plaintext\)").group(1)
+        rest = wait_for(lines, r"running on http://127\.0\.0\.1:(\d+)").group(1)
+        x = np.random.default_rng(0).standard_normal((1024, WIDE)).astype(np.float32)
+        tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        outcome: list[object] = []
+
+        def infer() -> None:
+            client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+            try:
+                outcome.append(client.infer("chain", [tensor]).as_numpy("y"))
+            except InferenceServerException as exc:
+                outcome.append(exc)
+            client.close()
+
+        worker = threading.Thread(target=infer)
+        worker.start()
+        in_flight = "aioinfer_inference_requests_in_flight"
+        wait_until(
+            lambda: metric(f"127.0.0.1:{rest}", in_flight, model="chain") == 1, 60, "in flight"
+        )
+        process.send_signal(signal.SIGTERM)
+        assert worker.is_alive()  # SIGTERM arrived while the inference was running
+        worker.join(120)
+        assert process.wait(120) in (0, -signal.SIGTERM)
+        assert len(outcome) == 1 and isinstance(outcome[0], np.ndarray), outcome
+        expected = reference_outputs(model, {"x": x})[0]
+        # 300 chained float32 products: rounding accumulates.
+        np.testing.assert_allclose(outcome[0], expected, rtol=1e-3, atol=1e-4)
+    finally:
+        process.kill()
+        process.wait()
