@@ -12,6 +12,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -318,3 +319,20 @@ def test_sigterm_lets_an_inference_in_flight_over_grpc_finish(tmp_path):
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_grpc_port_in_use_is_reported_and_exits_2(model_file):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "aioinfer.cli", "serve", str(model_file)]
+        done = subprocess.run(
+            [*command, "--port", "0", "--grpc-port", str(port)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2
+    assert f"error: cannot serve gRPC on 127.0.0.1:{port}: " in done.stderr
