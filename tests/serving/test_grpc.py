@@ -119,6 +119,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_config(
         repo, "accumulator", {"stateful": {"state": "state_out"}, "sequence_idle_timeout_s": 5}
     )
+    write_model(repo, "one_sequence", 1, accumulator_model())
+    write_config(repo, "one_sequence", {"stateful": {"state": "state_out"}, "max_sequences": 1})
     return repo
 
 
@@ -397,6 +399,25 @@ def test_sequences_keep_state_per_id_and_end(client):
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert step(1, 41, sequence_start=True) == [1, 1]  # a new sequence, from zero
     assert step(1, "forty-two", sequence_end=True) == [16, 16]
+
+
+def test_a_sequence_past_max_sequences_is_refused_with_the_rest_message(server, client):
+    x = np.ones((1, 2), np.float32)
+    client.infer("one_sequence", [tensor("x", x)], sequence_id=1, sequence_start=True)
+    body = {
+        "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 1]}],
+        "parameters": {"sequence_id": 2, "sequence_start": True},
+    }
+    response = httpx.post(f"http://{server.url}/v2/models/one_sequence/infer", json=body)
+    assert response.status_code == 503
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("one_sequence", [tensor("x", x)], sequence_id=2, sequence_start=True)
+    assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert caught.value.message() == response.json()["error"]
+    assert "max_sequences 1" in caught.value.message()
+    client.infer("one_sequence", [tensor("x", x)], sequence_id=1, sequence_end=True)
+    result = client.infer("one_sequence", [tensor("x", x)], sequence_id=2, sequence_start=True)
+    assert result.as_numpy("total").tolist() == [[1.0, 1.0]]
 
 
 # -- streaming ---------------------------------------------------------------------------------
