@@ -149,9 +149,9 @@ def serve(
         if grpc_server is None:
             await server.serve()
             return
-        grpc_port = await grpc_server.start()
+        bound = await grpc_server.start()
         scheme = "TLS" if grpc_server.secure else "plaintext"
-        _logger.info("gRPC running on %s:%d (%s)", host, grpc_port, scheme)
+        _logger.info("gRPC running on %s:%d (%s)", host, bound, scheme)
         try:
             await server.serve()  # its lifespan drains the service at the end, gRPC too
         finally:
