@@ -88,8 +88,7 @@ def decode_infer_request(message: Any, inputs: Mapping[str, str]) -> InferenceRe
             )
         if name in arrays:
             raise ProtocolError(f"input {name!r} is given twice")
-        shape = _shape(name, tensor.shape)
-        count = math.prod(shape)
+        shape, count = _shape(name, tensor.shape)
         if raw:
             flat = _from_raw(name, raw[index], expected, count)
         else:
@@ -98,9 +97,10 @@ def decode_infer_request(message: Any, inputs: Mapping[str, str]) -> InferenceRe
     missing = [name for name in inputs if name not in arrays]
     if missing:
         raise ProtocolError(f"missing input(s) {', '.join(map(repr, missing))}")
-    requested = [RequestedOutput(output.name, True) for output in message.outputs]
-    parameters = _parameters(message.parameters)
-    return InferenceRequest(message.id or None, parameters, arrays, requested or None, True)
+    outputs = message.outputs
+    requested = [RequestedOutput(output.name, True) for output in outputs] if outputs else None
+    parameters = _parameters(message.parameters) if message.parameters else {}
+    return InferenceRequest(message.id or None, parameters, arrays, requested, True)
 
 
 def encode_infer_response(response: InferenceResponse) -> Any:
@@ -120,17 +120,20 @@ def encode_infer_response(response: InferenceResponse) -> Any:
     )
 
 
-def _shape(name: str, dims: Any) -> list[int]:
+def _shape(name: str, dims: Any) -> tuple[list[int], int]:
+    """The shape ``dims`` as a list, and its element count."""
     shape = list(dims)
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise ProtocolError(f"input {name!r}: 'shape' must be a list of integers >= 0, got {shape}")
     if len(shape) > MAX_RANK:
         raise ProtocolError(
             f"input {name!r}: 'shape' has {len(shape)} dimensions, at most {MAX_RANK} are supported"
         )
-    if math.prod(d or 1 for d in shape) > MAX_ELEMENTS:
+    count = math.prod(shape)
+    # A shape with a zero dimension holds no elements, but its other ones still count.
+    if count > MAX_ELEMENTS or (not count and math.prod([d or 1 for d in shape]) > MAX_ELEMENTS):
         raise ProtocolError(f"input {name!r}: 'shape' {shape} is too large")
-    return shape
+    return shape, count
 
 
 def _from_raw(name: str, chunk: bytes, kind: str, count: int) -> np.ndarray:

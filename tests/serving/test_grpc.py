@@ -284,6 +284,27 @@ def test_typed_contents_rules(server):
         )
 
 
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ([2, -4], "input 'x': 'shape' must be a list of integers >= 0, got [2, -4]"),
+        ([1] * 33, "input 'x': 'shape' has 33 dimensions, at most 32 are supported"),
+        ([0, 2**40, 2**40], f"input 'x': 'shape' {[0, 2**40, 2**40]} is too large"),
+        ([2, 4], "input 'x': 4 binary bytes, the shape needs 8 x 4 = 32"),
+    ],
+    ids=["negative", "rank", "huge-empty", "size"],
+)
+def test_bad_shapes_are_refused_by_name(server, shape, message):
+    request = service_pb2.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="x", datatype="FP32", shape=shape)
+    request.raw_input_contents.append(b"\0" * 4)
+    channel, service = stub(server)
+    with channel, pytest.raises(grpc.RpcError) as caught:
+        service.ModelInfer(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == message
+
+
 def test_typed_contents_of_every_datatype_round_trip(server):
     """A model that takes every datatype but FP16: each typed field read exactly."""
     arrays = {kind: values(kind, seed=11) for kind in TYPED_FIELDS}
