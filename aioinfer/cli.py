@@ -6,6 +6,7 @@ aioinfer bench [MODEL] [--hint H] [--requests N] [--duration S | --iterations N]
 aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-log]
                [--switch-interval S] [limits: --max-sequences N --header-timeout S ...]
                [--ssl-certfile PEM --ssl-keyfile PEM] [--api-key KEY | $AIOINFER_API_KEY]
+               [--grpc-port PORT]
 aioinfer info
 aioinfer --version
 """
@@ -49,6 +50,7 @@ _SERVE_OPTIONS = (
     "timeout_keep_alive",
     "ssl_certfile",
     "ssl_keyfile",
+    "grpc_port",
 )
 """``aioinfer serve`` options passed to ``serve()`` when given (else its defaults)."""
 
@@ -129,6 +131,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (0: any)")
+    serve.add_argument(
+        "--grpc-port",
+        type=int,
+        metavar="PORT",
+        help="also serve KServe v2 gRPC on this port (0: any; default: no gRPC)",
+    )
     serve.add_argument(
         "--access-log", action="store_true", help="log a line per request (uvicorn's)"
     )

@@ -344,6 +344,162 @@ def wait_ready(port: int, path: str, timeout: float = 120) -> None:
     raise RuntimeError(f"server on port {port} not ready after {timeout} s")
 
 
+# -- gRPC against REST: one server, both transports (--grpc) ------------------------------
+
+GRPC_LOADS = {
+    "rest": "REST, tritonclient.http.aio",
+    "grpc": "gRPC, tritonclient.grpc.aio",
+    "rest-bare": "REST, bare HTTP/1.1 clients",
+    "grpc-bare": "gRPC, bare grpc.aio calls",
+}
+
+
+def grpc_versus_rest(model: Path, x: np.ndarray, expected: np.ndarray, args: Any) -> None:
+    """``aioinfer serve --grpc-port`` with server (a)'s model config, in one process;
+    the same load over each transport in turn, ``--rounds`` times: with tritonclient's
+    asyncio clients on both (the clients users run), and with bare clients (HTTP/1.1
+    protocols as above; grpc.aio calls of pre-serialised requests), which take less of
+    the shared cores. Each client has a connection of its own."""
+    config = {
+        "device": "PROCESS:CPU",
+        "batching": {"max_batch_size": 32, "timeout_ms": 1},
+        "properties": {"NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": 1},
+    }
+    port, grpc_port = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "repo"
+        (repo / "mlp" / "1").mkdir(parents=True)
+        (repo / "mlp" / "1" / "model.onnx").write_bytes(model.read_bytes())
+        (repo / "mlp" / "config.json").write_text(json.dumps(config))
+        command = [sys.executable, "-m", "aioinfer.cli", "serve", str(repo)]
+        command += ["--port", str(port), "--grpc-port", str(grpc_port)]
+        server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        try:
+            wait_ready(port, "/v2/health/ready")
+            print(
+                f"MLP 4x{WIDTH}, one server (REST and gRPC), {args.clients} clients x "
+                f"{args.requests} single-row requests (limit {args.seconds:g} s per load)"
+            )
+            runs: dict[str, list[tuple[float, float, float, int]]] = {k: [] for k in GRPC_LOADS}
+            for round_ in range(1, args.rounds + 1):
+                for kind in GRPC_LOADS:
+                    target = grpc_port if kind.startswith("grpc") else port
+                    latencies, elapsed = run(
+                        transport_load(
+                            kind, target, x, expected, args.clients, args.requests, args.seconds
+                        )
+                    )
+                    p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
+                    result = (len(latencies) / elapsed, float(p50), float(p99), len(latencies))
+                    runs[kind].append(result)
+                    print(
+                        f"  round {round_} {GRPC_LOADS[kind]:30s} {result[0]:8.0f} req/s   "
+                        f"p50 {p50:7.1f} ms   p99 {p99:7.1f} ms   ({len(latencies)} requests)"
+                    )
+        finally:
+            server.terminate()
+            server.wait(60)
+    print(f"medians of {args.rounds} rounds:")
+    for kind, results in runs.items():
+        rate, p50, p99 = (float(np.median([r[i] for r in results])) for i in range(3))
+        print(f"  {GRPC_LOADS[kind]:30s} {rate:8.0f} req/s   p50 {p50:7.1f} ms   p99 {p99:7.1f} ms")
+    for client in ("", "-bare"):
+        ratios = [g[0] / r[0] for g, r in zip(runs["grpc" + client], runs["rest" + client])]
+        print(
+            f"  gRPC/REST{client or ' (tritonclient)'}: per round "
+            f"{', '.join(f'{r:.2f}' for r in ratios)} (median {float(np.median(ratios)):.2f}x)"
+        )
+
+
+async def transport_load(
+    kind: str,
+    port: int,
+    x: np.ndarray,
+    expected: np.ndarray,
+    clients: int,
+    count: int,
+    seconds: float,
+) -> tuple[list[float], float]:
+    """``clients`` clients of ``kind`` (:data:`GRPC_LOADS`) sending ``x`` back to back
+    (5 untimed each first); every answer's ``y`` is checked once per client."""
+    if kind == "rest-bare":
+        return await load(port, request_bytes("a", port, x), clients, count, seconds)
+    url = f"127.0.0.1:{port}"
+    own_connection = [("grpc.use_local_subchannel_pool", 1)]
+    closers: list[Any] = []
+    if kind == "grpc-bare":
+        import grpc
+        from tritonclient.grpc import service_pb2
+
+        request = service_pb2.ModelInferRequest(model_name="mlp")
+        request.inputs.add(name="x", datatype="FP32", shape=x.shape)
+        request.raw_input_contents.append(x.tobytes())
+        payload = request.SerializeToString()
+        calls = []
+        for _ in range(clients):
+            channel = grpc.aio.insecure_channel(url, options=own_connection)
+            closers.append(channel.close)
+            calls.append(channel.unary_unary("/inference.GRPCInferenceService/ModelInfer"))
+
+        def infer(index: int) -> Any:
+            return calls[index](payload)
+
+        def output(answer: bytes) -> np.ndarray:
+            raw = service_pb2.ModelInferResponse.FromString(answer).raw_output_contents[0]
+            return np.frombuffer(raw, np.float32)
+    else:
+        if kind == "grpc":
+            import tritonclient.grpc.aio as tc
+
+            made = [
+                tc.InferenceServerClient(url, channel_args=own_connection) for _ in range(clients)
+            ]
+        else:
+            import tritonclient.http.aio as tc  # type: ignore[no-redef]
+
+            made = [tc.InferenceServerClient(url, conn_limit=1) for _ in range(clients)]
+        closers.extend(client.close for client in made)
+        tensor = tc.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+
+        def infer(index: int) -> Any:
+            return made[index].infer("mlp", [tensor])
+
+        def output(answer: Any) -> np.ndarray:
+            return np.asarray(answer.as_numpy("y"))
+
+    latencies: list[float] = []
+    ready = asyncio.Event()
+    warmed = 0
+    started = 0.0
+
+    async def client(index: int) -> None:
+        nonlocal warmed, started
+        for _ in range(5):
+            answer = await infer(index)
+        y = output(answer).reshape(expected.shape)
+        np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+        warmed += 1
+        if warmed == clients:
+            started = time.perf_counter()
+            ready.set()
+        await ready.wait()
+        deadline = started + seconds
+        for _ in range(count):
+            start = time.perf_counter()
+            await infer(index)
+            latencies.append(time.perf_counter() - start)
+            if start > deadline:
+                break
+
+    try:
+        await asyncio.gather(*(client(index) for index in range(clients)))
+        return latencies, time.perf_counter() - started
+    finally:
+        for close in closers:
+            await close()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=64)
@@ -352,6 +508,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", default="abc", help="which servers to run (default: abc)")
     parser.add_argument(
         "--rounds", type=int, default=5, help="rounds of every server, interleaved (medians)"
+    )
+    parser.add_argument(
+        "--grpc", action="store_true", help="compare gRPC with REST on one server instead"
     )
     parser.add_argument(
         "--serve", nargs=3, metavar=("KIND", "MODEL", "PORT"), help=argparse.SUPPRESS
@@ -370,6 +529,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
         expected = session.run(None, {"x": x})[0]
         del session
+        if args.grpc:
+            grpc_versus_rest(model, x, expected, args)
+            return
         print(
             f"MLP 4x{WIDTH}, {args.clients} clients x {args.requests} single-row requests "
             f"(limit {args.seconds:g} s per server), loopback HTTP/1.1"

@@ -5,6 +5,7 @@ prometheus-client).
 
     app = create_app("models/")          # <repo>/<model>/<version>/model.onnx
     serve("models/", port=8000)          # or: aioinfer serve models/ --port 8000
+    serve("models/", grpc_port=8001)     # also KServe v2 gRPC (aioinfer.serving.grpc)
 
 ``InferenceService`` is what every transport calls (``app.state.server`` of the REST
 app); it raises ``ServiceError`` with an ``ErrorKind`` that each transport maps to its

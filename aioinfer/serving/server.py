@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,9 @@ from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES
 from aioinfer.serving.repository import ModelConfig
 from aioinfer.serving.rest import create_app
 
+_logger = logging.getLogger("uvicorn.error")
+"""uvicorn's logger: the one that ``serve`` prints (its configuration is uvicorn's)."""
+
 SWITCH_INTERVAL = 0.0005
 """The interpreter's thread switch interval that :func:`serve` sets (seconds).
 
@@ -24,6 +28,12 @@ A compute thread takes the GIL back after every numpy/BLAS call; while the event
 runs Python (HTTP, protocol, batching), the thread waits up to the switch interval for
 it, 5 ms by default: a batch of a few dozen kernels then spends longer waiting than
 computing. 0.5 ms made the serving benchmark 15-25% faster (docs/serving.md)."""
+
+
+GRPC_STOP_GRACE = 2.0
+"""Seconds the gRPC server lets its calls end at shutdown, once the service has drained
+(the answers of the last inferences still being sent); then what remains (an idle
+stream) is cancelled."""
 
 
 def serve(
@@ -49,6 +59,7 @@ def serve(
     ssl_keyfile: str | Path | None = None,
     api_key: str | None = None,
     public_metrics: bool = False,
+    grpc_port: int | None = None,
 ) -> None:
     """Serve the repository (or ``.onnx`` file) ``source`` over HTTP until SIGINT/SIGTERM.
 
@@ -71,6 +82,11 @@ def serve(
     endpoint but health (and ``/metrics`` with ``public_metrics``) needs the key (see
     :func:`create_app`).
 
+    With ``grpc_port`` (0: any free port), the same models are also served over KServe
+    v2 gRPC on ``host:grpc_port``, in the same process and event loop (one service:
+    batches, limits, sequences and metrics shared), with the same TLS files, API key and
+    limits (see :class:`~aioinfer.serving.grpc.GrpcServer`).
+
     The models are compiled before the port is opened. On SIGINT/SIGTERM the server stops
     accepting connections, lets in-flight inferences finish (up to ``drain_timeout``
     seconds), then closes the models.
@@ -78,7 +94,7 @@ def serve(
     Raises:
         RepositoryError: the repository or a config file is invalid.
         ServingConfigError: an empty API key, a limit out of range, a TLS file that
-            does not exist or a key without its certificate.
+            does not exist or a key without its certificate, a gRPC port in use.
         AioinferError: a model cannot be read or compiled (the message names it).
     """
     limits = ConnectionLimits(
@@ -108,6 +124,19 @@ def serve(
         timeout_graceful_shutdown=int(drain_timeout),
         **options,
     )
+    grpc_server = None
+    if grpc_port is not None:
+        from aioinfer.serving.grpc import GrpcServer  # grpcio only for a gRPC server
+
+        grpc_server = GrpcServer(
+            app.state.server,
+            host,
+            grpc_port,
+            limits=limits,
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+            api_key=api_key,
+        )
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     server = uvicorn.Server(config)
@@ -117,7 +146,16 @@ def serve(
         if freeze_gc:
             gc.collect()
             gc.freeze()
-        await server.serve()
+        if grpc_server is None:
+            await server.serve()
+            return
+        bound = await grpc_server.start()
+        scheme = "TLS" if grpc_server.secure else "plaintext"
+        _logger.info("gRPC running on %s:%d (%s)", host, bound, scheme)
+        try:
+            await server.serve()  # its lifespan drains the service at the end, gRPC too
+        finally:
+            await grpc_server.stop(GRPC_STOP_GRACE)
 
     loop_factory = config.get_loop_factory()
     runner = getattr(asyncio, "Runner", None)  # Python 3.11+: uvicorn's event loop (uvloop)
