@@ -5,12 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 from tests.behaviour.conftest import EXAMPLE_DEVICE, ROOT
 
 
-@pytest.mark.usefixtures("example_device")
 def test_fresh_interpreter_finds_the_example_device_by_entry_point():
     script = """
 import aioinfer as ai
@@ -35,7 +32,6 @@ print(aioinfer_twostage.__file__)
     assert lines[3].startswith(str(EXAMPLE_DEVICE))
 
 
-@pytest.mark.usefixtures("example_device")
 def test_cli_runs_on_the_example_device():
     aioinfer = [sys.executable, "-m", "aioinfer.cli"]
     info = subprocess.run([*aioinfer, "info"], capture_output=True, text=True, cwd=ROOT)

@@ -33,6 +33,7 @@ from aioinfer.properties import (
     NUM_CORES,
     NUM_STREAMS,
     OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    OPTIMIZATION_CAPABILITIES,
     PERFORMANCE_HINT,
     SUPPORTED_PROPERTIES,
     declare,
@@ -59,7 +60,11 @@ class TwoStagePlugin(Plugin):
         SUPPORTED_PROPERTIES,
         DEVICE_NAME,
         NUM_CORES,
+        OPTIMIZATION_CAPABILITIES,
     )
+    # Its compiled models export and import (export_payload, import_payload below): the
+    # conformance suite (aioinfer.testing) then runs the export tests on it.
+    optimization_capabilities = ("EXPORT_IMPORT",)
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> TwoStageCompiledModel:
         # Unknown names and invalid values raise UnknownPropertyError and
