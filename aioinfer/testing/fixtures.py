@@ -42,8 +42,12 @@ def selected_devices(config: pytest.Config) -> list[str]:
     return [name.strip() for value in given for name in value.split(",") if name.strip()]
 
 
-def _devices(config: pytest.Config) -> DevicesUnderTest:
-    """The devices of this run, found once (see :func:`devices_under_test`)."""
+def devices_of_run(config: pytest.Config) -> DevicesUnderTest:
+    """The devices of this run, found once (see :func:`devices_under_test`).
+
+    Raises:
+        pytest.UsageError: a selected device is not installed or does not load.
+    """
     if _DEVICES not in config.stash:
         try:
             found = devices_under_test(ai.Core(), selected_devices(config))
@@ -56,7 +60,7 @@ def _devices(config: pytest.Config) -> DevicesUnderTest:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Run each test that uses ``device`` on every real device under test, and each one
     that uses ``every_device`` on the wrapped (virtual) devices too."""
-    found = _devices(metafunc.config)
+    found = devices_of_run(metafunc.config)
     for name, devices in (("device", found.real), ("every_device", found.every)):
         if name in metafunc.fixturenames:
             metafunc.parametrize(name, devices, indirect=True, scope="session")

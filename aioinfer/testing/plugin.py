@@ -34,3 +34,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         help=f"the devices of {OPTION}, when the command line names none",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Check a selection of devices once, before anything is collected: a device that is
+    not installed stops the run with one error, not one per module of the suite."""
+    if config.getoption("aioinfer_devices") or config.getini(INI):
+        from aioinfer.testing.fixtures import devices_of_run
+
+        devices_of_run(config)
