@@ -7,13 +7,14 @@ The example package is installed into the running environment when it is missing
 present, so only the package registry is ever needed), and found by the Core through its
 ``aioinfer.plugins`` entry point, as any third-party device would be. It is installed
 when this file is loaded, before the suite's modules here are collected and list the
-devices.
+devices; when the installed one is another checkout's, this checkout's is imported.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import site
 import subprocess
 import sys
@@ -40,4 +41,19 @@ def install_example_device() -> None:
         importlib.invalidate_caches()
 
 
+def use_this_checkouts_example() -> None:
+    """Import the example device from this checkout, in this process and in the ones it
+    starts (worker processes, fresh interpreters), when the installed one is another
+    checkout's (an editable install made from another working tree): the tests are of
+    this checkout, as ``PYTHONPATH`` makes them for aioinfer itself."""
+    spec = importlib.util.find_spec("aioinfer_twostage")
+    if spec is None or spec.origin is None or Path(spec.origin).is_relative_to(EXAMPLE_DEVICE):
+        return
+    sys.path.insert(0, str(EXAMPLE_DEVICE))
+    paths = [str(EXAMPLE_DEVICE), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
+    importlib.invalidate_caches()
+
+
 install_example_device()
+use_this_checkouts_example()
