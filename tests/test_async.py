@@ -1,31 +1,23 @@
-"""CPU-specific async runtime tests, and the models the shared behaviour suite
-(tests/behaviour/, run for every device) builds on."""
+"""CPU-specific async runtime tests (the behaviour every device shares is the conformance
+suite, aioinfer.testing, run for every device by tests/behaviour/)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import anyio
 import numpy as np
 import onnx
 import pytest
-from onnx.reference import ReferenceEvaluator
 
 import aioinfer as ai
-from tests import helpers
+from aioinfer.testing.models import SIZE, chain_model, inputs, reference
 
 pytestmark = pytest.mark.anyio
 
-SIZE = 384
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def chain_model(steps: int) -> onnx.ModelProto:
-    """x -> (MatMul W, Tanh) * steps at width ``SIZE``: each kernel well under 10 ms."""
-    return helpers.chain_model(steps, SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +30,6 @@ def small() -> tuple[onnx.ModelProto, ai.CompiledModel]:
 def slow() -> tuple[onnx.ModelProto, ai.CompiledModel]:
     model = chain_model(400)
     return model, ai.Core().compile_model(model, "CPU")
-
-
-def reference(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    return ReferenceEvaluator(model).run(None, {"x": x})[0]
-
-
-def inputs(seed: int, rows: int = 4) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((rows, SIZE)).astype(np.float32)
 
 
 async def test_cancel_before_compute_skips_it(small):
@@ -64,35 +48,6 @@ async def test_cancel_before_compute_skips_it(small):
     results = await request.infer({"x": x})
     assert ran == [1]
     np.testing.assert_allclose(results["y"], reference(model, x), rtol=1e-4, atol=1e-5)
-
-
-async def loop_delays_while_computing(
-    compiled: ai.CompiledModel, *, on_the_loop: bool = False
-) -> list[float]:
-    """Delays of a 1 ms ticker while three requests compute; with ``on_the_loop`` (the
-    control), while one request computes on the loop itself (``infer_sync``), blocking it."""
-    requests = [compiled.create_infer_request() for _ in range(3)]
-    delays: list[float] = []
-    stop = anyio.Event()
-
-    async def ticker() -> None:
-        while not stop.is_set():
-            start = time.perf_counter()
-            await anyio.sleep(0.001)
-            delays.append(time.perf_counter() - start - 0.001)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ticker)
-        if on_the_loop:
-            await anyio.wait_all_tasks_blocked()  # the ticker sleeps: block the loop
-            requests[0].infer_sync({"x": inputs(1, 64)})
-        else:
-            for r in requests:
-                r.start_async({"x": inputs(1, 64)})
-            for r in requests:
-                await r.wait()
-        stop.set()
-    return delays
 
 
 def test_properties_follow_the_hint():

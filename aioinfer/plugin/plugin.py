@@ -56,6 +56,10 @@ class Plugin(ABC):
         """
         return parse_config(config, self.properties)
 
+    optimization_capabilities: tuple[str, ...] = ()
+    """The device-level ``OPTIMIZATION_CAPABILITIES`` (declare the property to answer
+    it): ``"EXPORT_IMPORT"`` when its compiled models export and import."""
+
     handles_state: bool = False
     """Whether ``compile_model`` takes ``STATEFUL`` itself: the device keeps variables in
     its own requests (or refuses them with an error of its own). When False, the Core
@@ -140,11 +144,20 @@ class Plugin(ABC):
 
     def get_property(self, name: str) -> Any:
         """A device-level property (``SUPPORTED_PROPERTIES``, ``DEVICE_NAME``,
-        ``FULL_DEVICE_NAME`` (here: the device name; a device overrides it), ``NUM_CORES``)."""
-        device_level = ("SUPPORTED_PROPERTIES", "DEVICE_NAME", "FULL_DEVICE_NAME", "NUM_CORES")
+        ``FULL_DEVICE_NAME`` (here: the device name; a device overrides it), ``NUM_CORES``,
+        ``OPTIMIZATION_CAPABILITIES``)."""
+        device_level = (
+            "SUPPORTED_PROPERTIES",
+            "DEVICE_NAME",
+            "FULL_DEVICE_NAME",
+            "NUM_CORES",
+            "OPTIMIZATION_CAPABILITIES",
+        )
         check_readable(name, [n for n in self.supported_properties if n in device_level])
         if name == "SUPPORTED_PROPERTIES":
             return self.supported_properties
+        if name == "OPTIMIZATION_CAPABILITIES":
+            return self.optimization_capabilities
         if name in ("DEVICE_NAME", "FULL_DEVICE_NAME"):
             return self.device_name
         return num_cores()

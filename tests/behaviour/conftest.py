@@ -1,17 +1,20 @@
-"""The behaviour suite: the same tests on every device, the built-in ``CPU``, the
-onnxruntime device ``ORT`` and the example third-party device ``TWOSTAGE``
-(``examples/custom_device``).
+"""The conformance suite (:mod:`aioinfer.testing`) over every installed device: the
+built-in ones, the engine devices whose packages are installed, the virtual devices over
+each of them, and the example third-party device ``TWOSTAGE`` (``examples/custom_device``).
 
 The example package is installed into the running environment when it is missing
 (``pip install -e``, without dependencies; without build isolation when hatchling is
 present, so only the package registry is ever needed), and found by the Core through its
-``aioinfer.plugins`` entry point, as any third-party device would be.
+``aioinfer.plugins`` entry point, as any third-party device would be. It is installed
+when this file is loaded, before the suite's modules here are collected and list the
+devices; when the installed one is another checkout's, this checkout's is imported.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import site
 import subprocess
 import sys
@@ -19,18 +22,10 @@ import sysconfig
 from importlib.metadata import entry_points
 from pathlib import Path
 
-import onnx
-import pytest
-
-import aioinfer as ai
-from tests.helpers import mlp_model
-from tests.test_async import chain_model
+from aioinfer.testing.fixtures import *  # noqa: F403
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_DEVICE = ROOT / "examples" / "custom_device"
-DEVICES = ("CPU", "TWOSTAGE", "ORT", "OPENVINO")
-EXPORTING = ("CPU", "TWOSTAGE")
-"""The devices that export compiled models (ORT and OPENVINO raise ExportError: not yet)."""
 
 
 def install_example_device() -> None:
@@ -46,52 +41,19 @@ def install_example_device() -> None:
         importlib.invalidate_caches()
 
 
-@pytest.fixture(scope="session")
-def example_device() -> None:
-    install_example_device()
+def use_this_checkouts_example() -> None:
+    """Import the example device from this checkout, in this process and in the ones it
+    starts (worker processes, fresh interpreters), when the installed one is another
+    checkout's (an editable install made from another working tree): the tests are of
+    this checkout, as ``PYTHONPATH`` makes them for aioinfer itself."""
+    spec = importlib.util.find_spec("aioinfer_twostage")
+    if spec is None or spec.origin is None or Path(spec.origin).is_relative_to(EXAMPLE_DEVICE):
+        return
+    sys.path.insert(0, str(EXAMPLE_DEVICE))
+    paths = [str(EXAMPLE_DEVICE), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
+    importlib.invalidate_caches()
 
 
-@pytest.fixture(scope="session", params=DEVICES)
-def device(request: pytest.FixtureRequest, example_device: None) -> str:
-    """The device under test."""
-    return str(request.param)
-
-
-WRAPPED = ("BATCH:CPU", "PROCESS:CPU")
-"""The virtual devices, over CPU: the tests that take ``every_device`` run on them too."""
-
-
-@pytest.fixture(scope="session", params=DEVICES + WRAPPED)
-def every_device(request: pytest.FixtureRequest, example_device: None) -> str:
-    """The device under test, the virtual devices included (compile with a Core of the
-    test's own: the ``core`` fixture is for ``device``)."""
-    return str(request.param)
-
-
-@pytest.fixture(scope="session")
-def core(device: str) -> ai.Core:
-    core = ai.Core()
-    # An environment installed before an entry point was added needs a reinstall.
-    assert device in core.available_devices, f"no entry point for {device}: reinstall aioinfer"
-    return core
-
-
-@pytest.fixture(scope="session")
-def small(core: ai.Core, device: str) -> tuple[onnx.ModelProto, ai.CompiledModel]:
-    """A 3-step chain: quick inferences."""
-    model = chain_model(3)
-    return model, core.compile_model(model, device)
-
-
-@pytest.fixture(scope="session")
-def slow(core: ai.Core, device: str) -> tuple[onnx.ModelProto, ai.CompiledModel]:
-    """A 400-step chain: an inference of 800 kernels, long enough to cancel midway."""
-    model = chain_model(400)
-    return model, core.compile_model(model, device)
-
-
-@pytest.fixture(scope="session")
-def mlp(core: ai.Core, device: str) -> tuple[onnx.ModelProto, ai.CompiledModel]:
-    """Two outputs (``y``, ``z``) and a dynamic batch."""
-    model = mlp_model()
-    return model, core.compile_model(model, device)
+install_example_device()
+use_this_checkouts_example()

@@ -21,7 +21,13 @@ from aioinfer.model import Model, batch_problem
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.executors import AwaitExecutor, Executor
 from aioinfer.plugin.plugin import TARGET_DEVICE, VirtualPlugin
-from aioinfer.properties import DEVICE_NAME, NUM_CORES, SUPPORTED_PROPERTIES, declare
+from aioinfer.properties import (
+    DEVICE_NAME,
+    NUM_CORES,
+    OPTIMIZATION_CAPABILITIES,
+    SUPPORTED_PROPERTIES,
+    declare,
+)
 from aioinfer.results import InferResults
 
 if TYPE_CHECKING:
@@ -44,6 +50,7 @@ class BatchPlugin(VirtualPlugin):
         SUPPORTED_PROPERTIES,
         DEVICE_NAME,
         NUM_CORES,
+        OPTIMIZATION_CAPABILITIES,  # none: its compiled models do not export
     )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> BatchCompiledModel:

@@ -38,6 +38,7 @@ from aioinfer.properties import (
     NUM_CORES,
     NUM_STREAMS,
     OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    OPTIMIZATION_CAPABILITIES,
     PERF_COUNT,
     PERFORMANCE_HINT,
     STATEFUL,
@@ -65,6 +66,7 @@ class CPUPlugin(Plugin):
 
     device_name = "CPU"
     handles_state = True  # variables are inputs and outputs of the plan: see docs/stateful.md
+    optimization_capabilities = ("EXPORT_IMPORT",)
     properties = declare(
         PERFORMANCE_HINT,
         NUM_STREAMS,
@@ -81,6 +83,7 @@ class CPUPlugin(Plugin):
         DEVICE_NAME,
         FULL_DEVICE_NAME,
         NUM_CORES,
+        OPTIMIZATION_CAPABILITIES,
     )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> CPUCompiledModel:

@@ -27,6 +27,7 @@ from aioinfer.plugin.plugin import TARGET_DEVICE, VirtualPlugin
 from aioinfer.properties import (
     DEVICE_NAME,
     NUM_CORES,
+    OPTIMIZATION_CAPABILITIES,
     SUPPORTED_PROPERTIES,
     Property,
     check_readable,
@@ -56,7 +57,12 @@ class ProcessPlugin(VirtualPlugin):
 
     device_name = "PROCESS"
     properties = declare(
-        TARGET_DEVICE, WORKER_TIMEOUT_S, SUPPORTED_PROPERTIES, DEVICE_NAME, NUM_CORES
+        TARGET_DEVICE,
+        WORKER_TIMEOUT_S,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        NUM_CORES,
+        OPTIMIZATION_CAPABILITIES,  # none: its compiled models do not export
     )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> ProcessCompiledModel:

@@ -19,6 +19,7 @@ from typing import Any
 import onnx_ir as ir
 
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
+from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
 from aioinfer.devices.cpu.plugin import CPUPlugin
 from aioinfer.model import Model, Port
 from aioinfer.plugin import CompiledModel, Executor, Plugin, SyncInferRequest, ThreadExecutor
@@ -33,6 +34,7 @@ from aioinfer.properties import (
     NUM_CORES,
     NUM_STREAMS,
     OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    OPTIMIZATION_CAPABILITIES,
     PERFORMANCE_HINT,
     SUPPORTED_PROPERTIES,
     declare,
@@ -59,7 +61,11 @@ class TwoStagePlugin(Plugin):
         SUPPORTED_PROPERTIES,
         DEVICE_NAME,
         NUM_CORES,
+        OPTIMIZATION_CAPABILITIES,
     )
+    # Its compiled models export and import (export_payload, import_payload below): the
+    # conformance suite (aioinfer.testing) then runs the export tests on it.
+    optimization_capabilities = ("EXPORT_IMPORT",)
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> TwoStageCompiledModel:
         # Unknown names and invalid values raise UnknownPropertyError and
@@ -102,6 +108,11 @@ class TwoStageCompiledModel(CompiledModel):
         self.ir_model = ir_model
         self.plan = lower(ir_model.graph, ir_model.opset_imports)
         self.streams = streams_for(config, num_cores())
+        # The CPU kernels split their work between the cores of a stream on threads of
+        # their own, with BLAS on one thread: BLAS's own threads busy-wait, and on a
+        # loaded machine made the plan many times slower (a process-wide setting, as
+        # the CPU device makes it).
+        set_intra_op_threads(max(1, num_cores() // self.streams))
         super().__init__(plugin, ir_model.graph.name or "model", inputs, outputs, config)
         # The executors are the device's choice: one compute thread per stream, and one
         # host thread that stages inputs and outputs for all requests of this model.
