@@ -6,7 +6,7 @@ The models the conformance suite runs too are built in :mod:`aioinfer.testing.mo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
