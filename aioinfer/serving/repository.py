@@ -12,7 +12,8 @@ version (a positive integer) holding ``model.onnx``, and optionally ``config.jso
       "max_concurrency": 64,                // inferences in flight (default: see below)
       "max_queue": 256,                     // inferences waiting; beyond: HTTP 503
       "sequence_idle_timeout_s": 60,        // a sequence idle this long is dropped
-      "max_sequences": 1000                 // open sequences; beyond: HTTP 503
+      "max_sequences": 1000,                // open sequences; beyond: HTTP 503
+      "ray": {"num_replicas": 2}            // Ray Serve deployment options (aioinfer.ray)
     }
 
 A single ``.onnx`` file is a repository of one model (named after the file, version 1).
@@ -40,7 +41,8 @@ class ModelConfig:
     model), False (never batch) or ``{"max_batch_size": N, "timeout_ms": T}`` (the BATCH
     device). ``max_concurrency`` None means: ``MAX_BATCH_SIZE`` x streams x 2 for a
     batching model, else the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
-    ``max_sequences`` None means the server's default.
+    ``max_sequences`` None means the server's default. ``ray`` holds the model's Ray
+    Serve deployment options (see :mod:`aioinfer.ray`), unused by ``aioinfer serve``.
     """
 
     device: str = "CPU"
@@ -52,6 +54,7 @@ class ModelConfig:
     max_queue: int = 256
     sequence_idle_timeout_s: float = 60.0
     max_sequences: int | None = None
+    ray: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> ModelConfig:
@@ -71,6 +74,7 @@ class ModelConfig:
             "max_queue": (int,),
             "sequence_idle_timeout_s": (int, float),
             "max_sequences": (int,),
+            "ray": (dict,),
         }
         for key, value in values.items():
             if key not in kinds:
