@@ -199,12 +199,15 @@ class ModelReplica:
             return exc
 
     def status(self) -> dict[str, Any]:
-        """The replica's process id, its open sequences and inferences in flight."""
+        """The replica's process id, its open sequences, and its infer requests so far
+        and in flight."""
         models = self.service.models[self.name].values()
+        figures = [metrics for _, metrics in self.service.metrics.figures()]
         return {
             "pid": os.getpid(),
             "sequences": sum(len(model.sequences) for model in models),
-            "in_flight": sum(metrics.in_flight for _, metrics in self.service.metrics.figures()),
+            "requests": sum(metrics.requests for metrics in figures),
+            "in_flight": sum(metrics.in_flight for metrics in figures),
         }
 
 
