@@ -495,19 +495,20 @@ def run(
     """Serve the repository ``source`` on Ray Serve until SIGINT/SIGTERM: ``aioinfer
     serve REPO --ray``.
 
-    Joins the Ray cluster of ``$RAY_ADDRESS`` if set, else starts a local Ray instance;
-    Ray Serve's HTTP proxy listens on ``host``:``port`` (if Serve is not already running
-    on the cluster). ``options`` go to :func:`build_app`. At the end the application is
-    deleted; a local Ray instance is shut down with it.
+    Joins the Ray cluster of ``$RAY_ADDRESS`` if set (``auto``: the one ``ray start``
+    began on this machine), else starts a local Ray instance. Ray Serve's HTTP proxy
+    listens on ``host``:``port``, unless Serve already runs on the cluster (its proxy
+    then keeps its own). ``options`` go to :func:`build_app`. At the end the
+    application is deleted; a local Ray instance is shut down with it.
 
     Raises:
         The errors of :func:`build_app`.
     """
     app = build_app(source, num_replicas=num_replicas, **options)
-    local = not os.environ.get("RAY_ADDRESS") and not ray.is_initialized()
-    ray.init(ignore_reinit_error=True)
+    address = os.environ.get("RAY_ADDRESS") or None
+    ray.init(address=address or "local", include_dashboard=False)
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after Ray's own
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
@@ -518,7 +519,9 @@ def run(
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        serve.delete(APP_NAME)
-        if local:
-            serve.shutdown()
+        try:
+            serve.delete(APP_NAME)
+        finally:
+            if address is None:
+                serve.shutdown()
             ray.shutdown()

@@ -76,7 +76,7 @@ def ray_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -89,7 +89,7 @@ def ray_app(ray_repository: Path) -> Iterator[RayApp]:
     os.environ.update(RAY_ENV)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        port = _free_port()
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         ingress = {"ray_actor_options": {"num_cpus": 0.2}}
         serve.run(
