@@ -83,6 +83,7 @@ DEPLOYMENT_OPTIONS = frozenset(
         "graceful_shutdown_timeout_s",
         "health_check_period_s",
         "health_check_timeout_s",
+        "logging_config",
     }
 )
 """The Ray Serve deployment options a model's ``config.json`` may set under ``"ray"``."""
@@ -91,15 +92,19 @@ MODEL_DEFAULTS: Mapping[str, Any] = {
     "num_replicas": 1,
     "max_ongoing_requests": 64,
     "ray_actor_options": {"num_cpus": 1},
+    "logging_config": {"enable_access_log": False},
 }
 """A model deployment's options unless its config or :func:`build_app` say otherwise.
 Ray's own default of 5 ongoing requests per replica would starve the BATCH device of
-rows; past 64 the replica's own admission (``max_concurrency``, ``max_queue``) decides."""
+rows; past 64 the replica's own admission (``max_concurrency``, ``max_queue``) decides.
+No access log, as ``aioinfer serve`` (a line per request costs more than a batched
+inference)."""
 
 INGRESS_DEFAULTS: Mapping[str, Any] = {
     "num_replicas": 1,
     "max_ongoing_requests": 1024,
     "ray_actor_options": {"num_cpus": 0},
+    "logging_config": {"enable_access_log": False},
 }
 """The ingress's options: it decodes and forwards (no compute to reserve a CPU for), and
 holds every request in flight while its replica computes."""
