@@ -12,7 +12,9 @@ batched by the BATCH device (up to 16 rows, 1 ms). ``aioinfer serve REPO`` answe
 one port; ``aioinfer serve REPO --ray --replicas 1`` on another, through Ray's HTTP
 proxy, the ingress replica and the model replica (three processes and two Ray calls per
 request). Ray's processes stay up while ``aioinfer serve`` is measured, so both see the
-same background.
+same background. A third server is the baseline of Ray's own cost: Ray Serve alone, its
+proxy in front of one replica of an ASGI app that answers ``{}`` to everything (on a
+Ray instance of its own).
 
 For each client count, the servers take turns for ``--rounds`` rounds (a change of load
 on a shared machine hits both alike), with the clients of ``benchmarks/serving.py``: one
@@ -33,6 +35,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -40,7 +43,49 @@ import onnx
 from benchmarks import models
 from benchmarks.serving import free_port, load, one, request_bytes, run, wait_ready
 
-SERVERS = {"serve": "aioinfer serve", "ray": "aioinfer serve --ray (1 replica)"}
+SERVERS = {
+    "serve": "aioinfer serve",
+    "ray": "aioinfer serve --ray (1 replica)",
+    "echo": "Ray Serve alone (constant answer)",
+}
+
+
+class EchoApp:
+    """An ASGI app that reads the request and answers ``{}``: Ray Serve's own path (its
+    proxy and one replica) with nothing of aioinfer's, for the baseline."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+def serve_echo(port: int) -> None:
+    """Run :class:`EchoApp` on a local Ray instance until SIGTERM, with the ingress
+    options of :mod:`aioinfer.ray`."""
+    import signal
+    import threading
+
+    import ray
+    from ray import serve
+
+    from aioinfer.ray import INGRESS_DEFAULTS
+
+    ray.init(address="local", include_dashboard=False)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    deployment = serve.deployment(name="echo", **INGRESS_DEFAULTS)(
+        serve.ingress(EchoApp())(type("Echo", (), {}))
+    )
+    serve.run(deployment.bind(), name="echo", route_prefix="/")
+    stop.wait()
+    serve.shutdown()
+    ray.shutdown()
 
 
 def machine() -> str:
@@ -66,6 +111,8 @@ def start(kind: str, repository: Path, port: int) -> subprocess.Popen[bytes]:
     command += ["--port", str(port)]
     if kind == "ray":
         command += ["--ray", "--replicas", "1"]
+    elif kind == "echo":
+        command = [sys.executable, "-m", "benchmarks.ray_serve", "--serve-echo", str(port)]
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     return subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
@@ -79,7 +126,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=400, help="timed requests per client")
     parser.add_argument("--seconds", type=float, default=20, help="time limit of each phase")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_echo:
+        serve_echo(args.serve_echo)
+        return
     import onnxruntime as ort
 
     x = np.random.default_rng(0).standard_normal((1, args.width)).astype(np.float32)
@@ -100,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 wait_ready(port, "/v2/health/ready", timeout=300)
             payloads = {kind: request_bytes("a", port, x) for kind, port in ports.items()}
             for kind, port in ports.items():
+                if kind == "echo":
+                    continue
                 answer = run(one(port, payloads[kind]))
                 y = np.frombuffer(answer[-expected.nbytes :], np.float32).reshape(expected.shape)
                 np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
@@ -129,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 added = medians["ray"][1] - medians["serve"][1]
                 ratio = medians["ray"][0] / medians["serve"][0]
                 print(f"  Ray adds {added:.2f} ms at the median; throughput x{ratio:.2f}")
+                proxy = medians["echo"][1]
+                print(f"  of which Ray's proxy and one replica alone: {proxy:.2f} ms")
         finally:
             for server in servers:
                 server.terminate()
