@@ -511,7 +511,10 @@ def run(
     """
     app = build_app(source, num_replicas=num_replicas, **options)
     address = os.environ.get("RAY_ADDRESS") or None
-    ray.init(address=address or "local", include_dashboard=False)
+    if address is None:
+        ray.init(address="local", include_dashboard=False)
+    else:
+        ray.init(address=address)
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after Ray's own
     try:

@@ -2,26 +2,33 @@
 
 Starting Ray and the replicas takes seconds, so every Ray test shares them: 2 logical
 CPUs, each replica a fraction of one. The cluster is a new local one (never one found
-on the machine), and is shut down, with every process it started, at the end.
+on the machine), and is shut down, with every process it started, at the end. The
+application is deployed by the command line, ``aioinfer serve REPO --ray``, joining the
+cluster.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
-from aioinfer.ray import APP_NAME, build_app  # noqa: E402
+from aioinfer.ray import APP_NAME  # noqa: E402
 from tests import helpers  # noqa: E402
+from tests.helpers import wait_until  # noqa: E402
 from tests.serving.conftest import write_config, write_model  # noqa: E402
 
 SLOW_WIDTH = 256
@@ -83,20 +90,39 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def ray_app(ray_repository: Path) -> Iterator[RayApp]:
-    """The repository served by Ray Serve on a new local cluster (once per session)."""
+def ray_app(ray_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayApp]:
+    """The repository served by ``aioinfer serve --ray`` on a new local cluster (once per
+    session): the tests connect to the cluster, the command joins it (``RAY_ADDRESS``).
+
+    At the end the command gets SIGTERM: its teardown checks that it exits with 0 and
+    deletes its application; then the cluster is shut down with every process of it.
+    """
     saved = {name: os.environ.get(name) for name in RAY_ENV}
     os.environ.update(RAY_ENV)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    command = None
     try:
         port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        ingress = {"ray_actor_options": {"num_cpus": 0.2}}
-        serve.run(
-            build_app(ray_repository, ingress_options=ingress), name=APP_NAME, route_prefix="/"
-        )
-        yield RayApp(f"127.0.0.1:{port}", ray_repository)
+        env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+        log = tmp_path_factory.mktemp("ray-serve") / "stderr"
+        arguments = ["serve", str(ray_repository), "--ray", "--port", str(port)]
+        with log.open("wb") as stderr:
+            command = subprocess.Popen(
+                [sys.executable, "-m", "aioinfer.cli", *arguments],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        url = f"127.0.0.1:{port}"
+        wait_until(lambda: _ready(url, command, log), timeout=300, what="aioinfer serve --ray")
+        yield RayApp(url, ray_repository)
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(120) == 0, log.read_text()[-2000:]
+        assert APP_NAME not in serve.status().applications
     finally:
+        if command is not None and command.poll() is None:
+            command.kill()
+            command.wait()
         serve.shutdown()
         ray.shutdown()
         for name, value in saved.items():
@@ -104,3 +130,15 @@ def ray_app(ray_repository: Path) -> Iterator[RayApp]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _ready(url: str, command: subprocess.Popen[bytes], log: Path) -> bool:
+    if command.poll() is not None:
+        raise AssertionError(f"aioinfer serve --ray exited: {log.read_text()[-2000:]}")
+    try:
+        if httpx.get(f"http://{url}/v2/health/ready", timeout=10).status_code == 200:
+            return True
+    except httpx.TransportError:
+        pass
+    time.sleep(0.2)
+    return False
