@@ -57,7 +57,13 @@ from ray.serve.exceptions import (
 from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from aioinfer.errors import ErrorKind, RepositoryError, ServiceError, ServingConfigError
+from aioinfer.errors import (
+    ErrorKind,
+    RayDeploymentError,
+    RepositoryError,
+    ServiceError,
+    ServingConfigError,
+)
 from aioinfer.model import Port
 from aioinfer.serving.messages import InferenceRequest, InferenceResponse, datatype
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, SequenceFlags, ServedModel
@@ -84,6 +90,7 @@ DEPLOYMENT_OPTIONS = frozenset(
         "health_check_period_s",
         "health_check_timeout_s",
         "logging_config",
+        "max_constructor_retry_count",
     }
 )
 """The Ray Serve deployment options a model's ``config.json`` may set under ``"ray"``."""
@@ -93,12 +100,14 @@ MODEL_DEFAULTS: Mapping[str, Any] = {
     "max_ongoing_requests": 64,
     "ray_actor_options": {"num_cpus": 1},
     "logging_config": {"enable_access_log": False},
+    "max_constructor_retry_count": 3,
 }
 """A model deployment's options unless its config or :func:`build_app` say otherwise.
 Ray's own default of 5 ongoing requests per replica would starve the BATCH device of
 rows; past 64 the replica's own admission (``max_concurrency``, ``max_queue``) decides.
 No access log, as ``aioinfer serve`` (a line per request costs more than a batched
-inference)."""
+inference). A replica that cannot load its model is retried 3 times, not Ray's 20: a
+model that does not compile will not compile on the fourth try either."""
 
 INGRESS_DEFAULTS: Mapping[str, Any] = {
     "num_replicas": 1,
@@ -508,6 +517,7 @@ def run(
 
     Raises:
         The errors of :func:`build_app`.
+        RayDeploymentError: a replica could not load its model (after Ray's retries).
     """
     app = build_app(source, num_replicas=num_replicas, **options)
     address = os.environ.get("RAY_ADDRESS") or None
@@ -519,7 +529,10 @@ def run(
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after Ray's own
     try:
         serve.start(http_options={"host": host, "port": port})
-        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as exc:  # Ray's word for a deployment that failed
+            raise RayDeploymentError(_deployment_failure(exc)) from None
         _logger.warning("aioinfer serving on Ray Serve at http://%s:%d", host, port)
         while not stop.wait(0.5):
             pass
@@ -533,3 +546,15 @@ def run(
             if address is None:
                 serve.shutdown()
             ray.shutdown()
+
+
+def _deployment_failure(error: RuntimeError) -> str:
+    """What failed in the application's deployments: each unhealthy one and the last
+    line of its message (the exception that stopped its replicas)."""
+    application = serve.status().applications.get(APP_NAME)
+    failures = []
+    for name, deployment in (application.deployments if application else {}).items():
+        lines = [line.strip() for line in deployment.message.splitlines() if line.strip()]
+        if deployment.status in ("DEPLOY_FAILED", "UNHEALTHY") and lines:
+            failures.append(f"deployment {name!r}: {lines[-1]}")
+    return "; ".join(failures) or str(error)
