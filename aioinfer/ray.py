@@ -284,7 +284,9 @@ class RemoteModel(ServedModel):
         self.name = name
         self.version = version
         self.config = config
-        self.handle = handle
+        self.handle = handle.options(method_name="infer")
+        """The handle that calls the replicas' :meth:`ModelReplica.infer` (made once:
+        ``handle.infer`` would make a new one per request)."""
         self._ports = ports
         self.output_names = [port.name for port in ports[1]]
         self.input_datatypes = {port.name: datatype(port.dtype) for port in ports[0]}
@@ -324,7 +326,7 @@ class RemoteCall(InferCall):
         sequence = SequenceFlags.from_parameters(request.parameters)
         key = None if sequence is None else f"{model.version}\0{sequence.id!r}"
         try:
-            answer = await model.handle.infer.remote(request, model.version, sequence_key=key)
+            answer = await model.handle.remote(request, model.version, sequence_key=key)
         except _REPLICA_GONE as exc:
             raise ServiceError(
                 f"model {model.name!r} version {model.version}: its replica went away during "
