@@ -55,7 +55,12 @@ from ray.serve.exceptions import (
     ReplicaUnavailableError,
 )
 from ray.serve.handle import DeploymentHandle
-from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import (
+    LocalityMixin,
+    PendingRequest,
+    RequestRouter,
+    RunningReplica,
+)
 
 from aioinfer.errors import (
     ErrorKind,
@@ -225,16 +230,17 @@ class ModelReplica:
         }
 
 
-class SequenceRouter(RequestRouter):
+class SequenceRouter(LocalityMixin, RequestRouter):
     """Routes the calls of a model deployment: a call that names a sequence
     (``sequence_key``) to the replica holding it, any other to the less loaded of two
-    random replicas.
+    random replicas, preferring the caller's node as Ray's default router does.
 
     A sequence's replica is the one of highest ``hash(key, replica id)`` among the
     replicas at its first request (rendezvous hashing: every ingress replica picks the
     same one, and a replica that dies moves only its own sequences), remembered until
     that replica is gone. A sequence whose replica died reaches another, which does not
-    know it and answers that it is not active.
+    know it and answers that it is not active. A call waits (Ray backs off and asks
+    again) while its replica has no room.
     """
 
     MAX_REMEMBERED = 100_000
@@ -249,9 +255,13 @@ class SequenceRouter(RequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         key = None if pending_request is None else pending_request.kwargs.get("sequence_key")
-        if key is None or not candidate_replicas:
-            count = min(2, len(candidate_replicas))
-            return [random.sample(candidate_replicas, count)]
+        if key is None or pending_request is None:
+            local = self.apply_locality_routing(pending_request)
+            candidates = [r for r in candidate_replicas if r.replica_id in local]
+            return [random.sample(candidates, min(2, len(candidates)))]
+        # One replica only, every time: back off between tries (Ray's loop spins
+        # without a pause unless told to).
+        pending_request.routing_context.should_backoff = True
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
         chosen = self._chosen.get(key)
         if chosen is None or chosen not in by_id:
