@@ -7,6 +7,7 @@ aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-lo
                [--switch-interval S] [limits: --max-sequences N --header-timeout S ...]
                [--ssl-certfile PEM --ssl-keyfile PEM] [--api-key KEY | $AIOINFER_API_KEY]
                [--grpc-port PORT]
+               [--ray [--replicas N]]
 aioinfer info
 aioinfer --version
 """
@@ -148,6 +149,15 @@ def _parser() -> argparse.ArgumentParser:
         "the GIL from a compute thread that waits for it (default 0.0005)",
     )
     _add_limit_options(serve)
+    scale = serve.add_argument_group("Ray Serve (the 'ray' extra)")
+    scale.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve on Ray Serve: a local Ray instance, or the cluster of $RAY_ADDRESS",
+    )
+    scale.add_argument(
+        "--replicas", type=_positive_int, metavar="N", help="replicas of every model (--ray)"
+    )
     from aioinfer import bench
 
     bench.add_parser(commands)
@@ -307,6 +317,9 @@ def _serve(args: argparse.Namespace) -> None:
         ) from None
     options = {name: getattr(args, name) for name in _SERVE_OPTIONS}
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE)
+    if args.ray or args.replicas is not None:
+        _serve_on_ray(args, options, api_key)
+        return
     serve(
         args.source,
         host=args.host,
@@ -315,6 +328,38 @@ def _serve(args: argparse.Namespace) -> None:
         api_key=api_key,
         public_metrics=args.public_metrics,
         **{name: value for name, value in options.items() if value is not None},
+    )
+
+
+_RAY_OPTIONS = ("max_request_bytes", "max_sequences")
+"""``aioinfer serve`` options that ``--ray`` takes too (Ray's proxy owns the connections)."""
+
+
+def _serve_on_ray(args: argparse.Namespace, options: dict[str, Any], api_key: str | None) -> None:
+    if not args.ray:
+        raise UsageError("--replicas needs --ray")
+    unsupported = [name for name, value in options.items() if value is not None]
+    unsupported = [name for name in unsupported if name not in _RAY_OPTIONS]
+    if args.access_log:
+        unsupported.append("access_log")
+    if unsupported:
+        names = ", ".join("--" + name.replace("_", "-") for name in unsupported)
+        raise UsageError(f"{names}: not available with --ray (Ray Serve's proxy serves HTTP)")
+    try:
+        from aioinfer import ray as on_ray
+    except ImportError as exc:
+        raise UsageError(
+            f"aioinfer serve --ray needs the 'ray' extra ({exc.name} is missing): "
+            "pip install 'aioinfer[ray]'"
+        ) from None
+    on_ray.run(
+        args.source,
+        host=args.host,
+        port=args.port,
+        num_replicas=args.replicas,
+        api_key=api_key,
+        public_metrics=args.public_metrics,
+        **{name: options[name] for name in _RAY_OPTIONS if options[name] is not None},
     )
 
 

@@ -171,6 +171,11 @@ class ServingConfigError(AioinferError, ValueError):
     TLS key without its certificate."""
 
 
+class RayDeploymentError(AioinferError):
+    """Ray Serve could not deploy the application of ``aioinfer.ray`` (a replica could
+    not load its model: the message names the deployment and the cause)."""
+
+
 class ErrorKind(enum.Enum):
     """Why the model service refused or failed a request, whatever the transport: REST
     answers each kind with an HTTP status, gRPC with a status code (one table each)."""

@@ -13,8 +13,9 @@ version (a positive integer) holding ``model.onnx``, and optionally ``config.jso
       "max_queue": 256,                     // inferences waiting; beyond: HTTP 503
       "sequence_idle_timeout_s": 60,        // a sequence idle this long is dropped
       "max_sequences": 1000,                // open sequences; beyond: HTTP 503
-      "generate": {"input_ids": "input_ids", "logits": "logits", "eos_token_id": 0}
+      "generate": {"input_ids": "input_ids", "logits": "logits", "eos_token_id": 0},
                                             // a decoder that generates (docs/generation.md)
+      "ray": {"num_replicas": 2}            // Ray Serve deployment options (aioinfer.ray)
     }
 
 A ``tokenizer.json`` beside ``model.onnx`` (or beside the version directories) lets a
@@ -48,7 +49,8 @@ class ModelConfig:
     batching model, else the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
     ``max_sequences`` None means the server's default. ``generate`` (a
     :class:`~aioinfer.generation.GenerationConfig`, or its mapping) serves the model's
-    generate endpoints.
+    generate endpoints. ``ray`` holds the model's Ray
+    Serve deployment options (see :mod:`aioinfer.ray`), unused by ``aioinfer serve``.
     """
 
     device: str = "CPU"
@@ -61,6 +63,7 @@ class ModelConfig:
     sequence_idle_timeout_s: float = 60.0
     max_sequences: int | None = None
     generate: Mapping[str, Any] | GenerationConfig | None = None
+    ray: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> ModelConfig:
@@ -81,6 +84,7 @@ class ModelConfig:
             "sequence_idle_timeout_s": (int, float),
             "max_sequences": (int,),
             "generate": (dict,),
+            "ray": (dict,),
         }
         for key, value in values.items():
             if key not in kinds:

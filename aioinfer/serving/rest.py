@@ -331,6 +331,7 @@ def create_app(
     max_sequences: int = DEFAULT_MAX_SEQUENCES,
     api_key: str | None = None,
     public_metrics: bool = False,
+    service_type: Callable[..., InferenceService] = InferenceService,
 ) -> Starlette:
     """An ASGI app (Starlette) serving the models of ``source`` over the Open Inference
     Protocol (KServe v2 REST), with Prometheus metrics at ``/metrics``.
@@ -344,14 +345,16 @@ def create_app(
     ``max_sequences`` caps the open sequences of each model whose config sets none. With
     an ``api_key``, every endpoint but ``/v2/health/live`` and ``/v2/health/ready`` (and
     ``/metrics`` with ``public_metrics``) answers 401 unless the request carries the key
-    as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``.
+    as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``. ``service_type`` makes
+    the service (an :class:`InferenceService` subclass: the Ray Serve ingress's forwards
+    inferences to the model replicas).
 
     Raises:
         RepositoryError: the repository or a config file is invalid.
         ServingConfigError: ``api_key`` is empty, or ``max_sequences`` below 1.
     """
     repository = source if isinstance(source, ModelRepository) else ModelRepository(source, configs)
-    service = InferenceService(
+    service = service_type(
         repository,
         core=core,
         max_request_bytes=max_request_bytes,

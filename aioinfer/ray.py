@@ -1,0 +1,572 @@
+"""aioinfer on Ray Serve: a model repository as a Ray Serve application.
+
+Past one machine, aioinfer does not grow a cluster of its own: Ray Serve has replicas,
+autoscaling, an HTTP proxy on every node and multi-node clusters. :func:`build_app`
+turns a repository (the layout and ``config.json`` of ``aioinfer serve``) into an
+application of two kinds of deployments:
+
+- one **model deployment** per model, whose replicas each run an
+  :class:`~aioinfer.serving.service.InferenceService` over that model alone: the
+  compiled model with its request pool, its BATCH batching, its sequences and their
+  state, its admission limits. Policy stays in the service, as for every transport.
+- one **ingress** deployment running the REST adapter of ``aioinfer serve`` (the same
+  Starlette app, so the same protocol, status codes and messages) over a service whose
+  models are stand-ins: an inference is decoded at the ingress and forwarded, whole,
+  to a replica of its model through a ``DeploymentHandle``.
+
+A sequence keeps its state in one replica, so its requests must all reach that one:
+:class:`SequenceRouter` (a Ray Serve request router) sends a request naming a
+sequence to the replica that rendezvous hashing of the sequence id picks among the
+current replicas, and remembers the choice while the replica lives, so that adding
+replicas does not move open sequences. Other requests go to the less loaded of two
+random replicas, as Ray's default router does.
+
+A replica that dies answers its in-flight requests with UNAVAILABLE (HTTP 503, to
+retry); Ray starts a new one meanwhile. A client that goes away cancels the forwarded
+call, and Ray cancels it on the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import hashlib
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import ray
+from ray import serve
+from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
+from ray.serve.exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    ReplicaUnavailableError,
+)
+from ray.serve.handle import DeploymentHandle
+from ray.serve.request_router import (
+    LocalityMixin,
+    PendingRequest,
+    RequestRouter,
+    RunningReplica,
+)
+
+from aioinfer.errors import (
+    ErrorKind,
+    RayDeploymentError,
+    RepositoryError,
+    ServiceError,
+    ServingConfigError,
+)
+from aioinfer.model import Port
+from aioinfer.serving.messages import InferenceRequest, InferenceResponse, datatype
+from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, SequenceFlags, ServedModel
+from aioinfer.serving.repository import ModelConfig, ModelRepository
+from aioinfer.serving.rest import create_app
+from aioinfer.serving.server import SWITCH_INTERVAL
+from aioinfer.serving.service import InferCall, InferenceService
+
+_logger = logging.getLogger(__name__)
+
+APP_NAME = "aioinfer"
+"""The name of the Ray Serve application that :func:`run` deploys."""
+
+DEPLOYMENT_OPTIONS = frozenset(
+    {
+        "num_replicas",
+        "autoscaling_config",
+        "max_ongoing_requests",
+        "max_queued_requests",
+        "ray_actor_options",
+        "max_replicas_per_node",
+        "graceful_shutdown_wait_loop_s",
+        "graceful_shutdown_timeout_s",
+        "health_check_period_s",
+        "health_check_timeout_s",
+        "logging_config",
+        "max_constructor_retry_count",
+    }
+)
+"""The Ray Serve deployment options a model's ``config.json`` may set under ``"ray"``."""
+
+MODEL_DEFAULTS: Mapping[str, Any] = {
+    "num_replicas": 1,
+    "max_ongoing_requests": 64,
+    "ray_actor_options": {"num_cpus": 1},
+    "logging_config": {"enable_access_log": False},
+    "max_constructor_retry_count": 3,
+}
+"""A model deployment's options unless its config or :func:`build_app` say otherwise.
+Ray's own default of 5 ongoing requests per replica would starve the BATCH device of
+rows; past 64 the replica's own admission (``max_concurrency``, ``max_queue``) decides.
+No access log, as ``aioinfer serve`` (a line per request costs more than a batched
+inference). A replica that cannot load its model is retried 3 times, not Ray's 20: a
+model that does not compile will not compile on the fourth try either."""
+
+INGRESS_DEFAULTS: Mapping[str, Any] = {
+    "num_replicas": 1,
+    "max_ongoing_requests": 1024,
+    "ray_actor_options": {"num_cpus": 0},
+    "logging_config": {"enable_access_log": False},
+}
+"""The ingress's options: it decodes and forwards (no compute to reserve a CPU for), and
+holds every request in flight while its replica computes."""
+
+_REPLICA_GONE = (
+    RayActorError,  # the replica's process died (killed, out of memory)
+    ReplicaUnavailableError,
+    DeploymentUnavailableError,
+    BackPressureError,  # max_queued_requests reached
+    WorkerCrashedError,
+    NodeDiedError,
+    ObjectLostError,
+)
+"""Ray's errors for a call whose replica went away or could not take it: retryable."""
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What a model replica tells the ingress of its model: its config and the ports of
+    each version."""
+
+    config: ModelConfig
+    versions: dict[str, tuple[list[Port], list[Port]]]
+    """Version -> (inputs, outputs)."""
+
+
+class ModelReplica:
+    """A replica of one model's deployment: an inference service over that model alone
+    (every version), loaded in the constructor and drained when Ray stops the replica.
+
+    Args:
+        source: the repository directory (the same path on every node).
+        model: the model's name in it.
+        max_request_bytes, max_sequences, drain_timeout: as for
+            :class:`~aioinfer.serving.service.InferenceService`.
+    """
+
+    async def __init__(  # type: ignore[misc]  # Ray Serve awaits it
+        self,
+        source: str,
+        model: str,
+        max_request_bytes: int = 64 * 2**20,
+        max_sequences: int = DEFAULT_MAX_SEQUENCES,
+        drain_timeout: float = 30.0,
+    ) -> None:
+        repository = ModelRepository(source)
+        repository.models = {model: repository.models[model]}
+        self.name = model
+        self.service = InferenceService(
+            repository,
+            max_request_bytes=max_request_bytes,
+            max_sequences=max_sequences,
+            drain_timeout=drain_timeout,
+        )
+        # The replica's process is the model's alone: the settings of ``aioinfer serve``.
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        self._stop = asyncio.Event()
+        loaded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._lifespan = asyncio.ensure_future(self._run(loaded))
+        await loaded
+        gc.collect()
+        gc.freeze()
+
+    async def _run(self, loaded: asyncio.Future[None]) -> None:
+        # The service's lifespan (a task group) must end in the task it began in.
+        try:
+            async with self.service.lifespan():
+                loaded.set_result(None)
+                await self._stop.wait()
+        except BaseException as exc:
+            if not loaded.done():
+                loaded.set_exception(exc)
+            raise
+
+    async def __del__(self) -> None:
+        """Ray stops the replica: drain the in-flight inferences, close the model."""
+        self._stop.set()
+        await self._lifespan
+
+    def describe(self) -> ModelDescription:
+        """The model's config and the ports of each version."""
+        versions = self.service.models[self.name]
+        return ModelDescription(
+            versions[max(versions, key=int)].config,
+            {v: (list(m.inputs), list(m.outputs)) for v, m in versions.items()},
+        )
+
+    async def infer(
+        self, request: InferenceRequest, version: str | None, sequence_key: str | None = None
+    ) -> InferenceResponse | ServiceError:
+        """Run ``request`` on the model at ``version`` (None: the latest). A refusal or
+        failure comes back as the :class:`ServiceError` (a value: Ray would wrap a raised
+        one with its traceback). ``sequence_key`` is :class:`SequenceRouter`'s."""
+        try:
+            return await self.service.infer(self.name, version, request)
+        except ServiceError as exc:
+            return exc
+
+    def status(self) -> dict[str, Any]:
+        """The replica's process id, its open sequences, and its infer requests so far
+        and in flight."""
+        models = self.service.models[self.name].values()
+        figures = [metrics for _, metrics in self.service.metrics.figures()]
+        return {
+            "pid": os.getpid(),
+            "sequences": sum(len(model.sequences) for model in models),
+            "requests": sum(metrics.requests for metrics in figures),
+            "in_flight": sum(metrics.in_flight for metrics in figures),
+        }
+
+
+class SequenceRouter(LocalityMixin, RequestRouter):
+    """Routes the calls of a model deployment: a call that names a sequence
+    (``sequence_key``) to the replica holding it, any other to the less loaded of two
+    random replicas, preferring the caller's node as Ray's default router does.
+
+    A sequence's replica is the one of highest ``hash(key, replica id)`` among the
+    replicas at its first request (rendezvous hashing: every ingress replica picks the
+    same one, and a replica that dies moves only its own sequences), remembered until
+    that replica is gone. A sequence whose replica died reaches another, which does not
+    know it and answers that it is not active. A call waits (Ray backs off and asks
+    again) while its replica has no room.
+    """
+
+    MAX_REMEMBERED = 100_000
+    """Sequences whose replica is remembered (the least recently used are forgotten)."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._chosen: OrderedDict[str, str] = OrderedDict()
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        key = None if pending_request is None else pending_request.kwargs.get("sequence_key")
+        if key is None or pending_request is None:
+            local = self.apply_locality_routing(pending_request)
+            candidates = [r for r in candidate_replicas if r.replica_id in local]
+            return [random.sample(candidates, min(2, len(candidates)))]
+        # One replica only, every time: back off between tries (Ray's loop spins
+        # without a pause unless told to).
+        pending_request.routing_context.should_backoff = True
+        by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
+        chosen = self._chosen.get(key)
+        if chosen is None or chosen not in by_id:
+            chosen = max(by_id, key=functools.partial(_weight, key))
+        self._chosen[key] = chosen
+        self._chosen.move_to_end(key)
+        if len(self._chosen) > self.MAX_REMEMBERED:
+            self._chosen.popitem(last=False)
+        return [[by_id[chosen]]]
+
+
+def _weight(key: str, replica: str) -> bytes:
+    # Not hash(): it differs between processes, and every ingress must agree.
+    return hashlib.blake2b(f"{key}\0{replica}".encode(), digest_size=8).digest()
+
+
+class RemoteModel(ServedModel):
+    """A model version as the ingress knows it: its ports and config; its inferences go
+    to the replicas of its deployment (:class:`RemoteCall`), which admit them."""
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        ports: tuple[list[Port], list[Port]],
+        config: ModelConfig,
+        handle: DeploymentHandle,
+    ) -> None:
+        # Not ServedModel's constructor: there is no compiled model here.
+        self.name = name
+        self.version = version
+        self.config = config
+        self.handle = handle.options(method_name="infer")
+        """The handle that calls the replicas' :meth:`ModelReplica.infer` (made once:
+        ``handle.infer`` would make a new one per request)."""
+        self._ports = ports
+        self.output_names = [port.name for port in ports[1]]
+        self.input_datatypes = {port.name: datatype(port.dtype) for port in ports[0]}
+
+    @property
+    def inputs(self) -> list[Any]:
+        return self._ports[0]
+
+    @property
+    def outputs(self) -> list[Any]:
+        return self._ports[1]
+
+    def ready(self) -> bool:
+        return True
+
+    def batch_sizes(self) -> dict[int, int]:
+        return {}  # batches are the replicas'
+
+    def check_admission(self) -> None:
+        pass  # the replica admits
+
+
+class RemoteCall(InferCall):
+    """An infer request at the ingress: counted there, run on a replica."""
+
+    __slots__ = ()
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Forward ``request`` to a replica of its model (the one holding its sequence).
+
+        Raises:
+            ServiceError: the replica's; UNAVAILABLE when the replica went away (its
+                process died: retry) or Ray could not queue the call.
+        """
+        model = self.model
+        assert isinstance(model, RemoteModel)
+        sequence = SequenceFlags.from_parameters(request.parameters)
+        key = None if sequence is None else f"{model.version}\0{sequence.id!r}"
+        try:
+            answer = await model.handle.remote(request, model.version, sequence_key=key)
+        except _REPLICA_GONE as exc:
+            raise ServiceError(
+                f"model {model.name!r} version {model.version}: its replica went away during "
+                f"the inference ({type(exc).__name__}); retry the request",
+                ErrorKind.UNAVAILABLE,
+            ) from exc
+        if isinstance(answer, ServiceError):
+            raise answer
+        self.waited = answer.queued_seconds
+        return answer
+
+
+class RayIngressService(InferenceService):
+    """The ingress's service: the models' ports come from their replicas, and
+    inferences are forwarded to them (``handles``: model name -> its deployment)."""
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        handles: Mapping[str, DeploymentHandle],
+        **options: Any,
+    ) -> None:
+        super().__init__(repository, **options)
+        self.handles = dict(handles)
+
+    async def load(self) -> None:
+        """Ask one replica of each model for its description."""
+        for name, handle in self.handles.items():
+            if name not in self.models:
+                description: ModelDescription = await handle.describe.remote()
+                self.models[name] = {
+                    version: RemoteModel(name, version, ports, description.config, handle)
+                    for version, ports in description.versions.items()
+                }
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """Describe the models; at the end, drain (the replicas close the models)."""
+        self.closing = False
+        await self.load()
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.drain()
+            self.models.clear()
+
+    def start(self, name: str, version: str | None) -> InferCall:
+        """As :meth:`InferenceService.start`; the call forwards to a replica."""
+        call = RemoteCall(self, self.find(name, version))
+        if self.closing:
+            call.fail(ErrorKind.UNAVAILABLE)
+            call.end()
+            raise ServiceError("the server is shutting down", ErrorKind.UNAVAILABLE)
+        return call
+
+
+@serve.ingress()
+class Ingress:
+    """The ingress deployment: the REST app of ``aioinfer serve`` over a
+    :class:`RayIngressService` (``handles``: model name -> its deployment)."""
+
+    def __init__(
+        self,
+        source: str,
+        handles: Mapping[str, DeploymentHandle],
+        max_request_bytes: int = 64 * 2**20,
+        api_key: str | None = None,
+        public_metrics: bool = False,
+    ) -> None:
+        repository = ModelRepository(source)
+        repository.models = {name: repository.models[name] for name in handles}
+        self._app = create_app(
+            repository,
+            max_request_bytes=max_request_bytes,
+            api_key=api_key,
+            public_metrics=public_metrics,
+            service_type=functools.partial(RayIngressService, handles=handles),
+        )
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return self._app
+
+
+def deployment_options(
+    name: str,
+    config: ModelConfig,
+    override: Mapping[str, Any] | None = None,
+    num_replicas: int | None = None,
+) -> dict[str, Any]:
+    """The Ray Serve options of model ``name``'s deployment: :data:`MODEL_DEFAULTS`,
+    then its config's ``"ray"``, then ``override``, then ``num_replicas`` (which
+    replaces autoscaling).
+
+    Raises:
+        RepositoryError: the config sets an option not in :data:`DEPLOYMENT_OPTIONS`.
+        ServingConfigError: so does ``override``.
+    """
+    for where, values, error in (
+        (f"model {name!r}: config.json 'ray'", config.ray, RepositoryError),
+        (f"model {name!r}: the options given", override or {}, ServingConfigError),
+    ):
+        unknown = sorted(set(values) - DEPLOYMENT_OPTIONS)
+        if unknown:
+            known = ", ".join(sorted(DEPLOYMENT_OPTIONS))
+            raise error(f"{where}: unknown Ray Serve option(s) {unknown}; known: {known}")
+    options = {**MODEL_DEFAULTS, **config.ray, **(override or {})}
+    if "autoscaling_config" in options and "num_replicas" not in {**config.ray, **(override or {})}:
+        del options["num_replicas"]  # Ray refuses both
+    if num_replicas is not None:
+        options["num_replicas"] = num_replicas
+        options.pop("autoscaling_config", None)
+    return options
+
+
+def build_app(
+    source: str | Path,
+    *,
+    num_replicas: int | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    ingress_options: Mapping[str, Any] | None = None,
+    max_request_bytes: int = 64 * 2**20,
+    max_sequences: int = DEFAULT_MAX_SEQUENCES,
+    drain_timeout: float = 30.0,
+    api_key: str | None = None,
+    public_metrics: bool = False,
+) -> serve.Application:
+    """The Ray Serve application serving the repository ``source`` over the Open
+    Inference Protocol (REST), as ``aioinfer serve`` does: ``serve.run(build_app(...))``.
+
+    One deployment per model (named ``model:<name>``), its options from
+    :func:`deployment_options` (``options``: model name -> options overriding its
+    config's; ``num_replicas`` for every model), and an ingress deployment
+    (``ingress_options`` over :data:`INGRESS_DEFAULTS`). The repository must be at the
+    same path on every node that runs a replica. ``max_request_bytes``,
+    ``max_sequences``, ``drain_timeout``, ``api_key`` and ``public_metrics`` are those
+    of :func:`~aioinfer.serving.create_app`.
+
+    Raises:
+        RepositoryError: the repository or a config file is invalid.
+        ServingConfigError: ``options`` names a model not in the repository or an
+            unknown option; ``num_replicas`` below 1.
+    """
+    repository = ModelRepository(Path(source).resolve())
+    if repository.path.is_file():
+        raise RepositoryError(
+            f"{str(repository.path)!r}: Ray Serve needs a repository directory "
+            "(<repo>/<model>/<version>/model.onnx), not a single file"
+        )
+    unknown = sorted(set(options or {}) - set(repository.models))
+    if unknown:
+        raise ServingConfigError(f"options given for unknown model(s) {unknown}")
+    if num_replicas is not None and num_replicas < 1:
+        raise ServingConfigError(f"num_replicas must be at least 1, got {num_replicas}")
+    path = str(repository.path)
+    # By import path: Ray imports the router in each process that calls the deployment.
+    router = {"request_router_class": f"{__name__}.{SequenceRouter.__name__}"}
+    models = {}
+    for name, entry in repository.models.items():
+        model_options = deployment_options(
+            name, entry.config, (options or {}).get(name), num_replicas
+        )
+        deployment = serve.deployment(
+            name=f"model:{name}", request_router_config=router, **model_options
+        )(ModelReplica)
+        models[name] = deployment.bind(path, name, max_request_bytes, max_sequences, drain_timeout)
+    ingress = serve.deployment(name="ingress", **{**INGRESS_DEFAULTS, **(ingress_options or {})})(
+        Ingress
+    )
+    return ingress.bind(path, models, max_request_bytes, api_key, public_metrics)
+
+
+def run(
+    source: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    num_replicas: int | None = None,
+    **options: Any,
+) -> None:
+    """Serve the repository ``source`` on Ray Serve until SIGINT/SIGTERM: ``aioinfer
+    serve REPO --ray``.
+
+    Joins the Ray cluster of ``$RAY_ADDRESS`` if set (``auto``: the one ``ray start``
+    began on this machine), else starts a local Ray instance. Ray Serve's HTTP proxy
+    listens on ``host``:``port``, unless Serve already runs on the cluster (its proxy
+    then keeps its own). ``options`` go to :func:`build_app`. At the end the
+    application is deleted; a local Ray instance is shut down with it.
+
+    Raises:
+        The errors of :func:`build_app`.
+        RayDeploymentError: a replica could not load its model (after Ray's retries).
+    """
+    app = build_app(source, num_replicas=num_replicas, **options)
+    address = os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        ray.init(address="local", include_dashboard=False)
+    else:
+        ray.init(address=address)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after Ray's own
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as exc:  # Ray's word for a deployment that failed
+            raise RayDeploymentError(_deployment_failure(exc)) from None
+        _logger.warning("aioinfer serving on Ray Serve at http://%s:%d", host, port)
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        try:
+            serve.delete(APP_NAME)
+        finally:
+            if address is None:
+                serve.shutdown()
+            ray.shutdown()
+
+
+def _deployment_failure(error: RuntimeError) -> str:
+    """What failed in the application's deployments: each unhealthy one and the last
+    line of its message (the exception that stopped its replicas)."""
+    application = serve.status().applications.get(APP_NAME)
+    failures = []
+    for name, deployment in (application.deployments if application else {}).items():
+        lines = [line.strip() for line in deployment.message.splitlines() if line.strip()]
+        if deployment.status in ("DEPLOY_FAILED", "UNHEALTHY") and lines:
+            failures.append(f"deployment {name!r}: {lines[-1]}")
+    return "; ".join(failures) or str(error)

@@ -1,0 +1,1 @@
+"""Tests on a local Ray cluster: aioinfer.ray."""
