@@ -12,7 +12,8 @@ models, their batches, admission, sequences and statistics.
 What is gRPC's alone stays here: a cancelled call (the client cancelled it, its deadline
 passed or its connection closed) cancels the handler's task, and with it the inference
 between two kernels; ``ModelStreamInfer`` answers each request of a stream in order, an
-error as ``error_message`` without ending the stream; TLS, message size and connection
+error as ``error_message`` without ending the stream, a generation token by token
+(:mod:`aioinfer.serving.grpc_generation`); TLS, message size and connection
 limits are the server's options (:class:`GrpcServer`).
 
 grpc.aio is asyncio's: the gRPC server runs under asyncio only (the REST app also runs
