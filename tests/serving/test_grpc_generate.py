@@ -57,7 +57,7 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGrpcServer]:
     """decoder (with a tokenizer.json), slow_decoder (one generation at a time, none
-    waiting), mlp (no generate key)."""
+    waiting), bare_decoder (input_ids its only input), mlp (no generate key)."""
     repo = tmp_path_factory.mktemp("grpc_generate")
     write_model(repo, "decoder", 1, decoder_model())
     write_config(repo, "decoder", {"stateful": "auto", "generate": {"max_new_tokens": 8}})
@@ -68,9 +68,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGrpcServer]
         "slow_decoder",
         {"stateful": "auto", "generate": {}, "max_concurrency": 1, "max_queue": 0},
     )
+    write_model(repo, "bare_decoder", 1, bare_decoder())
+    write_config(repo, "bare_decoder", {"stateful": "auto", "generate": {}})
     write_model(repo, "mlp", 1, mlp_model())
     with LiveGrpcServer(repo) as live:
         yield live
+
+
+def bare_decoder() -> Any:
+    return decoder_model(attention_mask=False, position_ids=False)
 
 
 def generation_of(live: LiveGrpcServer, name: str) -> ModelGeneration:
@@ -186,6 +192,29 @@ def test_plain_inferences_share_the_stream_and_are_final(stream: Stream):
     np.testing.assert_allclose(logits_result.as_numpy("logits")[0, -1], logits[0], RTOL, ATOL)
     (last,) = stream.until_final()
     assert last.get_response().id == "p3"
+
+
+def test_the_steps_of_a_sequence_are_inferences_of_the_same_model(server: LiveGrpcServer):
+    """bare_decoder takes input_ids alone: outside a sequence they ask for a generation,
+    in a sequence they are one step of the decoder (its logits, the cache kept)."""
+    expected, logits = reference_generation(bare_decoder(), PROMPT, 3)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        generated = client.infer("bare_decoder", [ids(PROMPT)], parameters={"max_new_tokens": 3})
+        assert generated.as_numpy("output_ids").tolist() == expected
+        steps = [
+            client.infer(
+                "bare_decoder", [ids(PROMPT, shape=[1, 3])], sequence_id=4, sequence_start=True
+            ),
+            client.infer("bare_decoder", [ids(expected[:1], shape=[1, 1])], sequence_id=4),
+            client.infer(
+                "bare_decoder", [ids(expected[1:2], shape=[1, 1])], sequence_id=4, sequence_end=True
+            ),
+        ]
+    finally:
+        client.close()
+    for step, reference in zip(steps, logits, strict=True):
+        np.testing.assert_allclose(step.as_numpy("logits")[0, -1], reference, RTOL, ATOL)
 
 
 @pytest.mark.anyio
