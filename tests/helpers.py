@@ -285,3 +285,18 @@ def reference_generation(
         else:
             feed = list(sequence)
     return tokens, logits_seen
+
+
+WORDS = ["<pad>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "it", "and"]
+WORDS += ["then", "was", "big", "<unk>"]
+"""The vocabulary of :func:`write_tokenizer`: 16 words, :func:`decoder_model`'s
+vocabulary size."""
+
+
+def write_tokenizer(path: Path) -> None:
+    """A word-level ``tokenizer.json`` of :data:`WORDS` (split on whitespace) at ``path``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(path))

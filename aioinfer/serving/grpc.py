@@ -12,7 +12,8 @@ models, their batches, admission, sequences and statistics.
 What is gRPC's alone stays here: a cancelled call (the client cancelled it, its deadline
 passed or its connection closed) cancels the handler's task, and with it the inference
 between two kernels; ``ModelStreamInfer`` answers each request of a stream in order, an
-error as ``error_message`` without ending the stream; TLS, message size and connection
+error as ``error_message`` without ending the stream, a generation token by token
+(:mod:`aioinfer.serving.grpc_generation`); TLS, message size and connection
 limits are the server's options (:class:`GrpcServer`).
 
 grpc.aio is asyncio's: the gRPC server runs under asyncio only (the REST app also runs
@@ -34,6 +35,13 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from aioinfer.errors import ErrorKind, ServiceError, ServingConfigError
 from aioinfer.serving.connection import ConnectionLimits
 from aioinfer.serving.grpc_auth import GrpcApiKeyCheck
+from aioinfer.serving.grpc_generation import (
+    FINAL_RESPONSE,
+    generate_response,
+    generation_of,
+    stream_error,
+    stream_generation,
+)
 from aioinfer.serving.grpc_tensors import decode_infer_request, encode_infer_response
 from aioinfer.serving.messages import TensorMetadata
 from aioinfer.serving.service import InferenceService
@@ -74,7 +82,6 @@ NOT_YET = {
 belong to: each ends with UNIMPLEMENTED, naming it."""
 
 _StreamResponse = service_pb2.ModelStreamInferResponse
-_InferResponse = service_pb2.ModelInferResponse
 
 
 class GrpcAdapter(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -123,7 +130,11 @@ class GrpcAdapter(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- inference --------------------------------------------------------------------------
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """One inference; a generation answered whole (see ``serving/grpc_generation.py``)."""
         try:
+            generation = generation_of(self.service, request)
+            if generation is not None:
+                return await generate_response(self.service, request, generation)
             return await self._infer(request)
         except ServiceError as exc:
             await context.abort(GRPC_STATUS[exc.kind], str(exc))
@@ -139,15 +150,20 @@ class GrpcAdapter(service_pb2_grpc.GRPCInferenceServiceServicer):
                 yield response
 
     async def _stream_answers(self, request: Any) -> AsyncIterator[Any]:
-        """The responses a stream gets for ``request``: one inference, one response."""
+        """The responses a stream gets for ``request``: one inference, one response; a
+        generation, one per token (see ``serving/grpc_generation.py``). The last one for
+        the request has ``triton_final_response``, as Triton marks them."""
+        generation = generation_of(self.service, request)
+        if generation is not None:
+            async for response in stream_generation(self.service, request, generation):
+                yield response
+            return
         try:
             response = await self._infer(request)
         except ServiceError as exc:
-            header = _InferResponse(
-                model_name=request.model_name, model_version=request.model_version, id=request.id
-            )
-            yield _StreamResponse(error_message=str(exc), infer_response=header)
+            yield stream_error(request, exc)
         else:
+            response.parameters[FINAL_RESPONSE].bool_param = True
             yield _StreamResponse(infer_response=response)
 
     async def _infer(self, message: Any) -> Any:

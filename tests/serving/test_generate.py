@@ -18,7 +18,6 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from aioinfer.errors import ErrorKind, RepositoryError, ServiceError
 from aioinfer.serving import create_app
@@ -26,26 +25,19 @@ from aioinfer.serving.generation import GenerateRequest, ModelGeneration
 from aioinfer.serving.repository import ModelRepository
 from aioinfer.serving.service import InferenceService
 from tests.helpers import (
+    WORDS,
     decoder_model,
     mlp_model,
     reference_generation,
     scrape_metric,
     wait_until,
+    write_tokenizer,
 )
 from tests.serving.conftest import LiveServer, write_config, write_model
 
 PROMPT = [1, 2, 3]
-WORDS = ["<pad>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "it", "and"]
-WORDS += ["then", "was", "big", "<unk>"]
-"""The vocabulary of the tokenizer: 16 words, the decoder's vocabulary size."""
 SLOW = 1500
 """MatMul+Tanh pairs per step of the slow decoder: tens of milliseconds a step."""
-
-
-def write_tokenizer(path: Path) -> None:
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(path))
 
 
 @pytest.fixture(scope="module")
