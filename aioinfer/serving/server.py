@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ def serve(
     ssl_keyfile: str | Path | None = None,
     api_key: str | None = None,
     public_metrics: bool = False,
+    model_control_mode: str = "none",
+    load_models: Sequence[str] = (),
 ) -> None:
     """Serve the repository (or ``.onnx`` file) ``source`` over HTTP until SIGINT/SIGTERM.
 
@@ -69,7 +71,9 @@ def serve(
     bound connections (see :class:`ConnectionLimits`). ``ssl_certfile`` and
     ``ssl_keyfile`` (PEM files) serve HTTPS instead of HTTP. With ``api_key`` every
     endpoint but health (and ``/metrics`` with ``public_metrics``) needs the key (see
-    :func:`create_app`).
+    :func:`create_app`). ``model_control_mode`` ``"explicit"`` loads only ``load_models``
+    (``"*"``: all) at the start and lets clients load and unload models at run time;
+    ``"none"`` loads every model and refuses that (see :func:`create_app`).
 
     The models are compiled before the port is opened. On SIGINT/SIGTERM the server stops
     accepting connections, lets in-flight inferences finish (up to ``drain_timeout``
@@ -98,6 +102,8 @@ def serve(
         max_sequences=max_sequences,
         api_key=api_key,
         public_metrics=public_metrics,
+        model_control_mode=model_control_mode,
+        load_models=load_models,
     )
     config = uvicorn.Config(
         app,
