@@ -4,6 +4,8 @@ checks, in-place reads), over REST with tritonclient and on the service directly
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -277,6 +279,24 @@ def test_model_control_options_are_checked(triton_repository):
         create_app(triton_repository, model_control_mode="explicit", load_models=["nope"])
     with pytest.raises(ServingConfigError, match="'poll' is not supported"):
         create_app(triton_repository, model_control_mode="poll")
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["--load-model", "simple"], "needs model_control_mode 'explicit'"),
+        (["--model-control-mode", "explicit", "--load-model", "nope"], "not in the repository"),
+    ],
+)
+def test_serve_command_checks_the_model_control_options(triton_repository, options, words):
+    done = subprocess.run(
+        [sys.executable, "-m", "aioinfer.cli", "serve", str(triton_repository), *options],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 2 and words in done.stderr, done.stderr
 
 
 # -- system shared memory -----------------------------------------------------------------
