@@ -113,7 +113,8 @@ class ModelMetrics:
         self.failed_seconds = 0.0
         """Seconds failed requests took, from arrival to failure."""
         self.last_inference = 0.0
-        """When the last request ended (``time.time()``; 0: none yet)."""
+        """When the last request ended (``time.perf_counter()``, cheaper on the hot path
+        than the wall clock; 0: none yet)."""
 
     def fail(self, reason: str) -> None:
         """Count one failure with the given reason."""

@@ -567,7 +567,7 @@ class InferCall:
         metrics.compute_input += self.computed - self.started
         metrics.compute_infer += self.computed_until - self.computed - self.waited
         metrics.compute_output += now - self.computed_until
-        metrics.last_inference = time.time()
+        metrics.last_inference = now
 
     def fail(self, kind: ErrorKind, error: BaseException | None = None) -> None:
         """Count the request as failed, for the reason that ``kind`` stands for; with the
@@ -576,8 +576,9 @@ class InferCall:
         ``busy``."""
         metrics = self._metrics
         metrics.fail(failure_reason(kind, error))
-        metrics.failed_seconds += time.perf_counter() - self.started
-        metrics.last_inference = time.time()
+        now = time.perf_counter()
+        metrics.failed_seconds += now - self.started
+        metrics.last_inference = now
 
     def end(self) -> None:
         """The request is no longer in flight (the drain may end)."""

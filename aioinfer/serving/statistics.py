@@ -12,6 +12,7 @@ from its end to the response (encoding).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from aioinfer.serving.metrics import ModelMetrics
@@ -27,10 +28,13 @@ def model_statistics(model: ServedModel, metrics: ModelMetrics) -> dict[str, Any
     answered = sum(metrics.latency.counts)
     failed = sum(metrics.failures.values())
     batches = model.batch_sizes()
+    last = 0
+    if metrics.last_inference:  # a perf_counter() reading: to the wall clock
+        last = int((time.time() - (time.perf_counter() - metrics.last_inference)) * 1000)
     return {
         "name": model.name,
         "version": model.version,
-        "last_inference": int(metrics.last_inference * 1000),
+        "last_inference": last,
         "inference_count": sum(rows * count for rows, count in batches.items()),
         "execution_count": sum(batches.values()),
         "inference_stats": {

@@ -119,7 +119,7 @@ def test_statistics_count_successes_failures_rows_and_times(client):
     assert stats["compute_infer"]["ns"] - old["compute_infer"]["ns"] > 0
     phases = sum(stats[p]["ns"] for p in ("queue", "compute_input", "compute_infer"))
     assert phases + stats["compute_output"]["ns"] <= stats["success"]["ns"] * 1.01 + 1000
-    assert started_ms - 1 <= after["last_inference"] <= time.time() * 1000 + 1
+    assert started_ms - 5 <= after["last_inference"] <= time.time() * 1000 + 5
     assert after["batch_stats"] == []
 
 
