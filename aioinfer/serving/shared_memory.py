@@ -12,7 +12,10 @@ parsing, over binary HTTP a copy per hop; from shared memory, a mapping.
 Regions are confined to POSIX shared memory: a key names an object directly under
 ``/dev/shm`` (one path component, no ``..``, no symbolic link followed), never a file
 elsewhere. Every size and offset is checked against the region, and every error names
-the region.
+the region. Each use checks that the object still holds the region: one its owner shrank
+is refused, not read past its end (which would be a SIGBUS). A shrink that races with an
+inference in progress is not caught: shared memory trusts the processes that can write
+it, as Triton's does.
 """
 
 from __future__ import annotations
@@ -58,7 +61,14 @@ class _Region:
                 f"{what}: invalid offset + byte size for shared memory region {self.name!r}: "
                 f"{ref.offset} + {ref.byte_size} exceeds its {self.byte_size} bytes"
             )
-        return self.offset + ref.offset, ref.byte_size
+        start = self.offset + ref.offset
+        actual = self.mapping.size()  # the object's size now: its owner may have shrunk it
+        if actual < start + ref.byte_size:
+            raise SharedMemoryError(
+                f"{what}: shared memory region {self.name!r} lies beyond the end of "
+                f"{self.key!r}, which now has {actual} bytes (it shrank since registration)"
+            )
+        return start, ref.byte_size
 
     def close(self) -> None:
         # While an inference still reads a view of it, the mapping cannot close: it

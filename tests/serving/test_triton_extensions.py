@@ -4,6 +4,7 @@ checks, in-place reads), over REST with tritonclient and on the service directly
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -414,6 +415,21 @@ def test_inputs_are_read_in_place_and_read_only(region):
     np.testing.assert_array_equal(array[0], data * 10)
     with pytest.raises(SharedMemoryError, match="Unable to find system shared memory region"):
         registry.read("INPUT0", shared)
+
+
+def test_a_region_its_owner_shrank_is_refused_not_read():
+    owner = shared_memory.SharedMemory(create=True, size=4096)
+    try:
+        registry = SystemSharedMemory()
+        registry.register("in", "/" + owner.name, 0, 4096)
+        os.truncate(Path("/dev/shm") / owner.name, 16)  # behind the server's back
+        shared = SharedInput(SharedMemoryRef("in", 64, 1024), "INT32", (1, 16))
+        with pytest.raises(SharedMemoryError, match="which now has 16 bytes"):
+            registry.read("INPUT0", shared)
+        registry.unregister()
+    finally:
+        owner.close()
+        owner.unlink()
 
 
 # -- the same on the service, without HTTP (what every transport calls) -------------------
