@@ -26,6 +26,15 @@ before it reads the body (a full model parses no bodies)::
         call.end()
 
 :meth:`InferenceService.infer` does all of it for a caller that holds the arrays.
+
+Triton's extensions are methods too, so that every transport answers them alike:
+:meth:`~InferenceService.statistics`, :meth:`~InferenceService.model_config`,
+:meth:`~InferenceService.repository_index`, :meth:`~InferenceService.load_model` and
+:meth:`~InferenceService.unload_model` (under the model control mode), and the
+shared-memory registry (``register_system_shared_memory`` and the others). A transport
+decodes an input or output that names a shared-memory region into a
+:class:`~aioinfer.serving.messages.SharedInput` or a ``RequestedOutput`` with its
+``shared_memory``; :meth:`InferCall.infer` reads and writes the regions.
 """
 
 from __future__ import annotations
