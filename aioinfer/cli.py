@@ -148,6 +148,22 @@ def _parser() -> argparse.ArgumentParser:
         help="the interpreter's thread switch interval: how long the event loop may keep "
         "the GIL from a compute thread that waits for it (default 0.0005)",
     )
+    control = serve.add_argument_group("model control (Triton's)")
+    control.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit"],
+        default="none",
+        help="none: load every model at the start, refuse load/unload requests; explicit: "
+        "load the --load-model models at the start, others on request (default none)",
+    )
+    control.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model-control-mode explicit: a model to load at the start "
+        "(repeatable; '*': every model)",
+    )
     _add_limit_options(serve)
     scale = serve.add_argument_group("Ray Serve (the 'ray' extra)")
     scale.add_argument(
@@ -327,6 +343,8 @@ def _serve(args: argparse.Namespace) -> None:
         access_log=args.access_log,
         api_key=api_key,
         public_metrics=args.public_metrics,
+        model_control_mode=args.model_control_mode,
+        load_models=args.load_model,
         **{name: value for name, value in options.items() if value is not None},
     )
 

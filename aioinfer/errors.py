@@ -229,3 +229,21 @@ class ClientDisconnectedError(ServiceError):
 
     def __init__(self, message: str, kind: ErrorKind = ErrorKind.CANCELLED) -> None:
         super().__init__(message, kind)
+
+
+class SharedMemoryError(ServiceError):
+    """A shared-memory region that cannot be registered or used: a key outside POSIX
+    shared memory, a region that does not exist or is too small, an unknown region, a
+    tensor that does not fit its region (INVALID_ARGUMENT unless said otherwise)."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.INVALID_ARGUMENT) -> None:
+        super().__init__(message, kind)
+
+
+class ModelControlError(ServiceError):
+    """A model that cannot be loaded or unloaded at run time: an unknown model, a config
+    override that is not valid, a compile that failed, or a server whose model control
+    mode does not allow it (INVALID_ARGUMENT unless said otherwise)."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.INVALID_ARGUMENT) -> None:
+        super().__init__(message, kind)

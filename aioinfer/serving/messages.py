@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from aioinfer.errors import ErrorKind, ServiceError
+from aioinfer.errors import ErrorKind, ServiceError, SharedMemoryError
 from aioinfer.model import Port
 
 DATATYPES: dict[str, np.dtype] = {
@@ -93,12 +93,62 @@ class ServerMetadata:
     extensions: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class SharedMemoryRef:
+    """Where a tensor lies in a registered system shared-memory region: ``byte_size``
+    bytes from ``offset`` (relative to the region's start)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, Any], what: str) -> SharedMemoryRef | None:
+        """The reference that a tensor's parameters make (``shared_memory_region``,
+        ``shared_memory_byte_size``, ``shared_memory_offset``); None when they name no
+        region.
+
+        Raises:
+            SharedMemoryError: a region name that is not a string, or a size or offset
+                that is not an integer >= 0 (naming ``what``, the tensor).
+        """
+        region = parameters.get("shared_memory_region")
+        if region is None:
+            return None
+        if not isinstance(region, str) or not region:
+            raise SharedMemoryError(
+                f"{what}: shared_memory_region must be a region name, got {region!r}"
+            )
+        numbers = []
+        for key, default in (("shared_memory_byte_size", None), ("shared_memory_offset", 0)):
+            value = parameters.get(key, default)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise SharedMemoryError(
+                    f"{what}: {key} must be an integer >= 0 with shared_memory_region "
+                    f"{region!r}, got {value!r}"
+                )
+            numbers.append(value)
+        return cls(region, numbers[0], numbers[1])
+
+
+@dataclass(frozen=True)
+class SharedInput:
+    """An input whose data lies in shared memory: where, and its datatype and shape (the
+    service reads it from the region)."""
+
+    ref: SharedMemoryRef
+    datatype: str
+    shape: tuple[int, ...]
+
+
 @dataclass
 class RequestedOutput:
-    """An output a request asks for, and whether it wants it as binary data."""
+    """An output a request asks for, whether it wants it as binary data, and the
+    shared-memory region to write it to (None: in the response)."""
 
     name: str
     binary: bool
+    shared_memory: SharedMemoryRef | None = None
 
 
 @dataclass
@@ -114,6 +164,8 @@ class InferenceRequest:
     """The outputs asked for (None: every output)."""
     binary_output: bool = False
     """The default for outputs not asked for by name (``binary_data_output``)."""
+    shared_inputs: dict[str, SharedInput] = field(default_factory=dict)
+    """The inputs whose data lies in shared memory, by name (not in ``inputs``)."""
 
 
 @dataclass(slots=True)
@@ -128,3 +180,6 @@ class InferenceResponse:
     queued_seconds: float = field(default=0.0, compare=False)
     """How long the inference waited before it computed (for a free request or a slot,
     then for its batch)."""
+    shared_outputs: dict[str, SharedMemoryRef] = field(default_factory=dict, compare=False)
+    """The outputs written to shared memory, by name (their arrays are in ``outputs``
+    too; a transport answers their datatype and shape, not their data)."""

@@ -80,7 +80,18 @@ class Histogram:
 class ModelMetrics:
     """The figures of one model version since the app started."""
 
-    __slots__ = ("failures", "in_flight", "latency", "queue_time", "requests")
+    __slots__ = (
+        "compute_infer",
+        "compute_input",
+        "compute_output",
+        "failed_seconds",
+        "failures",
+        "in_flight",
+        "last_inference",
+        "latency",
+        "queue_time",
+        "requests",
+    )
 
     def __init__(self) -> None:
         self.requests = 0
@@ -93,6 +104,17 @@ class ModelMetrics:
         """Seconds from receiving a request to having its response ready."""
         self.queue_time = Histogram(LATENCY_BUCKETS)
         """Seconds a request waited before computing."""
+        self.compute_input = 0.0
+        """Seconds answered requests spent before their inference (reading, decoding)."""
+        self.compute_infer = 0.0
+        """Seconds answered requests spent computing (their inference, less its wait)."""
+        self.compute_output = 0.0
+        """Seconds answered requests spent after their inference (encoding)."""
+        self.failed_seconds = 0.0
+        """Seconds failed requests took, from arrival to failure."""
+        self.last_inference = 0.0
+        """When the last request ended (``time.perf_counter()``, cheaper on the hot path
+        than the wall clock; 0: none yet)."""
 
     def fail(self, reason: str) -> None:
         """Count one failure with the given reason."""

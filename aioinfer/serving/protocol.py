@@ -30,6 +30,8 @@ from aioinfer.serving.messages import (
     DATATYPES,
     InferenceRequest,
     RequestedOutput,
+    SharedInput,
+    SharedMemoryRef,
     TensorMetadata,
     datatype,
 )
@@ -171,20 +173,24 @@ def _parse(
     specs = _list(request, "inputs", required=True)
     parameters = _parameters(request, "the request")
     arrays: dict[str, np.ndarray] = {}
+    shared: dict[str, SharedInput] = {}
     offset = 0
     all_binary = True
     for spec in specs:
         start = offset
         name, array, offset = _decode_input(spec, inputs, binary, offset)
-        if name in arrays:
+        if name in arrays or name in shared:
             raise ProtocolError(f"input {name!r} is given twice")
-        arrays[name] = array
+        if isinstance(array, SharedInput):
+            shared[name] = array
+        else:
+            arrays[name] = array
         all_binary = all_binary and offset > start and inputs[name] != "BYTES"
     if offset != len(binary):
         raise ProtocolError(
             f"the binary inputs take {offset} bytes, but {len(binary)} follow the JSON header"
         )
-    missing = [name for name in inputs if name not in arrays]
+    missing = [name for name in inputs if name not in arrays and name not in shared]
     if missing:
         raise ProtocolError(f"missing input(s) {', '.join(map(repr, missing))}")
     binary_output = bool(parameters.get("binary_data_output", False))
@@ -194,12 +200,19 @@ def _parse(
         wants = _parameters(spec, f"output {name!r}")
         if "classification" in wants:
             raise ProtocolError(f"output {name!r}: the classification extension is not supported")
-        requested.append(RequestedOutput(name, bool(wants.get("binary_data", binary_output))))
+        region = SharedMemoryRef.from_parameters(wants, f"output {name!r}")
+        wants_binary = bool(wants.get("binary_data", binary_output))
+        requested.append(RequestedOutput(name, wants_binary, region))
     # No output named ("outputs" absent, null or []): every output, as Triton does.
     outputs = requested or None
     request_id = request.get("id")
     decoded = InferenceRequest(
-        None if request_id is None else str(request_id), parameters, arrays, outputs, binary_output
+        None if request_id is None else str(request_id),
+        parameters,
+        arrays,
+        outputs,
+        binary_output,
+        shared,
     )
     return decoded, all_binary
 
@@ -228,7 +241,7 @@ def _name(spec: Any, kind: str) -> str:
 
 def _decode_input(
     spec: Any, inputs: Mapping[str, str], binary: bytes, offset: int
-) -> tuple[str, np.ndarray, int]:
+) -> tuple[str, np.ndarray | SharedInput, int]:
     name = _name(spec, "input")
     expected = inputs.get(name)
     if expected is None:
@@ -251,7 +264,11 @@ def _decode_input(
     if math.prod(d or 1 for d in shape) > MAX_ELEMENTS:
         raise ProtocolError(f"input {name!r}: 'shape' {shape} is too large")
     count = math.prod(shape)
-    size = _parameters(spec, f"input {name!r}").get("binary_data_size")
+    parameters = _parameters(spec, f"input {name!r}")
+    region = SharedMemoryRef.from_parameters(parameters, f"input {name!r}")
+    if region is not None:  # read by the service from the region
+        return name, SharedInput(region, expected, tuple(shape)), offset
+    size = parameters.get("binary_data_size")
     if size is not None:
         if (
             not isinstance(size, int)
@@ -308,9 +325,12 @@ def encode_infer_response(
     request_id: str | None,
     outputs: Sequence[tuple[str, np.ndarray, bool]],
     parameters: Mapping[str, Any] | None = None,
+    shared: Mapping[str, SharedMemoryRef] | None = None,
 ) -> tuple[bytes, int | None]:
     """The response body for ``outputs`` (name, array, binary) and the JSON part's length
     when some output is binary (for ``Inference-Header-Content-Length``), else None.
+    The outputs in ``shared`` were written to shared memory: their entries give the
+    datatype, shape and region, no data.
 
     Raises:
         ProtocolError: a BYTES output asked for as JSON holds bytes that are not UTF-8.
@@ -319,6 +339,7 @@ def encode_infer_response(
     if (
         outputs
         and not parameters
+        and not shared
         and all([binary and array.dtype.kind not in "OSU" for _, array, binary in outputs])
     ):
         chunks = [_to_bytes(array) for _, array, _ in outputs]
@@ -339,7 +360,10 @@ def encode_infer_response(
             "datatype": datatype(array.dtype),
             "shape": list(array.shape),
         }
-        if binary:
+        region = shared.get(name) if shared else None
+        if region is not None:
+            entry["parameters"] = _region_parameters(region, array)
+        elif binary:
             chunk = _to_bytes(array)
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
@@ -364,6 +388,17 @@ def encode_infer_response(
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+def _region_parameters(region: SharedMemoryRef, array: np.ndarray) -> dict[str, Any]:
+    size = len(_to_bytes(array)) if array.dtype.kind in "OSU" else array.nbytes
+    parameters: dict[str, Any] = {
+        "shared_memory_region": region.region,
+        "shared_memory_byte_size": size,
+    }
+    if region.offset:
+        parameters["shared_memory_offset"] = region.offset
+    return parameters
 
 
 @functools.lru_cache(maxsize=256)

@@ -164,7 +164,7 @@ class ModelRepository:
 
     def __init__(self, path: str | Path, configs: Mapping[str, ModelConfig] | None = None) -> None:
         self.path = Path(path)
-        overrides = dict(configs or {})
+        self._overrides = overrides = dict(configs or {})
         if self.path.is_file():
             if self.path.suffix != ".onnx":
                 raise RepositoryError(f"{str(self.path)!r} is not an .onnx file or a directory")
@@ -186,6 +186,35 @@ class ModelRepository:
         unknown = set(overrides) - set(self.models)
         if unknown:
             raise RepositoryError(f"configs given for unknown model(s) {sorted(unknown)}")
+
+    def model_names(self) -> list[str]:
+        """The names of the models in the repository now (its directories, read again)."""
+        if self.path.is_file():
+            return list(self.models)
+        return sorted(
+            child.name
+            for child in self.path.iterdir()
+            if child.is_dir() and not child.name.startswith((".", "_"))
+        )
+
+    def refresh(self, name: str) -> ModelEntry:
+        """Read model ``name`` again from the repository (its versions and config file,
+        as a load at run time does), and keep it.
+
+        Raises:
+            RepositoryError: the repository has no model directory of that name, or it
+                is invalid.
+        """
+        directory = self.path / name
+        if self.path.is_file() or name in ("", ".", "..") or "/" in name or "\\" in name:
+            if name in self.models:
+                return self.models[name]
+            raise RepositoryError(f"no model {name!r} in the repository")
+        if name.startswith((".", "_")) or not directory.is_dir():
+            raise RepositoryError(f"no model {name!r} in the repository")
+        entry = self._scan(directory, self._overrides.get(name))
+        self.models[name] = entry
+        return entry
 
     def _scan(self, directory: Path, override: ModelConfig | None) -> ModelEntry:
         versions = {

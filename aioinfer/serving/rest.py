@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -28,7 +28,14 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from aioinfer.core import Core
-from aioinfer.errors import ClientDisconnectedError, ErrorKind, ProtocolError, ServiceError
+from aioinfer.errors import (
+    ClientDisconnectedError,
+    ErrorKind,
+    ModelControlError,
+    ProtocolError,
+    ServiceError,
+    SharedMemoryError,
+)
 from aioinfer.serving.auth import HEALTH_PATHS, ApiKeyCheck
 from aioinfer.serving.compression import compress, decompress, response_coding
 from aioinfer.serving.disconnect import unless_disconnected
@@ -107,6 +114,67 @@ class RestAdapter:
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.service.metrics.render(), media_type=CONTENT_TYPE)
 
+    # -- Triton's extensions: thin calls of the service's methods -------------------------
+
+    async def model_config(self, request: Request) -> Response:
+        return JSONResponse(self.service.model_config(self._model_of(request)))
+
+    async def statistics(self, request: Request) -> Response:
+        params = request.path_params
+        return JSONResponse(self.service.statistics(params.get("model"), params.get("version")))
+
+    async def repository_index(self, request: Request) -> Response:
+        body = await _json_body(request)
+        return JSONResponse(self.service.repository_index(bool(body.get("ready", False))))
+
+    async def load_model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        parameters = _parameters_of(await _json_body(request))
+        if any(key.startswith("file:") for key in parameters):
+            raise ModelControlError(
+                f"failed to load {name!r}: model files in the request are not supported; "
+                "put the model in the repository"
+            )
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, str):
+            config = json.dumps(config)
+        await self.service.load_model(name, config)
+        return Response(status_code=200)
+
+    async def unload_model(self, request: Request) -> Response:
+        await self.service.unload_model(request.path_params["model"])
+        return Response(status_code=200)
+
+    async def shm_status(self, request: Request) -> Response:
+        name = request.path_params.get("region")
+        return JSONResponse(self.service.system_shared_memory_status(name))
+
+    async def shm_register(self, request: Request) -> Response:
+        name = request.path_params["region"]
+        body = await _json_body(request)
+        key = body.get("key")
+        if not isinstance(key, str):
+            raise SharedMemoryError(f"shared memory region {name!r}: 'key' must be a string")
+        offset, byte_size = body.get("offset", 0), body.get("byte_size")
+        self.service.register_system_shared_memory(name, key, offset, byte_size)
+        return Response(status_code=200)
+
+    async def shm_unregister(self, request: Request) -> Response:
+        self.service.unregister_system_shared_memory(request.path_params.get("region"))
+        return Response(status_code=200)
+
+    async def cuda_shm_status(self, request: Request) -> Response:
+        name = request.path_params.get("region")
+        return JSONResponse(self.service.cuda_shared_memory_status(name))
+
+    async def cuda_shm_register(self, request: Request) -> Response:
+        self.service.register_cuda_shared_memory(request.path_params["region"])
+        return Response(status_code=200)
+
+    async def cuda_shm_unregister(self, request: Request) -> Response:
+        self.service.unregister_cuda_shared_memory(request.path_params.get("region"))
+        return Response(status_code=200)
+
     async def infer(
         self, scope: Scope, receive: Receive, send: Send, name: str, version: str | None
     ) -> None:
@@ -130,7 +198,11 @@ class RestAdapter:
             request = decoder.decode(raw, json_length)
             response = await unless_disconnected(receive, lambda: call.infer(request))
             content, header_length = encode_infer_response(
-                response.model_name, response.model_version, response.id, response.outputs
+                response.model_name,
+                response.model_version,
+                response.id,
+                response.outputs,
+                shared=response.shared_outputs,
             )
             response_encoding = None if accepted is None else response_coding(accepted)
             if response_encoding is not None:
@@ -160,6 +232,31 @@ class RestAdapter:
     def _model_of(self, request: Request) -> ServedModel:
         params = request.path_params
         return self.service.find(params["model"], params.get("version"))
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object ({} for an empty body).
+
+    Raises:
+        ProtocolError: a body that is not a JSON object.
+    """
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise ProtocolError(f"the request is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("the request must be a JSON object")
+    return body
+
+
+def _parameters_of(body: dict[str, Any]) -> dict[str, Any]:
+    parameters = body.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise ProtocolError("the request's 'parameters' must be a JSON object")
+    return parameters
 
 
 async def _read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:
@@ -321,6 +418,34 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return Response(_internal_error_body(exc), status_code=500, media_type="application/json")
 
 
+def _extension_routes(adapter: RestAdapter, model: str, version: str) -> list[Route]:
+    """Triton's statistics, model configuration, repository and shared-memory endpoints
+    (before the model metadata routes: ``/v2/models/stats`` is not a model)."""
+    system = "/v2/systemsharedmemory"
+    cuda = "/v2/cudasharedmemory"
+    post = ["POST"]
+    return [
+        Route("/v2/models/stats", adapter.statistics),
+        Route(model + "/stats", adapter.statistics),
+        Route(version + "/stats", adapter.statistics),
+        Route(model + "/config", adapter.model_config),
+        Route(version + "/config", adapter.model_config),
+        Route("/v2/repository/index", adapter.repository_index, methods=post),
+        Route("/v2/repository/models/{model}/load", adapter.load_model, methods=post),
+        Route("/v2/repository/models/{model}/unload", adapter.unload_model, methods=post),
+        Route(system + "/status", adapter.shm_status),
+        Route(system + "/region/{region}/status", adapter.shm_status),
+        Route(system + "/region/{region}/register", adapter.shm_register, methods=post),
+        Route(system + "/unregister", adapter.shm_unregister, methods=post),
+        Route(system + "/region/{region}/unregister", adapter.shm_unregister, methods=post),
+        Route(cuda + "/status", adapter.cuda_shm_status),
+        Route(cuda + "/region/{region}/status", adapter.cuda_shm_status),
+        Route(cuda + "/region/{region}/register", adapter.cuda_shm_register, methods=post),
+        Route(cuda + "/unregister", adapter.cuda_shm_unregister, methods=post),
+        Route(cuda + "/region/{region}/unregister", adapter.cuda_shm_unregister, methods=post),
+    ]
+
+
 def create_app(
     source: str | Path | ModelRepository,
     *,
@@ -332,6 +457,8 @@ def create_app(
     api_key: str | None = None,
     public_metrics: bool = False,
     service_type: Callable[..., InferenceService] = InferenceService,
+    model_control_mode: str = "none",
+    load_models: Sequence[str] = (),
 ) -> Starlette:
     """An ASGI app (Starlette) serving the models of ``source`` over the Open Inference
     Protocol (KServe v2 REST), with Prometheus metrics at ``/metrics``.
@@ -349,9 +476,14 @@ def create_app(
     the service (an :class:`InferenceService` subclass: the Ray Serve ingress's forwards
     inferences to the model replicas).
 
+    Triton's extensions are served too: statistics, model configuration, the model
+    repository (``model_control_mode`` ``"none"`` or ``"explicit"``, with ``load_models``
+    loaded at the start: see :class:`InferenceService`) and system shared memory.
+
     Raises:
         RepositoryError: the repository or a config file is invalid.
-        ServingConfigError: ``api_key`` is empty, or ``max_sequences`` below 1.
+        ServingConfigError: ``api_key`` is empty, ``max_sequences`` below 1, or a model
+            control option that cannot be used.
     """
     repository = source if isinstance(source, ModelRepository) else ModelRepository(source, configs)
     service = service_type(
@@ -360,6 +492,8 @@ def create_app(
         max_request_bytes=max_request_bytes,
         drain_timeout=drain_timeout,
         max_sequences=max_sequences,
+        model_control_mode=model_control_mode,
+        load_models=load_models,
     )
     adapter = RestAdapter(service)
     model = "/v2/models/{model}"
@@ -370,6 +504,7 @@ def create_app(
         Route("/v2/health/live", adapter.live),
         Route("/v2/health/ready", adapter.ready),
         Route("/v2", adapter.server_metadata),
+        *_extension_routes(adapter, model, version),
         Route(model, adapter.model_metadata),
         Route(version, adapter.model_metadata),
         Route(model + "/ready", adapter.model_ready),

@@ -6,7 +6,7 @@ import asyncio
 import gc
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,8 @@ def serve(
     api_key: str | None = None,
     public_metrics: bool = False,
     grpc_port: int | None = None,
+    model_control_mode: str = "none",
+    load_models: Sequence[str] = (),
 ) -> None:
     """Serve the repository (or ``.onnx`` file) ``source`` over HTTP until SIGINT/SIGTERM.
 
@@ -80,7 +82,9 @@ def serve(
     bound connections (see :class:`ConnectionLimits`). ``ssl_certfile`` and
     ``ssl_keyfile`` (PEM files) serve HTTPS instead of HTTP. With ``api_key`` every
     endpoint but health (and ``/metrics`` with ``public_metrics``) needs the key (see
-    :func:`create_app`).
+    :func:`create_app`). ``model_control_mode`` ``"explicit"`` loads only ``load_models``
+    (``"*"``: all) at the start and lets clients load and unload models at run time;
+    ``"none"`` loads every model and refuses that (see :func:`create_app`).
 
     With ``grpc_port`` (0: any free port), the same models are also served over KServe
     v2 gRPC on ``host:grpc_port``, in the same process and event loop (one service:
@@ -114,6 +118,8 @@ def serve(
         max_sequences=max_sequences,
         api_key=api_key,
         public_metrics=public_metrics,
+        model_control_mode=model_control_mode,
+        load_models=load_models,
     )
     config = uvicorn.Config(
         app,

@@ -26,14 +26,25 @@ before it reads the body (a full model parses no bodies)::
         call.end()
 
 :meth:`InferenceService.infer` does all of it for a caller that holds the arrays.
+
+Triton's extensions are methods too, so that every transport answers them alike:
+:meth:`~InferenceService.statistics`, :meth:`~InferenceService.model_config`,
+:meth:`~InferenceService.repository_index`, :meth:`~InferenceService.load_model` and
+:meth:`~InferenceService.unload_model` (under the model control mode), and the
+shared-memory registry (``register_system_shared_memory`` and the others). A transport
+decodes an input or output that names a shared-memory region into a
+:class:`~aioinfer.serving.messages.SharedInput` or a ``RequestedOutput`` with its
+``shared_memory``; :meth:`InferCall.infer` reads and writes the regions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 
@@ -46,10 +57,13 @@ from aioinfer.errors import (
     InferCancelledError,
     InferenceError,
     InputError,
+    ModelControlError,
     RequestClosedError,
     ServiceError,
     ServingConfigError,
+    SharedMemoryError,
 )
+from aioinfer.serving.control import ModelControlMode, startup_models
 from aioinfer.serving.generation import (
     GeneratedToken,
     GenerateRequest,
@@ -61,16 +75,26 @@ from aioinfer.serving.messages import (
     InferenceResponse,
     ModelMetadata,
     ServerMetadata,
+    SharedMemoryRef,
     TensorMetadata,
 )
-from aioinfer.serving.metrics import ServerMetrics, failure_reason
+from aioinfer.serving.metrics import ModelMetrics, ServerMetrics, failure_reason
+from aioinfer.serving.model_config import apply_override, triton_model_config
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, SequenceFlags, ServedModel
-from aioinfer.serving.repository import ModelRepository
+from aioinfer.serving.repository import ModelEntry, ModelRepository
+from aioinfer.serving.shared_memory import SystemSharedMemory
+from aioinfer.serving.statistics import model_statistics
 
 _logger = logging.getLogger(__name__)
 
-EXTENSIONS = ("sequence",)
-"""The protocol extensions the service implements on every transport."""
+EXTENSIONS = (
+    "sequence",
+    "statistics",
+    "model_configuration",
+    "model_repository",
+    "system_shared_memory",
+)
+"""The protocol extensions the service implements on every transport (Triton's names)."""
 
 RUNTIME_ERROR_KINDS: tuple[tuple[type[AioinferError], ErrorKind], ...] = (
     (DeviceUnavailableError, ErrorKind.UNAVAILABLE),  # the device recovers: retryable
@@ -94,9 +118,16 @@ class InferenceService:
         drain_timeout: at shutdown, how long in-flight inferences may still finish
             (seconds) before the models are closed and what still runs is cancelled.
         max_sequences: open sequences per model, for models whose config sets none.
+        model_control_mode: ``"none"``: every model of the repository is loaded at the
+            start and stays (loading and unloading are refused); ``"explicit"``: the
+            ``load_models`` are loaded at the start (``"*"``: all), others are loaded
+            and unloaded at run time (:meth:`load_model`, :meth:`unload_model`).
+        load_models: the models to load at the start in ``explicit`` mode.
 
     Raises:
-        ServingConfigError: ``max_sequences`` below 1.
+        ServingConfigError: ``max_sequences`` below 1, an unknown model control mode, or
+            ``load_models`` outside ``explicit`` mode or naming no model of the
+            repository.
     """
 
     def __init__(
@@ -107,8 +138,12 @@ class InferenceService:
         max_request_bytes: int = 64 * 2**20,
         drain_timeout: float = 30.0,
         max_sequences: int = DEFAULT_MAX_SEQUENCES,
+        model_control_mode: str = "none",
+        load_models: Sequence[str] = (),
     ) -> None:
         self.repository = repository
+        self.model_control_mode = ModelControlMode.parse(model_control_mode)
+        self._startup = startup_models(self.model_control_mode, load_models, repository)
         self.core = core or Core()
         self.max_request_bytes = max_request_bytes
         self.drain_timeout = drain_timeout
@@ -123,8 +158,14 @@ class InferenceService:
         """The statistics of every model version (Prometheus families at scrape time)."""
         self.closing = False
         """Set by :meth:`drain`: new inferences are refused and the service is not ready."""
+        self.shared_memory = SystemSharedMemory()
+        """The system shared-memory regions registered by clients."""
+        self.started = False
+        """Set once :meth:`load` loaded the models to serve from the start."""
         self._in_flight = 0
         self._drained: anyio.Event | None = None
+        self._retiring: dict[ServedModel, anyio.Event] = {}
+        self._control = anyio.Lock()
 
     def served_models(self) -> Iterator[ServedModel]:
         """Every served model version."""
@@ -134,17 +175,23 @@ class InferenceService:
     # -- lifetime -------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Compile every version of every model (off the event loop); once.
+        """Compile every version of the models served from the start (off the event
+        loop): every model, or in ``explicit`` mode the ``load_models``; once.
 
         Raises:
             AioinferError: a model cannot be read or compiled (the message names it).
         """
         for entry in self.repository.models.values():
-            if entry.name in self.models:
+            if entry.name in self.models or entry.name not in self._startup:
                 continue
-            supported = self.core.get_property(entry.config.device, "SUPPORTED_PROPERTIES")
-            device, config = entry.config.device_and_config(supported)
-            versions = {}
+            self.models[entry.name] = await self._compile(entry)
+        self.started = True
+
+    async def _compile(self, entry: ModelEntry) -> dict[str, ServedModel]:
+        supported = self.core.get_property(entry.config.device, "SUPPORTED_PROPERTIES")
+        device, config = entry.config.device_and_config(supported)
+        versions: dict[str, ServedModel] = {}
+        try:
             for version, path in sorted(entry.versions.items(), key=lambda item: int(item[0])):
                 try:
                     compiled = await self.core.compile_model_async(str(path), device, config)
@@ -155,7 +202,13 @@ class InferenceService:
                 )
                 if entry.config.generate is not None:
                     self.generations[served] = ModelGeneration.beside(served, path)
-            self.models[entry.name] = versions
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for model in versions.values():
+                    self.generations.pop(model, None)
+                    await model.close()
+            raise
+        return versions
 
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -177,6 +230,8 @@ class InferenceService:
                 await model.close()
         self.models.clear()  # a later lifespan compiles them again
         self.generations.clear()
+        self.shared_memory.close()
+        self.started = False
 
     async def drain(self) -> None:
         """Refuse new inferences and wait (up to ``drain_timeout``) for in-flight ones."""
@@ -203,9 +258,13 @@ class InferenceService:
         """
         versions = self.models.get(name)
         if versions is None:
+            # Triton's wording, which clients match ("Request for unknown model").
             known = ", ".join(map(repr, sorted(self.models))) or "none"
+            unloaded = " (it is in the repository, not loaded)" * (name in self.repository.models)
             raise ServiceError(
-                f"unknown model {name!r}; served models: {known}", ErrorKind.NOT_FOUND
+                f"Request for unknown model: {name!r} is not found{unloaded}; "
+                f"served models: {known}",
+                ErrorKind.NOT_FOUND,
             )
         if version is None:
             return versions[max(versions, key=int)]
@@ -213,7 +272,8 @@ class InferenceService:
         if model is None:
             known = ", ".join(sorted(versions, key=int))
             raise ServiceError(
-                f"model {name!r} has no version {version!r}; its versions: {known}",
+                f"Request for unknown model: {name!r} version {version} is not found; "
+                f"its versions: {known}",
                 ErrorKind.NOT_FOUND,
             )
         return model
@@ -223,9 +283,9 @@ class InferenceService:
         return True
 
     def ready(self) -> bool:
-        """Whether the service takes inferences: its models are loaded and it is not
-        draining."""
-        return bool(self.models) and not self.closing
+        """Whether the service takes inferences: the models served from the start are
+        loaded and it is not draining."""
+        return self.started and not self.closing
 
     def model_ready(self, model: ServedModel) -> bool:
         """Whether ``model`` takes inferences: the service is not draining and the model's
@@ -245,6 +305,166 @@ class InferenceService:
             [TensorMetadata.of(port) for port in model.inputs],
             [TensorMetadata.of(port) for port in model.outputs],
         )
+
+    # -- Triton's extensions: configuration, statistics, repository, shared memory --------
+
+    def model_config(self, model: ServedModel) -> dict[str, Any]:
+        """Triton's model configuration of ``model``, derived from the compiled model (see
+        :mod:`aioinfer.serving.model_config`)."""
+        return triton_model_config(model)
+
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """``{"model_stats": [...]}`` in the shape of Triton's statistics extension: of
+        every version of every model (``name`` None), of every version of model ``name``
+        (``version`` None), or of one version.
+
+        Raises:
+            ServiceError: NOT_FOUND, an unknown model or version (as :meth:`find`).
+        """
+        if name is None:
+            models = list(self.served_models())
+        elif version is None:
+            models = list(self.models[self.find(name, None).name].values())
+        else:
+            models = [self.find(name, version)]
+        figures = dict(self.metrics.figures())
+        stats = [
+            model_statistics(model, figures.get((model.name, model.version)) or ModelMetrics())
+            for model in models
+        ]
+        return {"model_stats": stats}
+
+    def repository_index(self, ready: bool = False) -> list[dict[str, str]]:
+        """The models of the repository: ``{"name", "version", "state", "reason"}`` per
+        loaded version (state ``READY``, or ``UNAVAILABLE`` while its device recovers),
+        ``{"name", "state": "UNAVAILABLE", "reason"}`` per model not loaded; with
+        ``ready``, only the versions ready now."""
+        entries = []
+        for name in self.repository.model_names():
+            versions = self.models.get(name)
+            if versions is None:
+                if not ready:
+                    entries.append({"name": name, "state": "UNAVAILABLE", "reason": "unloaded"})
+                continue
+            for version in sorted(versions, key=int):
+                state = "READY" if self.model_ready(versions[version]) else "UNAVAILABLE"
+                if state == "READY" or not ready:
+                    entries.append({"name": name, "version": version, "state": state, "reason": ""})
+        return entries
+
+    async def load_model(self, name: str, config: str | None = None) -> None:
+        """Load model ``name`` (its versions and config file read again from the
+        repository), compiling off the event loop; a loaded model is replaced once the
+        new one compiled (its in-flight inferences finish first, as at unload).
+        ``config`` is a config override (JSON: see :mod:`aioinfer.serving.model_config`)
+        for this load.
+
+        Raises:
+            ModelControlError: UNAVAILABLE outside ``explicit`` mode or while shutting
+                down; INVALID_ARGUMENT ("failed to load 'name': ...") for a model that is
+                not in the repository, an invalid override, or a compile that failed.
+        """
+        self.model_control_mode.check_allowed()
+        if self.closing:
+            raise ModelControlError("the server is shutting down", ErrorKind.UNAVAILABLE)
+        async with self._control:
+            try:
+                entry = self.repository.refresh(name)
+                if config is not None:
+                    override = apply_override(entry.config, config, f"model {name!r}")
+                    entry = dataclasses.replace(entry, config=override)
+                versions = await self._compile(entry)
+            except AioinferError as exc:
+                raise ModelControlError(f"failed to load {name!r}: {exc}") from exc
+            replaced = self.models.get(name)
+            self.models[name] = versions
+            if replaced is not None:
+                await self._retire(list(replaced.values()))
+            _logger.info("loaded model %r (versions %s)", name, ", ".join(versions))
+
+    async def unload_model(self, name: str) -> None:
+        """Unload model ``name``: new requests to it are refused (NOT_FOUND) at once; its
+        in-flight inferences may finish (up to ``drain_timeout``), then it is closed. A
+        model of the repository that is not loaded is no error.
+
+        Raises:
+            ModelControlError: UNAVAILABLE outside ``explicit`` mode; INVALID_ARGUMENT for
+                a model that is not in the repository.
+        """
+        self.model_control_mode.check_allowed()
+        async with self._control:
+            versions = self.models.pop(name, None)
+            if versions is None:
+                if name not in self.repository.model_names():
+                    raise ModelControlError(
+                        f"failed to unload {name!r}: no model {name!r} in the repository"
+                    )
+                return
+            await self._retire(list(versions.values()))
+            _logger.info("unloaded model %r", name)
+
+    async def _retire(self, models: list[ServedModel]) -> None:
+        """Wait (up to ``drain_timeout``) for the in-flight inferences of ``models``
+        (no longer served), then close them."""
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.drain_timeout):
+                for model in models:
+                    figures = dict(self.metrics.figures()).get((model.name, model.version))
+                    while figures is not None and figures.in_flight > 0:
+                        event = self._retiring[model] = anyio.Event()
+                        await event.wait()
+            for model in models:
+                self._retiring.pop(model, None)
+                self.generations.pop(model, None)
+                await model.close()
+
+    def register_system_shared_memory(
+        self, name: str, key: str, offset: object, byte_size: object
+    ) -> None:
+        """Register ``byte_size`` bytes from ``offset`` of the POSIX shared-memory object
+        ``key`` as region ``name`` (see :class:`SystemSharedMemory`).
+
+        Raises:
+            SharedMemoryError: as :meth:`SystemSharedMemory.register`.
+        """
+        self.shared_memory.register(name, key, offset, byte_size)
+
+    def unregister_system_shared_memory(self, name: str | None = None) -> None:
+        """Unregister region ``name`` (None: every region)."""
+        self.shared_memory.unregister(name)
+
+    def system_shared_memory_status(self, name: str | None = None) -> list[dict[str, Any]]:
+        """The registered regions (``name``: that one).
+
+        Raises:
+            SharedMemoryError: no region ``name``.
+        """
+        return self.shared_memory.status(name)
+
+    def cuda_shared_memory_status(self, name: str | None = None) -> list[dict[str, Any]]:
+        """No CUDA shared-memory region is ever registered: an empty list.
+
+        Raises:
+            SharedMemoryError: for a region ``name`` (there is none).
+        """
+        if name is not None:
+            raise SharedMemoryError(f"Unable to find cuda shared memory region: {name!r}")
+        return []
+
+    def register_cuda_shared_memory(self, name: str) -> None:
+        """Refuse: aioinfer has no CUDA device.
+
+        Raises:
+            SharedMemoryError: always (INVALID_ARGUMENT, "not supported").
+        """
+        raise SharedMemoryError(
+            f"cannot register CUDA shared memory region {name!r}: CUDA shared memory is not "
+            "supported (aioinfer serves no CUDA device); use system shared memory"
+        )
+
+    def unregister_cuda_shared_memory(self, name: str | None = None) -> None:
+        """Nothing to do: no CUDA region is ever registered (unregistering is
+        idempotent, as in Triton)."""
 
     # -- inference ----------------------------------------------------------------------------
 
@@ -317,7 +537,7 @@ class InferCall:
     :meth:`end` in any case.
     """
 
-    __slots__ = ("_metrics", "_service", "model", "started", "waited")
+    __slots__ = ("_metrics", "_service", "computed", "computed_until", "model", "started", "waited")
 
     def __init__(self, service: InferenceService, model: ServedModel) -> None:
         self._service = service
@@ -329,6 +549,8 @@ class InferCall:
         """When the request arrived (``time.perf_counter()``)."""
         self.waited = 0.0
         """Seconds the inference waited before it computed (known after :meth:`infer`)."""
+        self.computed = self.computed_until = self.started
+        """When the inference began and ended (set by :meth:`infer`)."""
         metrics.in_flight += 1
         service._in_flight += 1
 
@@ -349,8 +571,14 @@ class InferCall:
         model = self.model
         wanted = _wanted_outputs(model, request)
         sequence = SequenceFlags.from_parameters(request.parameters)
+        inputs = request.inputs
+        shared_memory = self._service.shared_memory
+        if request.shared_inputs:
+            shared = request.shared_inputs.items()
+            inputs = {**inputs, **{name: shared_memory.read(name, s) for name, s in shared}}
+        self.computed = time.perf_counter()
         try:
-            results, self.waited = await model.infer(request.inputs, sequence)
+            results, self.waited = await model.infer(inputs, sequence)
         except ServiceError:
             raise
         except AioinferError as exc:
@@ -360,39 +588,61 @@ class InferCall:
             raise ServiceError(
                 f"internal server error: {type(exc).__name__}: {exc}", ErrorKind.INTERNAL
             ) from exc
-        outputs = [(name, results[name], binary) for name, binary in wanted]
-        return InferenceResponse(model.name, model.version, request.id, outputs, self.waited)
+        self.computed_until = time.perf_counter()
+        outputs = [(name, results[name], binary) for name, binary, _ in wanted]
+        response = InferenceResponse(model.name, model.version, request.id, outputs, self.waited)
+        for name, _, region in wanted:
+            if region is not None:
+                shared_memory.write(name, region, results[name])
+                response.shared_outputs[name] = region
+        return response
 
     def succeed(self) -> None:
         """Count the request as answered: its latency (from arrival until now) and the
         time its inference waited."""
         metrics = self._metrics
-        metrics.latency.observe(time.perf_counter() - self.started)
+        now = time.perf_counter()
+        metrics.latency.observe(now - self.started)
         metrics.queue_time.observe(self.waited)
+        metrics.compute_input += self.computed - self.started
+        metrics.compute_infer += self.computed_until - self.computed - self.waited
+        metrics.compute_output += now - self.computed_until
+        metrics.last_inference = now
 
     def fail(self, kind: ErrorKind, error: BaseException | None = None) -> None:
         """Count the request as failed, for the reason that ``kind`` stands for; with the
         ``error`` that stopped it, a device that recovers (UNAVAILABLE caused by a
         :class:`~aioinfer.errors.DeviceUnavailableError`) counts as ``unavailable``, not
         ``busy``."""
-        self._metrics.fail(failure_reason(kind, error))
+        metrics = self._metrics
+        metrics.fail(failure_reason(kind, error))
+        now = time.perf_counter()
+        metrics.failed_seconds += now - self.started
+        metrics.last_inference = now
 
     def end(self) -> None:
         """The request is no longer in flight (the drain may end)."""
-        self._metrics.in_flight -= 1
+        metrics = self._metrics
+        metrics.in_flight -= 1
         service = self._service
+        if service._retiring and metrics.in_flight == 0:  # an unload waits for it
+            retiring = service._retiring.get(self.model)
+            if retiring is not None:
+                retiring.set()
         service._in_flight -= 1
         if service._in_flight == 0 and service._drained is not None:
             service._drained.set()
             service._drained = None
 
 
-def _wanted_outputs(model: ServedModel, request: InferenceRequest) -> list[tuple[str, bool]]:
-    """(name, binary) of each output ``request`` asks for, every output when it names
-    none."""
+def _wanted_outputs(
+    model: ServedModel, request: InferenceRequest
+) -> list[tuple[str, bool, SharedMemoryRef | None]]:
+    """(name, binary, shared-memory region or None) of each output ``request`` asks for,
+    every output when it names none."""
     names = model.output_names
     if request.outputs is None:
-        return [(name, request.binary_output) for name in names]
+        return [(name, request.binary_output, None) for name in names]
     for output in request.outputs:
         if output.name not in names:
             known = ", ".join(map(repr, names))
@@ -400,7 +650,7 @@ def _wanted_outputs(model: ServedModel, request: InferenceRequest) -> list[tuple
                 f"the model has no output named {output.name!r}; its outputs are {known}",
                 ErrorKind.INVALID_ARGUMENT,
             )
-    return [(output.name, output.binary) for output in request.outputs]
+    return [(output.name, output.binary, output.shared_memory) for output in request.outputs]
 
 
 def _kind_of(error: AioinferError) -> ErrorKind:

@@ -134,10 +134,11 @@ async def test_batch_sizes_come_from_the_device_or_are_counted(service: Inferenc
 async def test_an_unknown_model_or_version_is_not_found(service: InferenceService):
     error = await refused(service, "nothing", None, request(x=rows(1)))
     assert error.kind is ErrorKind.NOT_FOUND
-    assert "unknown model 'nothing'; served models: " in str(error)
+    assert "Request for unknown model: 'nothing' is not found; served models: " in str(error)
     error = await refused(service, "mlp", "9", request(x=rows(1)))
     assert error.kind is ErrorKind.NOT_FOUND
-    assert str(error) == "model 'mlp' has no version '9'; its versions: 1, 2"
+    expected = "Request for unknown model: 'mlp' version 9 is not found; its versions: 1, 2"
+    assert str(error) == expected
     with pytest.raises(ServiceError) as caught:
         service.find("mlp", "3")
     assert caught.value.kind is ErrorKind.NOT_FOUND

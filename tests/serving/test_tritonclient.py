@@ -114,8 +114,8 @@ def test_several_input_types(client):
 @pytest.mark.parametrize(
     ("model", "version", "tensor", "status", "words"),
     [
-        ("nope", "", ("x", [1, 4], "FP32"), "404", ["unknown model 'nope'", "'mlp'"]),
-        ("mlp", "9", ("x", [1, 4], "FP32"), "404", ["no version '9'", "1, 2"]),
+        ("nope", "", ("x", [1, 4], "FP32"), "404", ["unknown model: 'nope' is not found", "'mlp'"]),
+        ("mlp", "9", ("x", [1, 4], "FP32"), "404", ["'mlp' version 9 is not found", "1, 2"]),
         ("mlp", "", ("w", [1, 4], "FP32"), "400", ["no input named 'w'", "'x'"]),
         ("mlp", "", ("x", [1, 4], "FP64"), "400", ["'x'", "FP64", "FP32"]),
         ("mlp", "", ("x", [1, 5], "FP32"), "400", ["'x'", "dimension 1 is 5, expected 4"]),
