@@ -94,7 +94,10 @@ def test_errors_name_the_problem_as_aioinfer_serve_does(ray_app):
     assert "sequence 4242 of model 'accumulator' is not active" in body["error"]
     status, body = exchange(ray_app.url, "POST", "/v2/models/nope/infer", x_json(ROWS))
     served = "'accumulator', 'mlp', 'slow'"
-    assert (status, body) == (404, {"error": f"unknown model 'nope'; served models: {served}"})
+    assert (status, body) == (
+        404,
+        {"error": f"Request for unknown model: 'nope' is not found; served models: {served}"},
+    )
 
 
 @pytest.fixture(scope="module")

@@ -168,7 +168,9 @@ def test_health_and_metadata(client: grpcclient.InferenceServerClient):
     ]
     identity = client.get_model_metadata("identity")
     assert [t.datatype for t in identity.inputs] == list(NUMPY_TYPES)
-    with pytest.raises(InferenceServerException, match="unknown model 'nope'") as caught:
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: 'nope' is not found"
+    ) as caught:
         client.get_model_metadata("nope")
     assert caught.value.status() == "StatusCode.NOT_FOUND"
 
@@ -476,7 +478,7 @@ def test_stream_answers_in_order_with_errors_in_line_and_a_sequence(server):
         expected = reference_outputs(model, {"x": x})[0]
         np.testing.assert_allclose(result.as_numpy("y"), expected, rtol=RTOL, atol=ATOL)
     result, error = answers[3]
-    assert result is None and "unknown model 'nope'" in error.message()
+    assert result is None and "Request for unknown model: 'nope' is not found" in error.message()
     totals = [answers[4 + i][0].as_numpy("total").reshape(-1).tolist() for i in range(3)]
     assert totals == [[1, 1], [3, 3], [6, 6]]
     assert [answers[4 + i][0].get_response().id for i in range(3)] == ["s0", "s1", "s2"]
