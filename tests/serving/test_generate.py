@@ -171,8 +171,13 @@ def test_an_error_after_the_first_token_is_an_event_that_ends_the_stream(server:
         ),
         ("mlp/generate_stream", {"input_ids": [1]}, 400, "model 'mlp' does not generate"),
         ("slow_decoder/generate", {"text_input": "the"}, 400, "has no tokenizer.json"),
-        ("nothing/generate_stream", {"input_ids": [1]}, 404, "unknown model 'nothing'"),
-        ("decoder/versions/7/generate", {"input_ids": [1]}, 404, "has no version '7'"),
+        ("nothing/generate_stream", {"input_ids": [1]}, 404, "unknown model: 'nothing'"),
+        (
+            "decoder/versions/7/generate",
+            {"input_ids": [1]},
+            404,
+            "'decoder' version 7 is not found",
+        ),
     ],
 )
 def test_errors_before_the_first_token_are_json_with_a_status(
