@@ -12,7 +12,7 @@ module holds the mode and the checks.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from aioinfer.errors import ErrorKind, ModelControlError, ServingConfigError
 from aioinfer.serving.repository import ModelRepository
@@ -54,6 +54,21 @@ class ModelControlMode(enum.Enum):
                 "--model-control-mode explicit to load and unload models)",
                 ErrorKind.UNAVAILABLE,
             )
+
+
+def check_no_model_files(name: str, parameters: Iterable[str]) -> None:
+    """Refuse a load request whose parameters carry model files (Triton's ``file:``
+    parameters, tritonclient's ``load_model(files=...)``): models come from the
+    repository only.
+
+    Raises:
+        ModelControlError: INVALID_ARGUMENT, a ``file:`` parameter among ``parameters``.
+    """
+    if any(key.startswith("file:") for key in parameters):
+        raise ModelControlError(
+            f"failed to load {name!r}: model files in the request are not supported; "
+            "put the model in the repository"
+        )
 
 
 def startup_models(

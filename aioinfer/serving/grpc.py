@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,6 +33,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from aioinfer.errors import ErrorKind, ServiceError, ServingConfigError
+from aioinfer.serving import grpc_extensions as extensions
 from aioinfer.serving.connection import ConnectionLimits
 from aioinfer.serving.grpc_auth import GrpcApiKeyCheck
 from aioinfer.serving.grpc_generation import (
@@ -64,22 +65,11 @@ GRPC_STATUS: dict[ErrorKind, grpc.StatusCode] = {
 :class:`~aioinfer.errors.ServiceError`."""
 
 NOT_YET = {
-    "ModelConfig": "the model configuration extension",
-    "ModelStatistics": "the statistics extension",
-    "RepositoryIndex": "the model repository extension",
-    "RepositoryModelLoad": "the model repository extension",
-    "RepositoryModelUnload": "the model repository extension",
-    "SystemSharedMemoryStatus": "the system shared memory extension",
-    "SystemSharedMemoryRegister": "the system shared memory extension",
-    "SystemSharedMemoryUnregister": "the system shared memory extension",
-    "CudaSharedMemoryStatus": "CUDA shared memory (aioinfer computes on the host)",
-    "CudaSharedMemoryRegister": "CUDA shared memory (aioinfer computes on the host)",
-    "CudaSharedMemoryUnregister": "CUDA shared memory (aioinfer computes on the host)",
     "TraceSetting": "Triton's trace settings",
     "LogSettings": "Triton's log settings",
 }
-"""The RPCs of Triton's service this server does not implement (yet), and what they
-belong to: each ends with UNIMPLEMENTED, naming it."""
+"""The RPCs of Triton's service this server does not implement, and what they belong
+to: each ends with UNIMPLEMENTED, naming it."""
 
 _StreamResponse = service_pb2.ModelStreamInferResponse
 
@@ -195,50 +185,69 @@ class GrpcAdapter(service_pb2_grpc.GRPCInferenceServiceServicer):
         call.succeed()
         return response
 
-    # -- Triton's extensions (not on this server yet) ------------------------------------------
+    # -- Triton's extensions: thin calls of the service's methods (grpc_extensions.py) ----
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _not_yet("ModelConfig", context)
+        return await self._extension(extensions.model_config, request, context)
 
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _not_yet("ModelStatistics", context)
+        return await self._extension(extensions.model_statistics, request, context)
 
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _not_yet("RepositoryIndex", context)
+        return await self._extension(extensions.repository_index, request, context)
 
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _not_yet("RepositoryModelLoad", context)
+        return await self._extension(extensions.load_model, request, context)
 
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _not_yet("RepositoryModelUnload", context)
+        return await self._extension(extensions.unload_model, request, context)
 
     async def SystemSharedMemoryStatus(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> Any:
-        await _not_yet("SystemSharedMemoryStatus", context)
+        return await self._extension(extensions.system_shared_memory_status, request, context)
 
     async def SystemSharedMemoryRegister(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> Any:
-        await _not_yet("SystemSharedMemoryRegister", context)
+        return await self._extension(extensions.system_shared_memory_register, request, context)
 
     async def SystemSharedMemoryUnregister(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> Any:
-        await _not_yet("SystemSharedMemoryUnregister", context)
+        return await self._extension(extensions.system_shared_memory_unregister, request, context)
 
     async def CudaSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _not_yet("CudaSharedMemoryStatus", context)
+        return await self._extension(extensions.cuda_shared_memory_status, request, context)
 
     async def CudaSharedMemoryRegister(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> Any:
-        await _not_yet("CudaSharedMemoryRegister", context)
+        return await self._extension(extensions.cuda_shared_memory_register, request, context)
 
     async def CudaSharedMemoryUnregister(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> Any:
-        await _not_yet("CudaSharedMemoryUnregister", context)
+        return await self._extension(extensions.cuda_shared_memory_unregister, request, context)
+
+    async def _extension(
+        self,
+        rpc: Callable[[InferenceService, Any], Awaitable[Any]],
+        request: Any,
+        context: grpc.aio.ServicerContext,
+    ) -> Any:
+        """The answer of ``rpc`` (a function of ``serving/grpc_extensions.py``); its
+        error as the call's status, with REST's message."""
+        try:
+            return await rpc(self.service, request)
+        except ServiceError as exc:
+            await context.abort(GRPC_STATUS[exc.kind], str(exc))
+        except Exception as exc:  # a fault of the server's, not of the request
+            _logger.exception("%s request", type(request).__name__)
+            message = f"internal server error: {type(exc).__name__}: {exc}"
+            await context.abort(GRPC_STATUS[ErrorKind.INTERNAL], message)
+
+    # -- not implemented ----------------------------------------------------------------------
 
     async def TraceSetting(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await _not_yet("TraceSetting", context)

@@ -29,6 +29,8 @@ from aioinfer.serving.messages import (
     InferenceRequest,
     InferenceResponse,
     RequestedOutput,
+    SharedInput,
+    SharedMemoryRef,
     datatype,
 )
 from aioinfer.serving.protocol import MAX_ELEMENTS, MAX_RANK
@@ -60,23 +62,31 @@ _LITTLE_ENDIAN = {name: dtype.newbyteorder("<") for name, dtype in DATATYPES.ite
 def decode_infer_request(message: Any, inputs: Mapping[str, str]) -> InferenceRequest:
     """Decode a ``ModelInferRequest`` against the model's inputs (name -> datatype).
 
-    Every output is answered in ``raw_output_contents`` (binary), the outputs asked for
-    when the message names some, else every output.
+    Every output is answered in ``raw_output_contents`` (binary) or in its
+    shared-memory region, the outputs asked for when the message names some, else every
+    output.
 
     Raises:
         ProtocolError: an unknown, repeated or missing input, a datatype or shape that
             disagrees with the data or the model, raw contents that are not one per
-            input, or a typed value out of its datatype's range.
+            input outside shared memory, or a typed value out of its datatype's range.
+        SharedMemoryError: a tensor's shared-memory parameters that are not a region
+            name, and a size and offset >= 0.
     """
     raw = message.raw_input_contents
     tensors = message.inputs
-    if raw and len(raw) != len(tensors):
+    regions = [_region(tensor.parameters, "input", tensor.name) for tensor in tensors]
+    in_message = len(tensors) - sum(region is not None for region in regions)
+    if raw and len(raw) != in_message:
+        shared = " not in shared memory" * (in_message < len(tensors))
         raise ProtocolError(
-            f"raw_input_contents has {len(raw)} entries for {len(tensors)} inputs: "
+            f"raw_input_contents has {len(raw)} entries for {in_message} inputs{shared}: "
             "give one per input, in input order, or none"
         )
+    raw_entries = iter(raw)
     arrays: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(tensors):
+    shared_inputs: dict[str, SharedInput] = {}
+    for tensor, region in zip(tensors, regions):
         name = tensor.name
         expected = inputs.get(name)
         if expected is None:
@@ -86,21 +96,29 @@ def decode_infer_request(message: Any, inputs: Mapping[str, str]) -> InferenceRe
             raise ProtocolError(
                 f"input {name!r}: datatype {tensor.datatype!r} given, the model takes {expected}"
             )
-        if name in arrays:
+        if name in arrays or name in shared_inputs:
             raise ProtocolError(f"input {name!r} is given twice")
         shape, count = _shape(name, tensor.shape)
+        if region is not None:  # read by the service from the region
+            shared_inputs[name] = SharedInput(region, expected, tuple(shape))
+            continue
         if raw:
-            flat = _from_raw(name, raw[index], expected, count)
+            flat = _from_raw(name, next(raw_entries), expected, count)
         else:
             flat = _from_contents(name, tensor.contents, expected, count)
         arrays[name] = flat.reshape(shape)
-    missing = [name for name in inputs if name not in arrays]
+    missing = [name for name in inputs if name not in arrays and name not in shared_inputs]
     if missing:
         raise ProtocolError(f"missing input(s) {', '.join(map(repr, missing))}")
     outputs = message.outputs
-    requested = [RequestedOutput(output.name, True) for output in outputs] if outputs else None
+    requested = [
+        RequestedOutput(output.name, True, _region(output.parameters, "output", output.name))
+        for output in outputs
+    ]
     parameters = _parameters(message.parameters) if message.parameters else {}
-    return InferenceRequest(message.id or None, parameters, arrays, requested, True)
+    return InferenceRequest(
+        message.id or None, parameters, arrays, requested or None, True, shared_inputs
+    )
 
 
 def encode_infer_response(response: InferenceResponse) -> Any:
@@ -108,9 +126,16 @@ def encode_infer_response(response: InferenceResponse) -> Any:
     ``raw_output_contents``."""
     outputs = []
     contents = []
+    shared = response.shared_outputs
     for name, array, _ in response.outputs:
-        outputs.append(_OutputTensor(name=name, datatype=datatype(array.dtype), shape=array.shape))
-        contents.append(_to_bytes(array))
+        output = _OutputTensor(name=name, datatype=datatype(array.dtype), shape=array.shape)
+        region = shared.get(name) if shared else None
+        if region is None:
+            contents.append(_to_bytes(array))
+        else:  # in its region: an empty entry keeps the others at their output's index
+            _set_region(output.parameters, region, array)
+            contents.append(b"")
+        outputs.append(output)
     return ModelInferResponse(
         model_name=response.model_name,
         model_version=response.model_version,
@@ -118,6 +143,14 @@ def encode_infer_response(response: InferenceResponse) -> Any:
         outputs=outputs,
         raw_output_contents=contents,
     )
+
+
+def _region(parameters: Any, kind: str, name: str) -> SharedMemoryRef | None:
+    """The shared-memory region that the parameters of ``kind`` (input or output)
+    ``name`` name (None: no region)."""
+    if not parameters or "shared_memory_region" not in parameters:
+        return None
+    return SharedMemoryRef.from_parameters(_parameters(parameters), f"{kind} {name!r}")
 
 
 def _shape(name: str, dims: Any) -> tuple[list[int], int]:
@@ -201,6 +234,15 @@ def _parameters(parameters: Any) -> dict[str, Any]:
         if choice is not None:
             values[key] = getattr(parameter, choice)
     return values
+
+
+def _set_region(parameters: Any, region: SharedMemoryRef, array: np.ndarray) -> None:
+    """Name the region an output was written to in its parameters, as REST does."""
+    size = len(_to_bytes(array)) if array.dtype.kind in "OSU" else array.nbytes
+    parameters["shared_memory_region"].string_param = region.region
+    parameters["shared_memory_byte_size"].int64_param = size
+    if region.offset:
+        parameters["shared_memory_offset"].int64_param = region.offset
 
 
 def _to_bytes(array: np.ndarray) -> bytes:

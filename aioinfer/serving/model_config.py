@@ -57,8 +57,8 @@ def triton_model_config(model: ServedModel) -> dict[str, Any]:
         "backend": "aioinfer",
         "version_policy": {"all": {}},
         "max_batch_size": batch,
-        "input": [_tensor(port, batch) for port in model.inputs],
-        "output": [_tensor(port, batch) for port in model.outputs],
+        "input": [{**_tensor(port, batch), "format": "FORMAT_NONE"} for port in model.inputs],
+        "output": [_tensor(port, batch) for port in model.outputs],  # (outputs have no format)
     }
     if batch:
         timeout_ms = _property(model, "BATCH_TIMEOUT_MS")
@@ -83,12 +83,7 @@ def triton_model_config(model: ServedModel) -> dict[str, Any]:
 def _tensor(port: Any, batch: int) -> dict[str, Any]:
     metadata = TensorMetadata.of(port)
     dims = metadata.shape[1:] if batch and len(metadata.shape) > 0 else metadata.shape
-    return {
-        "name": metadata.name,
-        "data_type": TRITON_TYPES[metadata.datatype],
-        "format": "FORMAT_NONE",
-        "dims": dims,
-    }
+    return {"name": metadata.name, "data_type": TRITON_TYPES[metadata.datatype], "dims": dims}
 
 
 def _property(model: ServedModel, name: str) -> Any:

@@ -31,13 +31,13 @@ from aioinfer.core import Core
 from aioinfer.errors import (
     ClientDisconnectedError,
     ErrorKind,
-    ModelControlError,
     ProtocolError,
     ServiceError,
     SharedMemoryError,
 )
 from aioinfer.serving.auth import HEALTH_PATHS, ApiKeyCheck
 from aioinfer.serving.compression import compress, decompress, response_coding
+from aioinfer.serving.control import check_no_model_files
 from aioinfer.serving.disconnect import unless_disconnected
 from aioinfer.serving.metrics import CONTENT_TYPE
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, ServedModel
@@ -130,11 +130,7 @@ class RestAdapter:
     async def load_model(self, request: Request) -> Response:
         name = request.path_params["model"]
         parameters = _parameters_of(await _json_body(request))
-        if any(key.startswith("file:") for key in parameters):
-            raise ModelControlError(
-                f"failed to load {name!r}: model files in the request are not supported; "
-                "put the model in the repository"
-            )
+        check_no_model_files(name, parameters)
         config = parameters.get("config")
         if config is not None and not isinstance(config, str):
             config = json.dumps(config)

@@ -171,17 +171,12 @@ def test_an_error_after_the_first_token_is_an_event_that_ends_the_stream(server:
         ),
         ("mlp/generate_stream", {"input_ids": [1]}, 400, "model 'mlp' does not generate"),
         ("slow_decoder/generate", {"text_input": "the"}, 400, "has no tokenizer.json"),
-        (
-            "nothing/generate_stream",
-            {"input_ids": [1]},
-            404,
-            "Request for unknown model: 'nothing' is not found",
-        ),
+        ("nothing/generate_stream", {"input_ids": [1]}, 404, "unknown model: 'nothing'"),
         (
             "decoder/versions/7/generate",
             {"input_ids": [1]},
             404,
-            "Request for unknown model: 'decoder' version 7 is not found",
+            "'decoder' version 7 is not found",
         ),
     ],
 )
