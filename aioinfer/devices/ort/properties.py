@@ -31,6 +31,7 @@ ORT_ALLOW_SPINNING = Property(
     "spinning threads take cores from the event loop and other streams).",
     default=False,
     parse=yes_no,
+    mutable=True,
 )
 ORT_INLINE_RUN_US = Property(
     "ORT_INLINE_RUN_US",
@@ -39,4 +40,5 @@ ORT_INLINE_RUN_US = Property(
     "other run is in flight, saving the hop to a compute thread (0: never).",
     default=200,
     parse=non_negative_int,
+    mutable=True,
 )
