@@ -16,6 +16,11 @@ version (a positive integer) holding ``model.onnx``, and optionally ``config.jso
     }
 
 A single ``.onnx`` file is a repository of one model (named after the file, version 1).
+
+A version may hold ``model.blob`` instead of ``model.onnx``: a blob of ``aioinfer compile``
+(or ``export_model``), imported without compiling on the device it was compiled for
+(the config's ``hint`` and run-time ``properties`` apply; its ``device`` and
+``batching`` do not). A single ``.blob`` file is a repository of one model too.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from aioinfer.errors import RepositoryError
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.onnx"
+BLOB_FILE = "model.blob"
 
 
 @dataclass(frozen=True)
@@ -147,8 +153,10 @@ class ModelRepository:
         self.path = Path(path)
         overrides = dict(configs or {})
         if self.path.is_file():
-            if self.path.suffix != ".onnx":
-                raise RepositoryError(f"{str(self.path)!r} is not an .onnx file or a directory")
+            if self.path.suffix not in (".onnx", ".blob"):
+                raise RepositoryError(
+                    f"{str(self.path)!r} is not an .onnx file or a directory (nor a .blob)"
+                )
             name = self.path.stem
             entries = [ModelEntry(name, {"1": self.path}, overrides.get(name, ModelConfig()))]
         elif self.path.is_dir():
@@ -170,10 +178,11 @@ class ModelRepository:
 
     def _scan(self, directory: Path, override: ModelConfig | None) -> ModelEntry:
         versions = {
-            child.name: child / MODEL_FILE
+            child.name: model
             for child in directory.iterdir()
             if child.is_dir() and child.name.isdigit() and int(child.name) > 0
-            if (child / MODEL_FILE).is_file()
+            for model in (child / MODEL_FILE, child / BLOB_FILE)
+            if model.is_file()
         }
         if not versions:
             raise RepositoryError(
