@@ -179,10 +179,13 @@ class ORTCompiledModel(CompiledModel):
         return ORTInferRequest(self)
 
     def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
-        """The default pipeline, but the run goes through a :class:`RunExecutor`: inline
-        on the loop when it is short and the stream idle, else on the task executor."""
+        """The default pipeline, but with an inline budget (one stream) the run goes
+        through a :class:`RunExecutor`: inline on the loop when it is short and the stream
+        idle, else on the task executor."""
         assert isinstance(request, ORTInferRequest)
-        run = RunExecutor(self.task_executor, self.run_times, request.input_shapes)
+        run: Executor = self.task_executor
+        if self.run_times.budget:  # else every run goes to the task executor
+            run = RunExecutor(self.task_executor, self.run_times, request.input_shapes)
         return [
             (self.loop_executor, request.infer_preprocess),
             (run, request.start_pipeline),
