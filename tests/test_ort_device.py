@@ -411,6 +411,42 @@ def test_malformed_ort_payloads_raise_invalid_blob(core, edit, words):
         core.import_model(truncated, "ORT")
 
 
+def _nice_values() -> dict[int, int]:
+    """Native thread id -> nice value, for every thread of this process (Linux)."""
+    values = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            values[int(tid)] = int(stat.read().rsplit(")", 1)[1].split()[16])
+    return values
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread nice: Linux")
+async def test_thread_nice_lowers_the_priority_of_the_compute_threads_only(core):
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    before = _nice_values()
+    config = {"ORT_THREAD_NICE": 5, "NUM_STREAMS": 2, "INFERENCE_NUM_THREADS": 4}
+    compiled = core.compile_model(mlp_model(), "ORT", config)
+    assert compiled.get_property("ORT_THREAD_NICE") == 5
+    # onnxruntime's intra-op pool, started by the session: 2 threads per stream.
+    pool = {tid: nice for tid, nice in _nice_values().items() if tid not in before}
+    assert pool and set(pool.values()) == {base + 5}
+    x = rows(2, width=4)
+    results = await _infer_once(compiled, {"x": x})
+    np.testing.assert_allclose(results["y"], reference_outputs(mlp_model(), {"x": x})[0], rtol=1e-5)
+    (task,) = [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("aioinfer-ORT-task") and t.native_id not in before
+    ]
+    assert _nice_values()[task.native_id] == base + 5  # the thread that calls session.run
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the loop's thread is untouched
+    await compiled.close()
+    for value in (-1, 20, "high"):
+        with pytest.raises(ai.InvalidPropertyValueError, match="ORT_THREAD_NICE"):
+            core.compile_model(mlp_model(), "ORT", {"ORT_THREAD_NICE": value})
+
+
 # -- errors ----------------------------------------------------------------------------
 
 

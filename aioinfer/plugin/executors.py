@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -187,14 +188,17 @@ class _Job:
 class ThreadExecutor(Executor):
     """A pool of ``workers`` daemon threads; at most ``workers`` stages run at once.
 
-    Threads start on first use and never keep the interpreter from exiting.
+    Threads start on first use and never keep the interpreter from exiting. With
+    ``nice`` > 0 each thread lowers its own scheduling priority by that much when it starts
+    (see :func:`lower_thread_priority`).
     """
 
-    def __init__(self, name: str, workers: int) -> None:
+    def __init__(self, name: str, workers: int, nice: int = 0) -> None:
         if workers < 1:
             raise ValueError("an executor needs at least one worker")
         self.name = name
         self.workers = workers
+        self.nice = nice
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -216,6 +220,8 @@ class ThreadExecutor(Executor):
         self._jobs.put(job)
 
     def _work(self) -> None:
+        if self.nice:
+            lower_thread_priority(self.nice)
         while True:
             job = self._jobs.get()
             if job is _STOP:
@@ -250,6 +256,19 @@ class ThreadExecutor(Executor):
             self._closed = True
             for _ in self._threads:
                 self._jobs.put(_STOP)
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Raise the calling thread's nice value by ``nice`` (Linux: priorities are per
+    thread, and threads it creates afterwards inherit them). Compute threads below the
+    event loop's priority let the loop's thread take a core as soon as it wakes when the
+    cores are oversubscribed. Lowering a priority needs no privilege; the thread cannot
+    raise it again.
+
+    Raises:
+        OSError: the system refused.
+    """
+    os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + nice)
 
 
 _background: set[Any] = set()

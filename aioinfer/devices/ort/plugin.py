@@ -12,7 +12,12 @@ import onnxruntime as ort
 from aioinfer.devices.ort.executor import RunExecutor, RunTimes
 from aioinfer.devices.ort.export import ort_payload, read_ort_payload
 from aioinfer.devices.ort.profile import SessionProfiler, profile_directory
-from aioinfer.devices.ort.properties import ORT_ALLOW_SPINNING, ORT_INLINE_RUN_US, ORT_PROVIDERS
+from aioinfer.devices.ort.properties import (
+    ORT_ALLOW_SPINNING,
+    ORT_INLINE_RUN_US,
+    ORT_PROVIDERS,
+    ORT_THREAD_NICE,
+)
 from aioinfer.devices.ort.request import ORTInferRequest
 from aioinfer.devices.ort.session import ModelBytes, SessionSpec, supported_nodes
 from aioinfer.errors import CompileError, InvalidBlobError
@@ -53,6 +58,7 @@ class ORTPlugin(Plugin):
         ORT_PROVIDERS,
         ORT_ALLOW_SPINNING,
         ORT_INLINE_RUN_US,
+        ORT_THREAD_NICE,
         CACHE_DIR,
         LOADED_FROM_CACHE,
         NETWORK_NAME,
@@ -164,7 +170,7 @@ class ORTCompiledModel(CompiledModel):
         super().__init__(plugin, source.name, inputs, outputs, config)
         # One compute thread per stream; a short run may skip it (see pipeline).
         self.task_executor = self.add_executor(
-            ThreadExecutor(f"{plugin.device_name}-task", streams)
+            ThreadExecutor(f"{plugin.device_name}-task", streams, int(config["ORT_THREAD_NICE"]))
         )
 
     @property

@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import onnx_ir as ir
 import onnxruntime as ort
@@ -30,6 +31,9 @@ from aioinfer.errors import (
     UnsupportedOperatorError,
 )
 from aioinfer.model import Model
+from aioinfer.plugin.executors import lower_thread_priority
+
+T = TypeVar("T")
 
 _EXTERNAL_DATA_DIR = "session.model_external_initializers_file_folder_path"
 _PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
@@ -66,6 +70,9 @@ class SessionSpec:
     allow_spinning: bool
     profile_prefix: str = ""
     """Where onnxruntime writes the profile ('' when profiling is off)."""
+    nice: int = 0
+    """``ORT_THREAD_NICE``: the session is created on a thread of that priority, whose
+    intra-op pool threads inherit it."""
 
     @classmethod
     def from_config(
@@ -86,6 +93,7 @@ class SessionSpec:
             intra_op_threads=intra_op_threads,
             allow_spinning=bool(config["ORT_ALLOW_SPINNING"]),
             profile_prefix=profile_prefix,
+            nice=int(config["ORT_THREAD_NICE"]),
         )
 
     def options(self) -> ort.SessionOptions:
@@ -105,12 +113,17 @@ class SessionSpec:
         return options
 
     def create(self) -> ort.InferenceSession:
-        """A new session.
+        """A new session (with ``nice``: created on a thread of lower priority).
 
         Raises:
             UnsupportedOperatorError: onnxruntime has no kernel for a node (named).
             CompileError: onnxruntime refused the model for another reason.
         """
+        if self.nice:
+            return _on_thread_of_priority(self.nice, self._create)
+        return self._create()
+
+    def _create(self) -> ort.InferenceSession:
         try:
             return ort.InferenceSession(self.source.model, self.options(), providers=self.providers)
         except Exception as exc:  # onnxruntime's own exception classes
@@ -139,6 +152,27 @@ class SessionSpec:
                 ) from None
             with open(options.optimized_model_filepath, "rb") as file:
                 return file.read()
+
+
+def _on_thread_of_priority(nice: int, create: Callable[[], T]) -> T:
+    """``create()`` on a new thread whose priority is lowered by ``nice`` (what the
+    threads ``create`` starts inherit); its exception is raised here."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            lower_thread_priority(nice)
+            result.append(create())
+        except BaseException as exc:  # raised on the calling thread
+            error.append(exc)
+
+    thread = threading.Thread(target=run, name="aioinfer-ort-session")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
 
 
 def check_providers(config: Mapping[str, Any]) -> tuple[str, ...]:
