@@ -415,16 +415,21 @@ class AsyncInferRequest:
                 raise InferCancelledError("the inference was cancelled")
             start = time.perf_counter()
             try:
-                if index < last or last == 0:  # (a lone stage computes: cancellable)
+                # The commit point: the last stage commits the state and publishes the
+                # results, so from there on the step completes.
+                committing = index == last and last > 0  # (a lone stage is cancellable)
+                self._committed = committing
+                if executor.inline:
+                    # Called here: awaiting the executor would cost a coroutine per stage
+                    # (the loop's work per inference, profiled) for a plain call.
+                    stage()
+                elif not committing:
                     _, waited = await executor.run_timed(stage, request.cancel)
+                    request.queued_seconds += waited
                 else:
-                    # The commit point: the last stage commits the state and publishes
-                    # the results, so from here on the step completes.
-                    self._committed = True
-                    shield = contextlib.nullcontext() if executor.inline else _shielded()
-                    with shield:
+                    with _shielded():
                         _, waited = await executor.run_timed(stage)
-                request.queued_seconds += waited
+                    request.queued_seconds += waited
             finally:
                 request.stage_durations[name] = time.perf_counter() - start
 

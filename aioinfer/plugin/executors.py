@@ -32,7 +32,8 @@ class Executor(ABC):
 
     name: str
     inline = False
-    """True when the stage runs inline on the loop's thread, so nothing interrupts it."""
+    """True when the stage runs inline on the loop's thread, so nothing interrupts it: the
+    pipeline then calls the stage itself rather than awaiting :meth:`run`."""
 
     @abstractmethod
     async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
