@@ -1,6 +1,6 @@
 """The ``aioinfer`` command: run a model once (or N times) and describe the devices.
 
-aioinfer run [MODEL] [--device CPU] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
+aioinfer run [MODEL_OR_BLOB] [--device CPU] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
              [--hint LATENCY|THROUGHPUT] [--iterations N] [--seed S]
 aioinfer bench [MODEL] [--hint H] [--requests N] [--duration S | --iterations N] ...
 aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-log]
@@ -8,6 +8,7 @@ aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-lo
                [--ssl-certfile PEM --ssl-keyfile PEM] [--api-key KEY | $AIOINFER_API_KEY]
                [--grpc-port PORT]
                [--ray [--replicas N]]
+aioinfer compile MODEL -d DEVICE [-o BLOB] [-c KEY=VALUE ...]
 aioinfer info
 aioinfer --version
 """
@@ -15,6 +16,7 @@ aioinfer --version
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -31,6 +33,7 @@ import aioinfer
 from aioinfer.errors import AioinferError
 from aioinfer.model import Port
 from aioinfer.models import default_model_path
+from aioinfer.offline import compile_to_file, load_model_file
 
 _TOP1_ROWS = 8
 """How many rows of a 2-D output get their top-1 index printed."""
@@ -80,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "info":
             _info()
+        elif args.command == "compile":
+            _compile(args)
         elif args.command == "serve":
             _serve(args)
         elif args.command == "bench":
@@ -100,9 +105,14 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = commands.add_parser("run", help="run a model on random or given inputs")
     run.add_argument(
-        "model", nargs="?", type=Path, help="ONNX model file (default: the bundled tiny_cnn)"
+        "model",
+        nargs="?",
+        type=Path,
+        help="ONNX model file, or a blob of 'aioinfer compile' (default: the bundled tiny_cnn)",
     )
-    run.add_argument("--device", default="CPU", help="device to compile for (default: CPU)")
+    run.add_argument(
+        "--device", help="device to compile for (default: CPU; a blob's: the one it names)"
+    )
     run.add_argument(
         "--input",
         action="append",
@@ -120,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--hint", type=str.upper, choices=("LATENCY", "THROUGHPUT"))
     run.add_argument("--iterations", type=int, default=1, help="inferences to time (>= 1)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    _add_compile_parser(commands)
     commands.add_parser("info", help="list devices and their properties")
     serve = commands.add_parser(
         "serve", help="serve models over HTTP (Open Inference Protocol, KServe v2)"
@@ -247,6 +258,52 @@ def _add_limit_options(serve: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_compile_parser(commands: Any) -> None:
+    compile_ = commands.add_parser(
+        "compile",
+        help="compile a model for a device ahead of time and write its export blob",
+        description="Compile MODEL for DEVICE and write the blob that 'aioinfer run', "
+        "'aioinfer serve' (as a repository's model file) and Core.import_model load "
+        "without compiling again.",
+    )
+    compile_.add_argument("model", type=Path, metavar="MODEL", help="ONNX model file")
+    compile_.add_argument("-d", "--device", required=True, help="device to compile for")
+    compile_.add_argument(
+        "-o", "--output", type=Path, metavar="BLOB", help="blob file (default: MODEL.blob)"
+    )
+    compile_.add_argument(
+        "-c",
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a compile property (repeatable); VALUE is JSON when it parses as JSON "
+        '(2, true, ["a", "b"], {"in": "out"}), else a string',
+    )
+
+
+def _compile(args: argparse.Namespace) -> None:
+    pairs = _pairs(args.config, "-c", "KEY=VALUE")
+    config = {key: _config_value(text) for key, text in pairs.items()}
+    output = args.output if args.output is not None else args.model.with_suffix(".blob")
+    start = time.perf_counter()
+    compiled = compile_to_file(aioinfer.Core(), args.model, args.device, config, output)
+    seconds = time.perf_counter() - start
+    print(f"model:        {compiled.name} ({args.model})")
+    print(f"device:       {args.device}")
+    print(f"blob:         {output} ({output.stat().st_size} bytes)")
+    print(f"compile time: {_ms(seconds)} (with export)")
+
+
+def _config_value(text: str) -> Any:
+    """A ``-c`` value: JSON when it parses (numbers, booleans, lists, objects), else the
+    text itself (``THROUGHPUT``, ``CPUExecutionProvider``)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 async def _run(args: argparse.Namespace) -> None:
     if args.iterations < 1:
         raise UsageError(f"--iterations must be >= 1, got {args.iterations}")
@@ -261,7 +318,7 @@ async def _run(args: argparse.Namespace) -> None:
     config = {"PERFORMANCE_HINT": args.hint} if args.hint else {}
 
     start = time.perf_counter()
-    compiled = await aioinfer.Core().compile_model_async(model_path, args.device, config)
+    compiled = await load_model_file(aioinfer.Core(), model_path, args.device, config)
     compile_seconds = time.perf_counter() - start
     for name in [*files, *shapes]:
         compiled.input(name)  # raises UnknownInputError naming the inputs that exist
@@ -275,7 +332,7 @@ async def _run(args: argparse.Namespace) -> None:
         latencies.append(time.perf_counter() - start)
 
     print(f"model:        {compiled.name} ({model_path})")
-    print(f"device:       {args.device}")
+    print(f"device:       {args.device or compiled.get_property('DEVICE_NAME')}")
     print(f"compile time: {_ms(compile_seconds)}")
     print("inputs:")
     for port in compiled.inputs:

@@ -11,6 +11,7 @@ import anyio
 
 from aioinfer.errors import RequestClosedError
 from aioinfer.plugin.async_request import invoke_callback
+from aioinfer.plugin.executors import LoopEvent, loop_event
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -42,7 +43,7 @@ class AsyncInferQueue:
         self.userdata: list[Any] = [None] * count
         """The userdata of the job each request ran last."""
         self._idle: deque[int] = deque(range(count))
-        self._idle_changed: anyio.Event | None = None
+        self._idle_changed: LoopEvent | None = None
         self._callback: Callable[[AsyncInferRequest, Any], Any] | None = None
         self._errors: list[BaseException] = []
         self._closed = False
@@ -81,7 +82,7 @@ class AsyncInferQueue:
         """
         self._check_open()
         while not self._idle:
-            self._idle_changed = self._idle_changed or anyio.Event()
+            self._idle_changed = self._idle_changed or loop_event()
             await self._idle_changed.wait()
             self._check_open()
         return self._idle[0]
@@ -102,7 +103,7 @@ class AsyncInferQueue:
         """
         self._raise_pending()
         while not self._idle:
-            self._idle_changed = self._idle_changed or anyio.Event()
+            self._idle_changed = self._idle_changed or loop_event()
             await self._idle_changed.wait()
             self._raise_pending()
         index = self._idle.popleft()

@@ -8,12 +8,14 @@ PERF_COUNT reads node timings from onnxruntime's profile; BATCH:ORT, PROCESS:ORT
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import math
 import os
 import signal
 import statistics
+import struct
 import threading
 import time
 import weakref
@@ -31,6 +33,7 @@ import tritonclient.http as httpclient
 
 import aioinfer as ai
 from aioinfer.models import default_model_path
+from aioinfer.plugin.blob import dump, load
 from aioinfer.properties import num_cores
 from tests.helpers import (
     chain_model,
@@ -278,19 +281,170 @@ def test_hints_and_threads_become_session_options(core):
     assert "ORT_PROVIDERS" in core.get_property("ORT", "SUPPORTED_PROPERTIES")
 
 
-def test_properties_out_of_scope_or_invalid_are_refused(core):
+def test_invalid_properties_are_refused(core):
     model = mlp_model()
-    with pytest.raises(ai.UnknownPropertyError, match=r"'CACHE_DIR'; supported: .*ORT_PROVIDERS"):
-        core.compile_model(model, "ORT", {"CACHE_DIR": "/nowhere"})
+    with pytest.raises(ai.UnknownPropertyError, match=r"'NO_SUCH'; supported: .*ORT_PROVIDERS"):
+        core.compile_model(model, "ORT", {"NO_SUCH": 1})
     with pytest.raises(ai.InvalidPropertyValueError, match="'NoSuchExecutionProvider' not"):
         core.compile_model(model, "ORT", {"ORT_PROVIDERS": "NoSuchExecutionProvider"})
     with pytest.raises(ai.InvalidPropertyValueError, match="ORT_PROVIDERS"):
         core.compile_model(model, "ORT", {"ORT_PROVIDERS": []})
-    compiled = core.compile_model(model, "ORT", {"ORT_PROVIDERS": ["CPUExecutionProvider"]})
-    with pytest.raises(ai.ExportError, match="'ORT'"):
-        compiled.export_model()
-    with pytest.raises(ai.ImportModelError, match="'ORT'"):
-        core.import_model(b"blob", "ORT")
+
+
+# -- export, import and the model cache -----------------------------------------------
+
+
+def _payload_model(blob: bytes) -> tuple[dict, onnx.ModelProto]:
+    """The ORT payload of a blob taken apart: its JSON header and its ONNX model."""
+    payload = bytes(load(blob, "ORT").payload)
+    (size,) = struct.unpack_from("<I", payload)
+    return json.loads(payload[4 : 4 + size]), onnx.load_from_string(payload[4 + size :])
+
+
+def _with_payload(blob: bytes, meta: dict | bytes, model: onnx.ModelProto | bytes) -> bytes:
+    """``blob`` with another ORT payload, framed with a correct checksum."""
+    exported = load(blob, "ORT")
+    raw_meta = meta if isinstance(meta, bytes) else json.dumps(meta).encode()
+    raw_model = model if isinstance(model, bytes) else model.SerializeToString()
+    payload = struct.pack("<I", len(raw_meta)) + raw_meta + raw_model
+    return dump(dataclasses.replace(exported, payload=payload))
+
+
+@pytest.mark.anyio
+async def test_export_holds_the_optimized_graph_and_imports_to_the_same_results(core):
+    cnn = onnx.load(default_model_path())
+    compiled = core.compile_model(cnn, "ORT", {"NUM_STREAMS": 2, "PERFORMANCE_HINT": "THROUGHPUT"})
+    blob = compiled.export_model()
+    meta, optimized = _payload_model(blob)
+    assert meta == {"onnxruntime": ort.__version__}
+    ops = {(node.domain, node.op_type) for node in optimized.graph.node}
+    # onnxruntime's fusions (Conv + Relu) are in it; its machine-specific layout is not.
+    assert ("com.microsoft", "FusedConv") in ops
+    assert not any(domain == "com.microsoft.nchwc" for domain, _ in ops)
+    imported = core.import_model(blob, "ORT", {"NUM_STREAMS": 1, "ORT_ALLOW_SPINNING": True})
+    assert imported.get_property("NUM_STREAMS") == 1
+    assert imported.get_property("PERFORMANCE_HINT") == "THROUGHPUT"
+    assert imported.get_property("ORT_PROVIDERS") == ("CPUExecutionProvider",)
+    assert imported.get_property("ORT_ALLOW_SPINNING") is True
+    assert imported.get_property("NETWORK_NAME") == "tiny_cnn"
+    assert [str(p) for p in imported.inputs] == [str(p) for p in compiled.inputs]
+    assert [str(p) for p in imported.outputs] == [str(p) for p in compiled.outputs]
+    image = np.random.default_rng(4).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    got = await _infer_once(imported, {"image": image})
+    for value, want in zip(got.to_tuple(), reference_outputs(cnn, {"image": image}), strict=True):
+        np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ai.InvalidPropertyValueError, match="ORT_PROVIDERS cannot be set"):
+        core.import_model(blob, "ORT", {"ORT_PROVIDERS": ["CPUExecutionProvider"]})
+
+
+def test_the_model_cache_loads_the_second_compile(core, tmp_path):
+    config = {"CACHE_DIR": str(tmp_path), "PERFORMANCE_HINT": "THROUGHPUT"}
+    first = core.compile_model(mlp_model(), "ORT", config)
+    assert first.get_property("LOADED_FROM_CACHE") is False
+    (entry,) = tmp_path.iterdir()
+    second = core.compile_model(mlp_model(), "ORT", config)
+    assert second.get_property("LOADED_FROM_CACHE") is True
+    assert second.get_property("NUM_STREAMS") == first.get_property("NUM_STREAMS")
+    x = rows(3, width=4)
+    got = second.create_infer_request().infer_sync({"x": x})
+    for value, want in zip(got.to_tuple(), reference_outputs(mlp_model(), {"x": x}), strict=True):
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]
+    assert "EXPORT_IMPORT" in core.get_property("ORT", "OPTIMIZATION_CAPABILITIES")
+    assert "EXPORT_IMPORT" in first.get_property("OPTIMIZATION_CAPABILITIES")
+
+
+def test_a_blob_naming_external_data_is_refused_before_onnxruntime_reads_it(core, tmp_path):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.full(16, 1234.0, np.float32).tobytes())
+    blob = core.compile_model(mlp_model(), "ORT").export_model()
+    meta, model = _payload_model(blob)
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")
+    weight.ClearField("float_data")
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", str(secret)), ("offset", "0"), ("length", "64")):
+        weight.external_data.add(key=key, value=value)
+    with pytest.raises(ai.InvalidBlobError, match="external data") as caught:
+        core.import_model(_with_payload(blob, meta, model), "ORT")
+    assert str(secret) in str(caught.value) and repr(weight.name) in str(caught.value)
+
+
+def test_a_blob_of_another_onnxruntime_version_is_refused(core):
+    blob = core.compile_model(mlp_model(), "ORT").export_model()
+    _, model = _payload_model(blob)
+    older = _with_payload(blob, {"onnxruntime": "1.0.0"}, model)
+    with pytest.raises(ai.BlobVersionError, match=f"1.0.0, this is onnxruntime {ort.__version__}"):
+        core.import_model(older, "ORT")
+
+
+def _unknown_op(model: onnx.ModelProto) -> onnx.ModelProto:
+    model.graph.node[0].op_type = "NoSuchOperator"
+    return model
+
+
+def _renamed_input(model: onnx.ModelProto) -> onnx.ModelProto:
+    model.graph.input[0].name = "other"
+    for node in model.graph.node:
+        node.input[:] = ["other" if name == "x" else name for name in node.input]
+    return model
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda meta, model: (b"{not json", model), "header is not JSON"),
+        (lambda meta, model: ({"version": 1}, model), r"expected \{\"onnxruntime\""),
+        (lambda meta, model: (meta, b"\xff\xff garbage"), "does not parse"),
+        (lambda meta, model: (meta, _unknown_op(model)), "does not load.*NoSuchOperator"),
+        (lambda meta, model: (meta, _renamed_input(model)), r"inputs \['other'\].*\['x'\]"),
+    ],
+    ids=["meta-not-json", "meta-fields", "model-garbage", "unknown-operator", "other-inputs"],
+)
+def test_malformed_ort_payloads_raise_invalid_blob(core, edit, words):
+    blob = core.compile_model(mlp_model(), "ORT").export_model()
+    crafted = _with_payload(blob, *edit(*_payload_model(blob)))
+    with pytest.raises(ai.InvalidBlobError, match=words):
+        core.import_model(crafted, "ORT")
+    truncated = dump(dataclasses.replace(load(blob, "ORT"), payload=b"\x10\x00"))
+    with pytest.raises(ai.InvalidBlobError, match="ORT payload has 2 bytes"):
+        core.import_model(truncated, "ORT")
+
+
+def _nice_values() -> dict[int, int]:
+    """Native thread id -> nice value, for every thread of this process (Linux)."""
+    values = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            values[int(tid)] = int(stat.read().rsplit(")", 1)[1].split()[16])
+    return values
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread nice: Linux")
+async def test_thread_nice_lowers_the_priority_of_the_compute_threads_only(core):
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    before = _nice_values()
+    config = {"ORT_THREAD_NICE": 5, "NUM_STREAMS": 2, "INFERENCE_NUM_THREADS": 4}
+    compiled = core.compile_model(mlp_model(), "ORT", config)
+    assert compiled.get_property("ORT_THREAD_NICE") == 5
+    # onnxruntime's intra-op pool, started by the session: 2 threads per stream.
+    pool = {tid: nice for tid, nice in _nice_values().items() if tid not in before}
+    assert pool and set(pool.values()) == {base + 5}
+    x = rows(2, width=4)
+    results = await _infer_once(compiled, {"x": x})
+    np.testing.assert_allclose(results["y"], reference_outputs(mlp_model(), {"x": x})[0], rtol=1e-5)
+    (task,) = [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("aioinfer-ORT-task") and t.native_id not in before
+    ]
+    assert _nice_values()[task.native_id] == base + 5  # the thread that calls session.run
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the loop's thread is untouched
+    await compiled.close()
+    for value in (-1, 20, "high"):
+        with pytest.raises(ai.InvalidPropertyValueError, match="ORT_THREAD_NICE"):
+            core.compile_model(mlp_model(), "ORT", {"ORT_THREAD_NICE": value})
 
 
 # -- errors ----------------------------------------------------------------------------

@@ -83,9 +83,14 @@ def dump(exported: ExportedModel) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
-def load(data: bytes, device: str) -> ExportedModel:
-    """Parse and check a blob exported for ``device``; the payload is a view of ``data``
-    (nothing is copied).
+def is_blob(data: bytes) -> bool:
+    """Whether ``data`` (a blob, or its first bytes) starts as an export blob does."""
+    return data[: len(MAGIC)] == MAGIC
+
+
+def load(data: bytes, device: str | None) -> ExportedModel:
+    """Parse and check a blob exported for ``device`` (None: for any device); the payload
+    is a view of ``data`` (nothing is copied).
 
     Raises:
         InvalidBlobError: not a blob (no magic), truncated, or corrupted (checksum, a
@@ -121,7 +126,7 @@ def load(data: bytes, device: str) -> ExportedModel:
             f"the blob was exported by aioinfer {header['aioinfer_version']}, this is "
             f"{aioinfer_version()}: export (or compile) the model again"
         )
-    if header["device"] != device:
+    if device is not None and header["device"] != device:
         raise BlobDeviceError(
             f"the blob was exported for device {header['device']!r}, not {device!r}"
         )

@@ -22,6 +22,11 @@ A ``tokenizer.json`` beside ``model.onnx`` (or beside the version directories) l
 generating model take and give text.
 
 A single ``.onnx`` file is a repository of one model (named after the file, version 1).
+
+A version may hold ``model.blob`` instead of ``model.onnx``: a blob of ``aioinfer compile``
+(or ``export_model``), imported without compiling on the device it was compiled for
+(the config's ``hint`` and run-time ``properties`` apply; its ``device`` and
+``batching`` do not). A single ``.blob`` file is a repository of one model too.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from aioinfer.generation import GenerationConfig
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.onnx"
+BLOB_FILE = "model.blob"
 
 
 @dataclass(frozen=True)
@@ -166,8 +172,10 @@ class ModelRepository:
         self.path = Path(path)
         self._overrides = overrides = dict(configs or {})
         if self.path.is_file():
-            if self.path.suffix != ".onnx":
-                raise RepositoryError(f"{str(self.path)!r} is not an .onnx file or a directory")
+            if self.path.suffix not in (".onnx", ".blob"):
+                raise RepositoryError(
+                    f"{str(self.path)!r} is not an .onnx file or a directory (nor a .blob)"
+                )
             name = self.path.stem
             entries = [ModelEntry(name, {"1": self.path}, overrides.get(name, ModelConfig()))]
         elif self.path.is_dir():
@@ -218,10 +226,11 @@ class ModelRepository:
 
     def _scan(self, directory: Path, override: ModelConfig | None) -> ModelEntry:
         versions = {
-            child.name: child / MODEL_FILE
+            child.name: model
             for child in directory.iterdir()
             if child.is_dir() and child.name.isdigit() and int(child.name) > 0
-            if (child / MODEL_FILE).is_file()
+            for model in (child / MODEL_FILE, child / BLOB_FILE)
+            if model.is_file()
         }
         if not versions:
             raise RepositoryError(

@@ -70,6 +70,7 @@ from aioinfer.serving.generation import (
     ModelGeneration,
     generate_tokens,
 )
+from aioinfer.offline import is_blob_file, load_model_file
 from aioinfer.serving.messages import (
     InferenceRequest,
     InferenceResponse,
@@ -194,7 +195,12 @@ class InferenceService:
         try:
             for version, path in sorted(entry.versions.items(), key=lambda item: int(item[0])):
                 try:
-                    compiled = await self.core.compile_model_async(str(path), device, config)
+                    if is_blob_file(path):  # compiled ahead, for the device it names
+                        hint = {"PERFORMANCE_HINT": entry.config.hint} if entry.config.hint else {}
+                        run_time = {**entry.config.properties, **hint}
+                        compiled = await load_model_file(self.core, path, None, run_time)
+                    else:
+                        compiled = await self.core.compile_model_async(str(path), device, config)
                 except AioinferError as exc:
                     raise type(exc)(f"model {entry.name!r} version {version}: {exc}") from exc
                 served = versions[version] = ServedModel(

@@ -10,22 +10,33 @@ from typing import Any
 import onnxruntime as ort
 
 from aioinfer.devices.ort.executor import RunExecutor, RunTimes
+from aioinfer.devices.ort.export import ort_payload, read_ort_payload
 from aioinfer.devices.ort.profile import SessionProfiler, profile_directory
-from aioinfer.devices.ort.properties import ORT_ALLOW_SPINNING, ORT_INLINE_RUN_US, ORT_PROVIDERS
+from aioinfer.devices.ort.properties import (
+    ORT_ALLOW_SPINNING,
+    ORT_INLINE_RUN_US,
+    ORT_PROVIDERS,
+    ORT_THREAD_NICE,
+)
 from aioinfer.devices.ort.request import ORTInferRequest
-from aioinfer.devices.ort.session import SessionSpec, supported_nodes
-from aioinfer.model import Model
+from aioinfer.devices.ort.session import ModelBytes, SessionSpec, supported_nodes
+from aioinfer.errors import CompileError, InvalidBlobError
+from aioinfer.model import Model, Port
+from aioinfer.plugin.blob import ExportedModel
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.executors import Executor, ThreadExecutor, streams_for
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.sync_request import SyncInferRequest
 from aioinfer.properties import (
+    CACHE_DIR,
     DEVICE_NAME,
     INFERENCE_NUM_THREADS,
+    LOADED_FROM_CACHE,
     NETWORK_NAME,
     NUM_CORES,
     NUM_STREAMS,
     OPTIMAL_NUMBER_OF_INFER_REQUESTS,
+    OPTIMIZATION_CAPABILITIES,
     PERF_COUNT,
     PERFORMANCE_HINT,
     SUPPORTED_PROPERTIES,
@@ -47,24 +58,59 @@ class ORTPlugin(Plugin):
         ORT_PROVIDERS,
         ORT_ALLOW_SPINNING,
         ORT_INLINE_RUN_US,
+        ORT_THREAD_NICE,
+        CACHE_DIR,
+        LOADED_FROM_CACHE,
         NETWORK_NAME,
         OPTIMAL_NUMBER_OF_INFER_REQUESTS,
         SUPPORTED_PROPERTIES,
         DEVICE_NAME,
         NUM_CORES,
+        OPTIMIZATION_CAPABILITIES,
     )
 
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> ORTCompiledModel:
         """Create the onnxruntime session of ``model``.
 
         Raises:
-            UnknownPropertyError: a property the device does not support (``STATEFUL``,
-                ``CACHE_DIR``: not on this device yet).
+            UnknownPropertyError: a property the device does not support.
             InvalidPropertyValueError: a bad value, or a provider that is not available.
             UnsupportedOperatorError: onnxruntime has no kernel for a node (named).
             CompileError: onnxruntime refused the model for another reason.
         """
-        return ORTCompiledModel(self, model, self.parse_config(config))
+        parsed = self.parse_config(config)
+        source = ModelBytes.from_model(model)
+        return ORTCompiledModel(self, source, model.inputs, model.outputs, parsed)
+
+    def import_payload(self, exported: ExportedModel, config: dict[str, Any]) -> ORTCompiledModel:
+        """A session created from the optimized graph of the payload (see
+        :mod:`.export`), with the blob's config and the run-time properties given.
+
+        Raises:
+            InvalidBlobError: a malformed payload, a graph that is not self-contained or
+                well-formed, one onnxruntime refuses, or inputs that differ from the
+                blob's header.
+            BlobVersionError: the graph was optimized by another onnxruntime version.
+            InvalidPropertyValueError: a provider of the blob's ``ORT_PROVIDERS`` is not
+                available here.
+        """
+        source, inputs = read_ort_payload(exported.payload, "model")
+        expected = [port.name for port in exported.inputs]
+        if inputs != expected:
+            raise InvalidBlobError(
+                f"the blob's model has inputs {inputs}, its header says {expected}"
+            )
+        try:
+            return ORTCompiledModel(self, source, exported.inputs, exported.outputs, config)
+        except CompileError as exc:
+            raise InvalidBlobError(f"the blob's model does not load: {exc}") from None
+
+    def get_property(self, name: str) -> Any:
+        """The device-level properties; ``OPTIMIZATION_CAPABILITIES`` says
+        ``EXPORT_IMPORT``: compiled models export, and the model cache works."""
+        if name == "OPTIMIZATION_CAPABILITIES":
+            return ("EXPORT_IMPORT",)
+        return super().get_property(name)
 
     def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The nodes whose operator, at the model's opset, has an onnxruntime kernel."""
@@ -81,7 +127,14 @@ class ORTCompiledModel(CompiledModel):
             profiling session runs currently start on).
     """
 
-    def __init__(self, plugin: ORTPlugin, model: Model, config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        plugin: ORTPlugin,
+        source: ModelBytes,
+        inputs: list[Port],
+        outputs: list[Port],
+        config: dict[str, Any],
+    ) -> None:
         streams = streams_for(config, num_cores())
         total = int(config["INFERENCE_NUM_THREADS"]) or num_cores()
         self.threads_per_stream = max(1, total // streams)
@@ -90,7 +143,9 @@ class ORTCompiledModel(CompiledModel):
         if config["PERF_COUNT"]:
             directory = profile_directory()
             prefix = f"{directory}/profile"
-        spec = SessionSpec.from_model(model, config, self.threads_per_stream, prefix)
+        spec = SessionSpec.from_config(source, config, self.threads_per_stream, prefix)
+        self.spec = spec
+        """How the session was made; :meth:`export_payload` optimizes its model again."""
         self.profiler: SessionProfiler | None = None
         self.plain_session: ort.InferenceSession | None = None
         """The session when profiling is off."""
@@ -109,14 +164,13 @@ class ORTCompiledModel(CompiledModel):
         budget = int(config["ORT_INLINE_RUN_US"]) / 1e6 if streams == 1 else 0.0
         self.run_times = RunTimes(budget)
         """The last run times that decide where a run goes (see :mod:`.executor`)."""
-        # The session holds the weights: the IR graph (and its weights) is not kept.
+        # The session holds the weights: the IR graph (and its weights) is not kept, only
+        # the serialized model (to export it).
         self.streams = streams
-        super().__init__(
-            plugin, model.ir.graph.name or "model", model.inputs, model.outputs, config
-        )
+        super().__init__(plugin, source.name, inputs, outputs, config)
         # One compute thread per stream; a short run may skip it (see pipeline).
         self.task_executor = self.add_executor(
-            ThreadExecutor(f"{plugin.device_name}-task", streams)
+            ThreadExecutor(f"{plugin.device_name}-task", streams, int(config["ORT_THREAD_NICE"]))
         )
 
     @property
@@ -131,16 +185,24 @@ class ORTCompiledModel(CompiledModel):
         return ORTInferRequest(self)
 
     def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
-        """The default pipeline, but the run goes through a :class:`RunExecutor`: inline
-        on the loop when it is short and the stream idle, else on the task executor."""
+        """The default pipeline, but with an inline budget (one stream) the run goes
+        through a :class:`RunExecutor`: inline on the loop when it is short and the stream
+        idle, else on the task executor."""
         assert isinstance(request, ORTInferRequest)
-        run = RunExecutor(self.task_executor, self.run_times, request.input_shapes)
+        run: Executor = self.task_executor
+        if self.run_times.budget:  # else every run goes to the task executor
+            run = RunExecutor(self.task_executor, self.run_times, request.input_shapes)
         return [
             (self.loop_executor, request.infer_preprocess),
             (run, request.start_pipeline),
             (self.loop_executor, request.wait_pipeline),
             (self.loop_executor, request.infer_postprocess),
         ]
+
+    def export_payload(self) -> bytes:
+        """onnxruntime's optimized graph of the model with its weights (see
+        :mod:`.export`; made by a session of its own, so exporting costs about a compile)."""
+        return ort_payload(self.spec.optimized_model())
 
     def read_only_property(self, name: str) -> Any:
         if name == "INFERENCE_NUM_THREADS":

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from aioinfer.properties import Property, non_negative_int, yes_no
+from aioinfer.properties import Property, integer, non_negative_int, yes_no
 
 
 def _names(value: Any) -> tuple[str, ...]:
@@ -16,6 +17,16 @@ def _names(value: Any) -> tuple[str, ...]:
     if not names or not all(names):
         raise ValueError("expected a non-empty list of non-empty names")
     return names
+
+
+def _nice(value: Any) -> int:
+    """0 to 19, on Linux (elsewhere priorities are per process, not per thread)."""
+    number = integer(value)
+    if not 0 <= number <= 19:
+        raise ValueError("expected an integer from 0 (off) to 19")
+    if number and not sys.platform.startswith("linux"):
+        raise ValueError("thread priorities need Linux (per-thread nice values)")
+    return number
 
 
 ORT_PROVIDERS = Property(
@@ -31,6 +42,7 @@ ORT_ALLOW_SPINNING = Property(
     "spinning threads take cores from the event loop and other streams).",
     default=False,
     parse=yes_no,
+    mutable=True,
 )
 ORT_INLINE_RUN_US = Property(
     "ORT_INLINE_RUN_US",
@@ -39,4 +51,15 @@ ORT_INLINE_RUN_US = Property(
     "other run is in flight, saving the hop to a compute thread (0: never).",
     default=200,
     parse=non_negative_int,
+    mutable=True,
+)
+ORT_THREAD_NICE = Property(
+    "ORT_THREAD_NICE",
+    "ORT device: lower the scheduling priority (Linux nice value, 0-19) of the compute "
+    "threads (the task executor's and onnxruntime's intra-op pool) by this much, so "
+    "that the event loop's thread gets a core first when the cores are oversubscribed "
+    "(0: off, the default: they then also yield to every other process).",
+    default=0,
+    parse=_nice,
+    mutable=True,
 )

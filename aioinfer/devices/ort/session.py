@@ -3,14 +3,24 @@
 The session is created from the model aioinfer read (its IR serialized to bytes), so a
 model changed after reading (``Model.reshape``) runs as changed. Weights kept in external
 data files stay there: onnxruntime reads them from the directory they were found in.
+
+An export holds onnxruntime's own optimized graph (:meth:`SessionSpec.optimized_model`),
+saved at the ``EXTENDED`` level: fusions and constant folding, into standard and
+``com.microsoft`` operators, which any machine with the same onnxruntime and providers
+runs. The ``ALL`` level adds layout changes (``com.microsoft.nchwc`` operators blocked
+for this CPU's vector width) that onnxruntime itself warns are tied to the machine that
+made them; the imported session applies them again when it loads the graph.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import onnx_ir as ir
 import onnxruntime as ort
@@ -21,6 +31,9 @@ from aioinfer.errors import (
     UnsupportedOperatorError,
 )
 from aioinfer.model import Model
+from aioinfer.plugin.executors import lower_thread_priority
+
+T = TypeVar("T")
 
 _EXTERNAL_DATA_DIR = "session.model_external_initializers_file_folder_path"
 _PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
@@ -29,48 +42,58 @@ TERMINATED = "terminate flag"
 
 
 @dataclass(frozen=True)
-class SessionSpec:
-    """Everything needed to create (and, for profiling, re-create) the session."""
+class ModelBytes:
+    """A model as onnxruntime reads it: serialized, with the directory of its external
+    weights ('' when all are inside)."""
 
     name: str
     model: bytes
-    external_data_dir: str
+    external_data_dir: str = ""
+
+    @classmethod
+    def from_model(cls, model: Model) -> ModelBytes:
+        """The bytes of the model aioinfer read (as changed since, by ``reshape``)."""
+        return cls(
+            name=model.name,
+            model=ir.serde.serialize_model(model.ir).SerializeToString(),
+            external_data_dir=external_data_dir(model.ir),
+        )
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """Everything needed to create (and, for profiling, re-create) the session."""
+
+    source: ModelBytes
     providers: tuple[str, ...]
     intra_op_threads: int
     allow_spinning: bool
     profile_prefix: str = ""
     """Where onnxruntime writes the profile ('' when profiling is off)."""
+    nice: int = 0
+    """``ORT_THREAD_NICE``: the session is created on a thread of that priority, whose
+    intra-op pool threads inherit it."""
 
     @classmethod
-    def from_model(
+    def from_config(
         cls,
-        model: Model,
+        source: ModelBytes,
         config: Mapping[str, Any],
         intra_op_threads: int,
         profile_prefix: str = "",
     ) -> SessionSpec:
-        """The spec for ``model`` compiled with the parsed ``config``.
+        """The spec for ``source`` compiled with the parsed ``config``.
 
         Raises:
             InvalidPropertyValueError: a provider in ``ORT_PROVIDERS`` is not available.
         """
-        providers = tuple(config["ORT_PROVIDERS"])
-        available = ort.get_available_providers()
-        missing = [p for p in providers if p not in available]
-        if missing:
-            raise InvalidPropertyValueError(
-                f"invalid value {list(providers)!r} for property 'ORT_PROVIDERS': "
-                f"{', '.join(map(repr, missing))} not available; this onnxruntime has "
-                f"{', '.join(map(repr, available))}"
-            )
         return cls(
-            name=model.name,
-            model=ir.serde.serialize_model(model.ir).SerializeToString(),
-            external_data_dir=external_data_dir(model.ir),
-            providers=providers,
+            source=source,
+            providers=check_providers(config),
             intra_op_threads=intra_op_threads,
             allow_spinning=bool(config["ORT_ALLOW_SPINNING"]),
             profile_prefix=profile_prefix,
+            nice=int(config["ORT_THREAD_NICE"]),
         )
 
     def options(self) -> ort.SessionOptions:
@@ -82,27 +105,92 @@ class SessionSpec:
         spinning = "1" if self.allow_spinning else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
-        if self.external_data_dir:
-            options.add_session_config_entry(_EXTERNAL_DATA_DIR, self.external_data_dir)
+        if self.source.external_data_dir:
+            options.add_session_config_entry(_EXTERNAL_DATA_DIR, self.source.external_data_dir)
         if self.profile_prefix:
             options.enable_profiling = True
             options.profile_file_prefix = self.profile_prefix
         return options
 
     def create(self) -> ort.InferenceSession:
-        """A new session.
+        """A new session (with ``nice``: created on a thread of lower priority).
 
         Raises:
             UnsupportedOperatorError: onnxruntime has no kernel for a node (named).
             CompileError: onnxruntime refused the model for another reason.
         """
+        if self.nice:
+            return _on_thread_of_priority(self.nice, self._create)
+        return self._create()
+
+    def _create(self) -> ort.InferenceSession:
         try:
-            return ort.InferenceSession(self.model, self.options(), providers=self.providers)
+            return ort.InferenceSession(self.source.model, self.options(), providers=self.providers)
         except Exception as exc:  # onnxruntime's own exception classes
-            message = f"onnxruntime cannot load model {self.name!r}: {ort_message(exc)}"
+            message = f"onnxruntime cannot load model {self.source.name!r}: {ort_message(exc)}"
             if type(exc).__name__ == "NotImplemented":
                 raise UnsupportedOperatorError(message) from None
             raise CompileError(message) from None
+
+    def optimized_model(self) -> bytes:
+        """The model as onnxruntime optimizes it for these providers at the ``EXTENDED``
+        level (see the module docstring), with every weight inside: what an export
+        holds. Creates a session of its own (one intra-op thread, no profiling).
+
+        Raises:
+            CompileError: onnxruntime refused the model (it did not when compiling).
+        """
+        with tempfile.TemporaryDirectory(prefix="aioinfer-ort-export-") as directory:
+            options = replace(self, intra_op_threads=1, profile_prefix="").options()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+            options.optimized_model_filepath = os.path.join(directory, "optimized.onnx")
+            try:
+                ort.InferenceSession(self.source.model, options, providers=self.providers)
+            except Exception as exc:  # onnxruntime's own exception classes
+                raise CompileError(
+                    f"onnxruntime cannot optimize model {self.source.name!r}: {ort_message(exc)}"
+                ) from None
+            with open(options.optimized_model_filepath, "rb") as file:
+                return file.read()
+
+
+def _on_thread_of_priority(nice: int, create: Callable[[], T]) -> T:
+    """``create()`` on a new thread whose priority is lowered by ``nice`` (what the
+    threads ``create`` starts inherit); its exception is raised here."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            lower_thread_priority(nice)
+            result.append(create())
+        except BaseException as exc:  # raised on the calling thread
+            error.append(exc)
+
+    thread = threading.Thread(target=run, name="aioinfer-ort-session")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def check_providers(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The providers of ``ORT_PROVIDERS`` in the parsed ``config``.
+
+    Raises:
+        InvalidPropertyValueError: one is not available in this onnxruntime.
+    """
+    providers = tuple(config["ORT_PROVIDERS"])
+    available = ort.get_available_providers()
+    missing = [p for p in providers if p not in available]
+    if missing:
+        raise InvalidPropertyValueError(
+            f"invalid value {list(providers)!r} for property 'ORT_PROVIDERS': "
+            f"{', '.join(map(repr, missing))} not available; this onnxruntime has "
+            f"{', '.join(map(repr, available))}"
+        )
+    return providers
 
 
 def external_data_dir(model: ir.Model) -> str:
