@@ -246,6 +246,12 @@ FULL_DEVICE_NAME = Property(
     configurable=False,
 )
 NUM_CORES = Property("NUM_CORES", "CPU cores available to this process.", configurable=False)
+OPTIMIZATION_CAPABILITIES = Property(
+    "OPTIMIZATION_CAPABILITIES",
+    "What the device can do beyond computing: 'EXPORT_IMPORT' when its compiled models "
+    "export and import without compiling again.",
+    configurable=False,
+)
 
 COMMON: Mapping[str, Property] = MappingProxyType(
     {
@@ -264,6 +270,7 @@ COMMON: Mapping[str, Property] = MappingProxyType(
             DEVICE_NAME,
             FULL_DEVICE_NAME,
             NUM_CORES,
+            OPTIMIZATION_CAPABILITIES,
         )
     }
 )

@@ -246,7 +246,6 @@ def test_properties_map_onto_openvino(core, config, direct_config):
         ({"INFERENCE_PRECISION_HINT": "f64"}, ai.InvalidPropertyValueError, ["f32, bf16"]),
         ({"EXECUTION_DEVICES": "CPU"}, ai.ReadOnlyPropertyError, ["'EXECUTION_DEVICES'"]),
         ({"OPTIMAL_NUMBER_OF_INFER_REQUESTS": 4}, ai.ReadOnlyPropertyError, ["read-only"]),
-        ({"CACHE_DIR": "cache"}, ai.UnknownPropertyError, ["'CACHE_DIR'"]),
         ({"STATEFUL": "auto"}, ai.InvalidPropertyValueError, ["STATEFUL", "convention"]),
         ({"OPENVINO_DEVICE": "NOPE"}, ai.UnknownDeviceError, ["'NOPE'", "available: CPU"]),
     ],
@@ -265,12 +264,8 @@ def test_unknown_property_read_and_openvino_properties_readable(core):
         compiled.get_property("COLOUR")
 
 
-async def test_export_and_import_are_refused(core):
+async def test_a_stateless_model_has_no_state(core):
     compiled = core.compile_model(mlp_model(), "OPENVINO")
-    with pytest.raises(ai.ExportError, match="'OPENVINO'"):
-        compiled.export_model()
-    with pytest.raises(ai.ImportModelError, match="'OPENVINO'"):
-        core.import_model(b"blob", "OPENVINO")
     assert compiled.create_infer_request().query_state() == []
 
 

@@ -19,12 +19,18 @@ import numpy as np
 import openvino
 
 from aioinfer.errors import InferCancelledError, InferenceError
+from aioinfer.plugin.state import dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
 
 from .bridge import Completion, NoCompletion, completion, on_success
 from .engine import failure_message
+from .state import OpenVINOVariables
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from aioinfer.plugin.state import VariableState
+
     from .compiled_model import OpenVINOCompiledModel
 
 FIRST_CHECK = 0.005
@@ -60,6 +66,18 @@ class OpenVINOInferRequest(SyncInferRequest):
         self._lock = threading.Lock()
         """Orders ``cancel()`` (any thread) against the start of an inference."""
         self._completion: Completion = _SYNC
+        self._variables = (
+            OpenVINOVariables(compiled_model.variables, self._state_sizes, self._ov)
+            if compiled_model.variables
+            else None
+        )
+
+    def _state_sizes(self) -> dict[str, int]:
+        return dimension_sizes(self._input_ports, self._inputs)
+
+    def query_state(self, guard: Callable[[], None] | None = None) -> list[VariableState]:
+        """The variables OpenVINO keeps in this request (see :mod:`.state`)."""
+        return [] if self._variables is None else self._variables.states(guard)
 
     # -- stages ---------------------------------------------------------------------------
 
@@ -90,6 +108,8 @@ class OpenVINOInferRequest(SyncInferRequest):
         self._start(completion())
 
     def _start(self, waker: Completion) -> None:
+        if self._variables is not None:
+            self._variables.prepare()
         with self._lock:
             if self.cancel_token.requested:
                 raise InferCancelledError("the inference was cancelled")
@@ -114,6 +134,11 @@ class OpenVINOInferRequest(SyncInferRequest):
         Woken by OpenVINO's callback when the inference succeeded; a failed or cancelled
         one is found by the checks of :mod:`.bridge`. Cancelling the awaiting task cancels
         OpenVINO's request and waits (shielded) until OpenVINO has let go of it.
+
+        A stateful step that OpenVINO finished has advanced OpenVINO's variables: it
+        completes even when its cancel came too late to stop it (its results are
+        published, then the task's cancellation goes on), so that a step reported
+        cancelled never changed the state.
         """
         waker = self._completion
         delay = FIRST_CHECK
@@ -127,9 +152,21 @@ class OpenVINOInferRequest(SyncInferRequest):
             self.cancel()
             with anyio.CancelScope(shield=True):
                 await self._let_go(waker)
+            if self._variables is not None and self._succeeded():
+                self.infer_postprocess()
             raise
         # Woken from inside OpenVINO's callback: this returns once the callback returned.
         self.wait_pipeline()
+        if self._variables is not None:
+            self.cancel_token.requested = False  # too late: OpenVINO committed the step
+
+    def _succeeded(self) -> bool:
+        """Whether OpenVINO's finished request succeeded (call once it let go of it)."""
+        try:
+            self._ov.wait()
+        except RuntimeError:
+            return False
+        return True
 
     def _finished(self) -> bool:
         """Whether OpenVINO's request finished, without blocking; raises its failure."""
@@ -169,6 +206,8 @@ class OpenVINOInferRequest(SyncInferRequest):
                     seconds = info.real_time.total_seconds()
                     timings.add(info.node_name, info.node_type, "native", seconds)
         self.set_results(arrays)
+        if self._variables is not None:
+            self._variables.commit()
 
     def cancel(self) -> None:
         """Cancel OpenVINO's request (it stops at the next node); any thread."""
