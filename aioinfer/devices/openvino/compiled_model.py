@@ -33,6 +33,7 @@ from aioinfer.plugin.state import split_ports
 from aioinfer.properties import check_readable, property_name
 
 from .engine import engine_message, plain
+from .inline import InlineRuns
 from .request import OpenVINOInferRequest
 
 if TYPE_CHECKING:
@@ -177,6 +178,9 @@ class OpenVINOCompiledModel(CompiledModel):
         if streams == "AUTO":
             streams = int(ov_compiled_model.get_property("NUM_STREAMS"))
         self.streams = max(1, streams)
+        budget = int(config["OPENVINO_INLINE_RUN_US"]) / 1e6 if self.streams == 1 else 0.0
+        self.inline_runs = InlineRuns(budget)
+        """The last inference times and the inferences in flight (see :mod:`.inline`)."""
         # The weights live in OpenVINO: the graph is not kept.
         super().__init__(plugin, source.name, inputs, outputs, config)
         # OpenVINO runs its own threads: the completion is awaited, no thread of ours waits.

@@ -55,7 +55,7 @@ from aioinfer.properties import (
 from aioinfer.transforms.make_stateful import state_shapes, stateful_pairs
 
 from .engine import engine_message, is_property_error, unconverted_operators
-from .properties import INFERENCE_PRECISION_HINT, OPENVINO_DEVICE
+from .properties import INFERENCE_PRECISION_HINT, OPENVINO_DEVICE, OPENVINO_INLINE_RUN_US
 from .state import make_stateful
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ class OpenVINOPlugin(Plugin):
         INFERENCE_PRECISION_HINT,
         PERF_COUNT,
         OPENVINO_DEVICE,
+        OPENVINO_INLINE_RUN_US,
         STATEFUL,
         CACHE_DIR,
         LOADED_FROM_CACHE,

@@ -2,19 +2,24 @@
 OpenVINO's own ``start_async`` and awaited through :mod:`.bridge`.
 
 On the event loop, the stages are: check the inputs and hand them to OpenVINO without a
-copy (``infer_preprocess``), start OpenVINO's request (``start_on_loop``), await its
-completion (``wait_async``), copy the outputs out of OpenVINO's tensors
-(``infer_postprocess``). OpenVINO computes on its own threads; its callback only wakes
-the loop, so no user code ever runs on them. The synchronous path (``infer_sync``, the
-PROCESS worker) starts the same way and blocks in OpenVINO's ``wait()``.
+copy (``infer_preprocess``; an input array OpenVINO already holds, such as the request's
+own input buffer, is not handed over again), start OpenVINO's request
+(``start_on_loop``), await its completion (``wait_async``), copy the outputs out of
+OpenVINO's tensors (``infer_postprocess``). OpenVINO computes on its own threads; its
+callback only wakes the loop, so no user code ever runs on them. A short inference with
+one stream runs inline instead (see :mod:`.inline`). The synchronous path
+(``infer_sync``, the PROCESS worker) starts the same way and blocks in OpenVINO's
+``wait()``.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import openvino
 
@@ -24,6 +29,7 @@ from aioinfer.plugin.sync_request import SyncInferRequest
 
 from .bridge import Completion, NoCompletion, completion, on_success
 from .engine import failure_message
+from .inline import InlineRuns
 from .state import OpenVINOVariables
 
 if TYPE_CHECKING:
@@ -35,8 +41,11 @@ if TYPE_CHECKING:
 
 FIRST_CHECK = 0.005
 """Seconds before the first look at OpenVINO's request when no callback came (a failed
-inference has none); each later check waits twice as long, up to :data:`LAST_CHECK`."""
-LAST_CHECK = 0.1
+inference has none; see :mod:`.bridge`): at most this, twice the last inference's time
+when that is shorter, and at least :data:`MIN_CHECK`. Each later look waits twice as
+long as the one before, up to :data:`LAST_CHECK`: a failure is seen at most that late."""
+MIN_CHECK = 0.001
+LAST_CHECK = 0.02
 CANCEL_CHECK = 0.0005
 """Seconds between looks at a request that was asked to cancel (OpenVINO's CPU plugin
 stops at the next node)."""
@@ -56,7 +65,11 @@ class OpenVINOInferRequest(SyncInferRequest):
     def __init__(self, compiled_model: OpenVINOCompiledModel) -> None:
         super().__init__(compiled_model)
         self._ov = compiled_model.ov_compiled_model.create_infer_request()
-        self._ov.set_callback(on_success, _SYNC)
+        self._callback_set = False
+        """Whether OpenVINO's request has its callback: set on the first awaited start
+        only. A callback makes OpenVINO's threads take the GIL, and one that does while
+        the request is destroyed under the GIL deadlocks (seen in OpenVINO 2026.4 after
+        synchronous inferences): requests used only synchronously never get one."""
         self._input_indices = compiled_model.ov_input_indices
         self._output_indices = compiled_model.ov_output_indices
         self._kept: list[np.ndarray] = []
@@ -66,6 +79,14 @@ class OpenVINOInferRequest(SyncInferRequest):
         self._lock = threading.Lock()
         """Orders ``cancel()`` (any thread) against the start of an inference."""
         self._completion: Completion = _SYNC
+        self._runs: InlineRuns = compiled_model.inline_runs
+        self._shapes: tuple[object, ...] = ()
+        self._inline = False
+        """The running inference ran inline (in :meth:`start_on_loop`)."""
+        self._held: list[tuple[np.ndarray, tuple[int, ...]] | None] = [None] * len(
+            compiled_model.ov_compiled_model.inputs
+        )
+        """Per OpenVINO input, the array (and its shape) OpenVINO's tensor shares now."""
         self._variables = (
             OpenVINOVariables(compiled_model.variables, self._state_sizes, self._ov)
             if compiled_model.variables
@@ -85,15 +106,22 @@ class OpenVINOInferRequest(SyncInferRequest):
         """Check the inputs (base class), then set them on OpenVINO's request."""
         super().infer_preprocess()
         set_input = self._ov.set_input_tensor
-        kept = self._kept
+        kept, held = self._kept, self._held
         kept.clear()
+        shapes = []
         for index, value in zip(self._input_indices, self._inputs):
             if index is None or value is None:
                 continue  # an input OpenVINO's frontend found unused; an empty optional
+            shapes.append(value.shape)
+            last = held[index]
+            if last is not None and last[0] is value and last[1] == value.shape:
+                continue  # OpenVINO's tensor shares this very array already
             if not (value.flags.c_contiguous and value.flags.writeable):
                 value = np.array(value, order="C")  # OpenVINO shares only such arrays
                 kept.append(value)  # the shared memory must outlive the inference
             set_input(index, openvino.Tensor(value, shared_memory=True))
+            held[index] = (value, value.shape)
+        self._shapes = tuple(shapes)
 
     def start_pipeline(self) -> None:
         """Start OpenVINO's request (the synchronous path waits in :meth:`wait_pipeline`).
@@ -104,8 +132,39 @@ class OpenVINOInferRequest(SyncInferRequest):
         self._start(_SYNC)
 
     def start_on_loop(self) -> None:
-        """Start OpenVINO's request with a completion for the running event loop."""
-        self._start(completion())
+        """Start OpenVINO's request with a completion for the running event loop; a
+        short one (see :mod:`.inline`) runs to its end here.
+
+        Raises:
+            InferCancelledError: :meth:`cancel` was called before it started.
+            InferenceError: an inference run inline failed.
+        """
+        runs = self._runs
+        if not runs.short(self._shapes):
+            if not self._callback_set:
+                self._ov.set_callback(on_success, _SYNC)
+                self._callback_set = True
+            self._start(completion())
+            runs.in_flight += 1
+            return
+        if self._variables is not None:
+            self._variables.prepare()
+        with self._lock:
+            if self.cancel_token.requested:
+                raise InferCancelledError("the inference was cancelled")
+            self._completion = _SYNC
+        try:
+            if runs.method(self._shapes):
+                start = time.perf_counter()
+                self._ov.infer(None, share_outputs=True)  # outputs copied in postprocess
+                runs.record(self._shapes, time.perf_counter() - start, inline=True)
+            else:
+                self._start_engine(_SYNC)
+                self._ov.wait()
+                runs.record(self._shapes, self._ov.latency / 1e3, inline=False)
+        except RuntimeError as exc:
+            raise self._failure(exc) from None
+        self._inline = True
 
     def _start(self, waker: Completion) -> None:
         if self._variables is not None:
@@ -114,7 +173,14 @@ class OpenVINOInferRequest(SyncInferRequest):
             if self.cancel_token.requested:
                 raise InferCancelledError("the inference was cancelled")
             self._completion = waker
+            self._start_engine(waker)
+
+    def _start_engine(self, waker: Completion) -> None:
+        """OpenVINO's ``start_async``, handing ``waker`` to the callback when it is set."""
+        if self._callback_set:
             self._ov.start_async(None, waker)
+        else:
+            self._ov.start_async()
 
     def wait_pipeline(self) -> None:
         """Block until OpenVINO's request has finished.
@@ -140,23 +206,38 @@ class OpenVINOInferRequest(SyncInferRequest):
         published, then the task's cancellation goes on), so that a step reported
         cancelled never changed the state.
         """
+        if self._inline:  # it ran to its end already: only let the other tasks run
+            self._inline = False
+            try:
+                await anyio.lowlevel.checkpoint()
+            except anyio.get_cancelled_exc_class():
+                if self._variables is not None:
+                    self.infer_postprocess()
+                raise
+            return
         waker = self._completion
-        delay = FIRST_CHECK
+        delay = first_check(self._runs.last(self._shapes))
         try:
             while not waker.done:
                 await waker.wait(delay)
                 if waker.done or self._finished():
                     break
-                delay = CANCEL_CHECK if self.cancel_token.requested else min(2 * delay, LAST_CHECK)
+                delay = CANCEL_CHECK if self.cancel_token.requested else next_check(delay)
         except anyio.get_cancelled_exc_class():
             self.cancel()
             with anyio.CancelScope(shield=True):
                 await self._let_go(waker)
+            self._runs.in_flight -= 1
             if self._variables is not None and self._succeeded():
                 self.infer_postprocess()
             raise
+        except BaseException:
+            self._runs.in_flight -= 1
+            raise
+        self._runs.in_flight -= 1
         # Woken from inside OpenVINO's callback: this returns once the callback returned.
         self.wait_pipeline()
+        self._runs.record(self._shapes, self._ov.latency / 1e3, inline=False)
         if self._variables is not None:
             self.cancel_token.requested = False  # too late: OpenVINO committed the step
 
@@ -220,3 +301,14 @@ class OpenVINOInferRequest(SyncInferRequest):
         if self.cancel_token.requested:
             return InferCancelledError("the inference was cancelled")
         return InferenceError(failure_message(exc, self._producers))
+
+
+def first_check(last: float | None) -> float:
+    """Seconds before the first look at a request whose last inference on the same input
+    shapes took ``last`` seconds (None: not known)."""
+    return FIRST_CHECK if last is None else min(FIRST_CHECK, max(MIN_CHECK, 2 * last))
+
+
+def next_check(delay: float) -> float:
+    """Seconds before the next look, after one that waited ``delay``."""
+    return min(2 * delay, LAST_CHECK)
