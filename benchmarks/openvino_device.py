@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import statistics
 import time
@@ -84,9 +85,11 @@ def machine() -> str:
         pass
     core = ov.Core()
     capabilities = ", ".join(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     return (
         f"{cpu}, {num_cores()} cores; OpenVINO {ov.get_version()}; "
-        f"CPU capabilities: {capabilities}; precision: f32 on both sides"
+        f"CPU capabilities: {capabilities}; precision: f32 on both sides; "
+        f"load average (1, 5, 15 min) at the start: {load}"
     )
 
 

@@ -455,3 +455,66 @@ async def test_process_of_openvino_computes_in_a_worker(core):
         assert compiled.worker_pid != os.getpid()
     finally:
         await compiled.close()
+
+
+# -- the request path ---------------------------------------------------------------------
+
+
+def _stage_seconds(request: ai.InferRequest) -> dict[str, float]:
+    return {e["name"]: e["seconds"] for e in request.get_profiling_info() if e["type"] == "stage"}
+
+
+@pytest.mark.parametrize(
+    ("config", "inline"),
+    [
+        ({"PERFORMANCE_HINT": "LATENCY"}, True),
+        ({"PERFORMANCE_HINT": "LATENCY", "OPENVINO_INLINE_RUN_US": 0}, False),
+        ({"PERFORMANCE_HINT": "THROUGHPUT"}, False),
+    ],
+)
+async def test_short_inferences_run_inline_with_one_stream(core, config, inline):
+    """Inline, OpenVINO computes in the start stage and the wait stage only yields once;
+    awaited, the start stage only starts OpenVINO and the wait stage holds the compute
+    (a model of about 0.15 ms here: more than a start, less than the inline budget)."""
+    model = helpers.chain_model(60, 64)
+    request = core.compile_model(model, "OPENVINO", config).create_infer_request()
+    x = rows((8, 64))
+    expected = reference_outputs(model, {"x": x})[0]
+    for _ in range(5):  # the first ones are awaited (and infer()'s first call is slow)
+        await request.infer({"x": x})
+    starts, waits = [], []
+    for _ in range(40):
+        results = await request.infer({"x": x})
+        np.testing.assert_allclose(results["y"], expected, **F32)
+        stages = _stage_seconds(request)
+        starts.append(stages["start"])
+        waits.append(stages["wait"])
+    start, wait = float(np.median(starts)), float(np.median(waits))
+    assert start > 3 * wait if inline else wait > start, (start, wait)
+
+
+async def test_an_inline_failure_is_raised_and_the_request_goes_on(core):
+    model = make_model(
+        [oh.make_node("Add", ["a", "b"], ["y"], name="add_node")],
+        [tensor_info("a", np.float32, ["n"]), tensor_info("b", np.float32, ["m"])],
+        [tensor_info("y", np.float32, ["k"])],
+    )
+    request = core.compile_model(model, "OPENVINO").create_infer_request()
+    good = {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)}
+    for _ in range(3):
+        await request.infer(good)
+    with pytest.raises(ai.InferenceError, match="'add_node' failed in OpenVINO"):
+        await request.infer({"a": np.ones(3, np.float32), "b": np.ones(2, np.float32)})
+    assert (await request.infer(good))["y"].tolist() == [2, 2, 2]
+
+
+def test_failure_checks_follow_the_model_s_time():
+    """A failed inference has no callback: the first look comes after twice the last
+    inference's time (1 to 5 ms), the next ones back off to 20 ms."""
+    from aioinfer.devices.openvino.request import first_check, next_check
+
+    assert first_check(None) == 0.005
+    assert first_check(0.0001) == 0.001
+    assert first_check(0.002) == 0.004
+    assert first_check(1.0) == 0.005
+    assert [next_check(d) for d in (0.004, 0.008, 0.016)] == [0.008, 0.016, 0.02]
