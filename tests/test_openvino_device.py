@@ -506,15 +506,3 @@ async def test_an_inline_failure_is_raised_and_the_request_goes_on(core):
     with pytest.raises(ai.InferenceError, match="'add_node' failed in OpenVINO"):
         await request.infer({"a": np.ones(3, np.float32), "b": np.ones(2, np.float32)})
     assert (await request.infer(good))["y"].tolist() == [2, 2, 2]
-
-
-def test_failure_checks_follow_the_model_s_time():
-    """A failed inference has no callback: the first look comes after twice the last
-    inference's time (1 to 5 ms), the next ones back off to 20 ms."""
-    from aioinfer.devices.openvino.request import first_check, next_check
-
-    assert first_check(None) == 0.005
-    assert first_check(0.0001) == 0.001
-    assert first_check(0.002) == 0.004
-    assert first_check(1.0) == 0.005
-    assert [next_check(d) for d in (0.004, 0.008, 0.016)] == [0.008, 0.016, 0.02]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 import anyio
@@ -27,7 +28,7 @@ from aioinfer.errors import InferCancelledError, InferenceError
 from aioinfer.plugin.state import dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
 
-from .bridge import Completion, NoCompletion, completion, on_success
+from .bridge import Completion, NoCompletion, Waiter, completion
 from .engine import failure_message
 from .inline import InlineRuns
 from .state import OpenVINOVariables
@@ -38,17 +39,6 @@ if TYPE_CHECKING:
     from aioinfer.plugin.state import VariableState
 
     from .compiled_model import OpenVINOCompiledModel
-
-FIRST_CHECK = 0.005
-"""Seconds before the first look at OpenVINO's request when no callback came (a failed
-inference has none; see :mod:`.bridge`): at most this, twice the last inference's time
-when that is shorter, and at least :data:`MIN_CHECK`. Each later look waits twice as
-long as the one before, up to :data:`LAST_CHECK`: a failure is seen at most that late."""
-MIN_CHECK = 0.001
-LAST_CHECK = 0.02
-CANCEL_CHECK = 0.0005
-"""Seconds between looks at a request that was asked to cancel (OpenVINO's CPU plugin
-stops at the next node)."""
 
 _SYNC = NoCompletion()
 _EXECUTED = openvino.ProfilingInfo.Status.EXECUTED
@@ -65,11 +55,9 @@ class OpenVINOInferRequest(SyncInferRequest):
     def __init__(self, compiled_model: OpenVINOCompiledModel) -> None:
         super().__init__(compiled_model)
         self._ov = compiled_model.ov_compiled_model.create_infer_request()
-        self._callback_set = False
-        """Whether OpenVINO's request has its callback: set on the first awaited start
-        only. A callback makes OpenVINO's threads take the GIL, and one that does while
-        the request is destroyed under the GIL deadlocks (seen in OpenVINO 2026.4 after
-        synchronous inferences): requests used only synchronously never get one."""
+        self._waiter: Waiter | None = None
+        """The thread that waits for this request's awaited inferences (see
+        :mod:`.bridge`), started by the first one."""
         self._input_indices = compiled_model.ov_input_indices
         self._output_indices = compiled_model.ov_output_indices
         self._kept: list[np.ndarray] = []
@@ -141,10 +129,9 @@ class OpenVINOInferRequest(SyncInferRequest):
         """
         runs = self._runs
         if not runs.short(self._shapes):
-            if not self._callback_set:
-                self._ov.set_callback(on_success, _SYNC)
-                self._callback_set = True
-            self._start(completion())
+            waker = completion()
+            self._start(waker)
+            self._waiting().watch(waker)
             runs.in_flight += 1
             return
         if self._variables is not None:
@@ -159,7 +146,7 @@ class OpenVINOInferRequest(SyncInferRequest):
                 self._ov.infer(None, share_outputs=True)  # outputs copied in postprocess
                 runs.record(self._shapes, time.perf_counter() - start, inline=True)
             else:
-                self._start_engine(_SYNC)
+                self._ov.start_async()
                 self._ov.wait()
                 runs.record(self._shapes, self._ov.latency / 1e3, inline=False)
         except RuntimeError as exc:
@@ -173,14 +160,14 @@ class OpenVINOInferRequest(SyncInferRequest):
             if self.cancel_token.requested:
                 raise InferCancelledError("the inference was cancelled")
             self._completion = waker
-            self._start_engine(waker)
-
-    def _start_engine(self, waker: Completion) -> None:
-        """OpenVINO's ``start_async``, handing ``waker`` to the callback when it is set."""
-        if self._callback_set:
-            self._ov.start_async(None, waker)
-        else:
             self._ov.start_async()
+
+    def _waiting(self) -> Waiter:
+        waiter = self._waiter
+        if waiter is None:
+            waiter = self._waiter = Waiter(self._ov)
+            weakref.finalize(self, waiter.close)
+        return waiter
 
     def wait_pipeline(self) -> None:
         """Block until OpenVINO's request has finished.
@@ -197,9 +184,9 @@ class OpenVINOInferRequest(SyncInferRequest):
     async def wait_async(self) -> None:
         """Await OpenVINO's request on the event loop; raises as :meth:`wait_pipeline`.
 
-        Woken by OpenVINO's callback when the inference succeeded; a failed or cancelled
-        one is found by the checks of :mod:`.bridge`. Cancelling the awaiting task cancels
-        OpenVINO's request and waits (shielded) until OpenVINO has let go of it.
+        Woken by the request's waiter thread when the inference ended, however it ended
+        (see :mod:`.bridge`). Cancelling the awaiting task cancels OpenVINO's request and
+        waits (shielded) until OpenVINO has let go of it.
 
         A stateful step that OpenVINO finished has advanced OpenVINO's variables: it
         completes even when its cancel came too late to stop it (its results are
@@ -216,61 +203,29 @@ class OpenVINOInferRequest(SyncInferRequest):
                 raise
             return
         waker = self._completion
-        delay = first_check(self._runs.last(self._shapes))
         try:
-            while not waker.done:
-                await waker.wait(delay)
-                if waker.done or self._finished():
-                    break
-                delay = CANCEL_CHECK if self.cancel_token.requested else next_check(delay)
+            await waker.wait()
         except anyio.get_cancelled_exc_class():
             self.cancel()
             with anyio.CancelScope(shield=True):
-                await self._let_go(waker)
-            self._runs.in_flight -= 1
+                await waker.wait()
             if self._variables is not None and self._succeeded():
                 self.infer_postprocess()
             raise
-        except BaseException:
+        finally:
             self._runs.in_flight -= 1
-            raise
-        self._runs.in_flight -= 1
-        # Woken from inside OpenVINO's callback: this returns once the callback returned.
-        self.wait_pipeline()
+        self.wait_pipeline()  # returns at once; raises the failure or the cancel
         self._runs.record(self._shapes, self._ov.latency / 1e3, inline=False)
         if self._variables is not None:
             self.cancel_token.requested = False  # too late: OpenVINO committed the step
 
     def _succeeded(self) -> bool:
-        """Whether OpenVINO's finished request succeeded (call once it let go of it)."""
+        """Whether OpenVINO's finished request succeeded (call once it ended)."""
         try:
             self._ov.wait()
         except RuntimeError:
             return False
         return True
-
-    def _finished(self) -> bool:
-        """Whether OpenVINO's request finished, without blocking; raises its failure."""
-        try:
-            return bool(self._ov.wait_for(0))
-        except RuntimeError as exc:
-            raise self._failure(exc) from None
-
-    async def _let_go(self, waker: Completion) -> None:
-        """Wait until OpenVINO has finished with a cancelled request, however it ended."""
-        delay = CANCEL_CHECK
-        while not waker.done:
-            try:
-                if self._ov.wait_for(0):
-                    return
-            except RuntimeError:
-                return
-            await waker.wait(delay)
-            delay = min(2 * delay, LAST_CHECK)
-        try:
-            self._ov.wait()
-        except RuntimeError:
-            return
 
     def infer_postprocess(self) -> None:
         """Copy the outputs out of OpenVINO's tensors (the next inference reuses them)."""
@@ -295,20 +250,8 @@ class OpenVINOInferRequest(SyncInferRequest):
         with self._lock:
             super().cancel()
             self._ov.cancel()
-            self._completion.wake(False)
 
     def _failure(self, exc: BaseException) -> Exception:
         if self.cancel_token.requested:
             return InferCancelledError("the inference was cancelled")
         return InferenceError(failure_message(exc, self._producers))
-
-
-def first_check(last: float | None) -> float:
-    """Seconds before the first look at a request whose last inference on the same input
-    shapes took ``last`` seconds (None: not known)."""
-    return FIRST_CHECK if last is None else min(FIRST_CHECK, max(MIN_CHECK, 2 * last))
-
-
-def next_check(delay: float) -> float:
-    """Seconds before the next look, after one that waited ``delay``."""
-    return min(2 * delay, LAST_CHECK)
