@@ -1,10 +1,10 @@
 """When an OPENVINO inference runs inline: OpenVINO's synchronous ``infer()`` on the
-event loop's thread, with no hop through OpenVINO's callback and the loop's wake-up.
+event loop's thread, with no hop through the waiter thread and the loop's wake-up.
 
 Measured on a 2-core AMD EPYC (LATENCY hint, medians of alternating rounds): on the tiny
 CNN, OpenVINO's ``infer()`` takes 43 µs, its ``start_async()`` + ``wait()`` 48 µs, 59
-with a Python callback set, and the awaited path (callback on OpenVINO's thread, the
-loop woken thread-safely, the task resumed) adds 30-60 µs to that. But ``infer()``
+with a Python callback set, and the awaited path (a thread woken, the loop woken
+thread-safely, the task resumed) adds 30-60 µs to that. But ``infer()``
 computes on the calling thread, outside OpenVINO's stream threads, and was 1.2-2x slower
 than ``start_async()`` on the small CNN and the LSTM (0.3 ms models).
 

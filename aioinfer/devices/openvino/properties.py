@@ -42,7 +42,7 @@ OPENVINO_INLINE_RUN_US = Property(
     "OPENVINO_INLINE_RUN_US",
     "OPENVINO device with one stream: an inference whose last one on inputs of the same "
     "shapes took less than this many microseconds runs on the event loop's thread when "
-    "no other one is in flight, saving the hop through OpenVINO's callback (0: never).",
+    "no other one is in flight, saving the hop through a waiting thread (0: never).",
     default=500,
     parse=non_negative_int,
     mutable=True,

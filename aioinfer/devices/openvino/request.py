@@ -5,11 +5,11 @@ On the event loop, the stages are: check the inputs and hand them to OpenVINO wi
 copy (``infer_preprocess``; an input array OpenVINO already holds, such as the request's
 own input buffer, is not handed over again), start OpenVINO's request
 (``start_on_loop``), await its completion (``wait_async``), copy the outputs out of
-OpenVINO's tensors (``infer_postprocess``). OpenVINO computes on its own threads; its
-callback only wakes the loop, so no user code ever runs on them. A short inference with
-one stream runs inline instead (see :mod:`.inline`). The synchronous path
-(``infer_sync``, the PROCESS worker) starts the same way and blocks in OpenVINO's
-``wait()``.
+OpenVINO's tensors (``infer_postprocess``). OpenVINO computes on its own threads and a
+waiter thread wakes the loop (see :mod:`.bridge`), so no Python code runs on OpenVINO's
+threads. A short inference with one stream runs inline instead (see :mod:`.inline`).
+The synchronous path (``infer_sync``, the PROCESS worker) starts the same way and
+blocks in OpenVINO's ``wait()``.
 """
 
 from __future__ import annotations
