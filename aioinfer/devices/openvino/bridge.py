@@ -147,11 +147,11 @@ def _wait_for_each(ov_request: Any, inbox: queue.SimpleQueue[Completion | None])
         try:
             ov_request.wait()
         except RuntimeError:
-            _let_go(ov_request)
+            let_go(ov_request)
         completion.wake()
 
 
-def _let_go(ov_request: Any) -> None:
+def let_go(ov_request: Any) -> None:
     """Return once a request whose ``wait()`` raised has ended: a cancelled request's
     ``wait()`` raises at once, while OpenVINO still runs it up to its next node (and
     refuses to start it again until then); ``wait_for`` says when that is over."""

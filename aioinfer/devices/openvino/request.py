@@ -28,7 +28,7 @@ from aioinfer.errors import InferCancelledError, InferenceError
 from aioinfer.plugin.state import dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
 
-from .bridge import Completion, NoCompletion, Waiter, completion
+from .bridge import Completion, NoCompletion, Waiter, completion, let_go
 from .engine import failure_message
 from .inline import InlineRuns
 from .state import OpenVINOVariables
@@ -150,6 +150,7 @@ class OpenVINOInferRequest(SyncInferRequest):
                 self._ov.wait()
                 runs.record(self._shapes, self._ov.latency / 1e3, inline=False)
         except RuntimeError as exc:
+            let_go(self._ov)
             raise self._failure(exc) from None
         self._inline = True
 
@@ -179,6 +180,7 @@ class OpenVINOInferRequest(SyncInferRequest):
         try:
             self._ov.wait()
         except RuntimeError as exc:
+            let_go(self._ov)  # a cancelled request's wait() raises before it ended
             raise self._failure(exc) from None
 
     async def wait_async(self) -> None:
