@@ -47,7 +47,7 @@ def test_blob_for_another_device_is_refused(core, device, mlp):
     _, compiled = mlp
     skip_unless_exporting(device, compiled)
     blob = compiled.export_model()
-    (other,) = [d for d in EXPORTING if d != device]
+    other = next(d for d in EXPORTING if d != device)
     with pytest.raises(ai.BlobDeviceError, match=f"'{device}', not '{other}'"):
         core.import_model(blob, other)
     with pytest.raises(ai.InvalidBlobError):

@@ -14,6 +14,7 @@ blocks in OpenVINO's ``wait()``.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import weakref
@@ -121,25 +122,35 @@ class OpenVINOInferRequest(SyncInferRequest):
 
     def start_on_loop(self) -> None:
         """Start OpenVINO's request with a completion for the running event loop; a
-        short one (see :mod:`.inline`) runs to its end here.
+        short one (see :mod:`.inline`) is only prepared here and runs in
+        :meth:`wait_async`.
 
         Raises:
             InferCancelledError: :meth:`cancel` was called before it started.
-            InferenceError: an inference run inline failed.
         """
         runs = self._runs
-        if not runs.short(self._shapes):
-            waker = completion()
-            self._start(waker)
-            self._waiting().watch(waker)
-            runs.in_flight += 1
+        if runs.short(self._shapes):
+            if self._variables is not None:
+                self._variables.prepare()
+            self._completion = _SYNC
+            self._inline = True
             return
-        if self._variables is not None:
-            self._variables.prepare()
+        waker = completion()
+        self._start(waker)
+        self._waiting().watch(waker)
+        runs.in_flight += 1
+
+    def _run_inline(self) -> None:
+        """Run a short inference to its end on this thread (see :mod:`.inline`).
+
+        Raises:
+            InferCancelledError: :meth:`cancel` was called before it started.
+            InferenceError: OpenVINO failed.
+        """
+        runs = self._runs
         with self._lock:
             if self.cancel_token.requested:
                 raise InferCancelledError("the inference was cancelled")
-            self._completion = _SYNC
         try:
             if runs.method(self._shapes):
                 start = time.perf_counter()
@@ -152,7 +163,6 @@ class OpenVINOInferRequest(SyncInferRequest):
         except RuntimeError as exc:
             let_go(self._ov)
             raise self._failure(exc) from None
-        self._inline = True
 
     def _start(self, waker: Completion) -> None:
         if self._variables is not None:
@@ -195,25 +205,29 @@ class OpenVINOInferRequest(SyncInferRequest):
         published, then the task's cancellation goes on), so that a step reported
         cancelled never changed the state.
         """
-        if self._inline:  # it ran to its end already: only let the other tasks run
+        if self._inline:
+            # Yield once (a task inferring in a loop must not starve the others; a cancel
+            # asked for meanwhile stops the inference before it starts), then run it to
+            # its end: nothing interrupts it once it started.
             self._inline = False
-            try:
-                await anyio.lowlevel.checkpoint()
-            except anyio.get_cancelled_exc_class():
-                if self._variables is not None:
-                    self.infer_postprocess()
-                raise
+            await anyio.lowlevel.checkpoint()
+            self._run_inline()
             return
         waker = self._completion
         try:
             await waker.wait()
-        except anyio.get_cancelled_exc_class():
+        except anyio.get_cancelled_exc_class() as exc:
             self.cancel()
             with anyio.CancelScope(shield=True):
                 await waker.wait()
-            if self._variables is not None and self._succeeded():
+            if self._variables is None or not self._succeeded():
+                raise
+            # OpenVINO finished (and committed the state) before the cancel reached it:
+            # the step completes. A cancel scope's cancel reaches the task again once it
+            # did; asyncio's own task.cancel() is raised now, after the results.
+            if not _from_a_cancel_scope(exc):
                 self.infer_postprocess()
-            raise
+                raise
         finally:
             self._runs.in_flight -= 1
         self.wait_pipeline()  # returns at once; raises the failure or the cancel
@@ -257,3 +271,11 @@ class OpenVINOInferRequest(SyncInferRequest):
         if self.cancel_token.requested:
             return InferCancelledError("the inference was cancelled")
         return InferenceError(failure_message(exc, self._producers))
+
+
+def _from_a_cancel_scope(exc: BaseException) -> bool:
+    """Whether a cancellation comes from an anyio or trio cancel scope, which cancels
+    again at the task's next checkpoint (asyncio's own ``task.cancel()`` does not)."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return True  # trio: every cancellation is a scope's
+    return any(isinstance(a, str) and a.startswith("Cancelled via cancel scope ") for a in exc.args)
