@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
-from aioinfer.errors import ImportModelError, InvalidBlobError
+from aioinfer.errors import ExportError, ImportModelError, InvalidBlobError
 from aioinfer.plugin.blob import FORMAT_VERSION, aioinfer_version, load
 from aioinfer.properties import property_name
 
@@ -53,9 +53,13 @@ def compile_cached(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> C
     if cached is not None:
         return cached
     compiled = plugin.compile_model(model, config)
+    try:
+        blob = compiled.export_model()
+    except ExportError:
+        return compiled  # what the device compiled does not export (state kept above it)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    partial.write_bytes(compiled.export_model())
+    partial.write_bytes(blob)
     os.replace(partial, path)  # atomic: a concurrent reader sees all or nothing
     return compiled
 

@@ -2,6 +2,7 @@
 
     python -m benchmarks.openvino_device [--models mlp,tiny_cnn,...] [--blocks 5]
                                          [--runs 20] [--seconds 1.0] [--jobs 0]
+                                         [--only latency,throughput,devices]
 
 Latency: ``await request.infer(feeds)`` on the OPENVINO device (``PERFORMANCE_HINT``
 LATENCY) against OpenVINO's own request on a model compiled from the same ONNX bytes with
@@ -18,6 +19,10 @@ own ``AsyncInferQueue``, with the same number of requests (OpenVINO's
 turn, alternating in blocks as above. Reported: median inferences per second of the
 turns and their ratio (target: at least 1.0).
 
+Devices: ``await request.infer(feeds)`` on OPENVINO, ORT and CPU (LATENCY hint, f32),
+alternating in blocks as above; reported: median latency per device and OPENVINO's ratio
+to the fastest of the others (the figures behind AUTO's priority order).
+
 The machine (CPU model, cores, OpenVINO version, the precision OpenVINO used) is printed
 first: figures from different machines do not compare.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import statistics
 import time
@@ -79,9 +85,11 @@ def machine() -> str:
         pass
     core = ov.Core()
     capabilities = ", ".join(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     return (
         f"{cpu}, {num_cores()} cores; OpenVINO {ov.get_version()}; "
-        f"CPU capabilities: {capabilities}; precision: f32 on both sides"
+        f"CPU capabilities: {capabilities}; precision: f32 on both sides; "
+        f"load average (1, 5, 15 min) at the start: {load}"
     )
 
 
@@ -171,13 +179,44 @@ async def throughput(name: str, blocks: int, seconds: float, jobs: int) -> tuple
     return statistics.median(rates["ours"]), statistics.median(rates["theirs"]), jobs
 
 
+DEVICES = ("OPENVINO", "ORT", "CPU")
+
+
+async def device_latency(name: str, blocks: int, runs: int) -> dict[str, float]:
+    """Median seconds of ``await request.infer()`` on each of :data:`DEVICES`."""
+    model = MODELS[name][0]()
+    feeds = feeds_for(name, model)
+    core = ai.Core()
+    compiled = {d: core.compile_model(model, d, {"PERFORMANCE_HINT": "LATENCY"}) for d in DEVICES}
+    requests = {d: m.create_infer_request() for d, m in compiled.items()}
+    runners = {d: (lambda r=r: r.infer(feeds)) for d, r in requests.items()}
+    times: dict[str, list[float]] = {d: [] for d in DEVICES}
+    for block in range(blocks):
+        order = DEVICES if block % 2 == 0 else tuple(reversed(DEVICES))
+        for device in order:
+            times[device] += await timed(runners[device], warmup=3, runs=runs)
+    for model_on_device in compiled.values():
+        await model_on_device.close()
+    return {d: statistics.median(values) for d, values in times.items()}
+
+
 def geometric_mean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 async def main(args: argparse.Namespace) -> None:
     names = args.models.split(",")
+    parts = args.only.split(",")
     print(f"machine: {machine()}\n")
+    if "latency" in parts:
+        await latency_table(names, args)
+    if "throughput" in parts:
+        await throughput_table(names, args)
+    if "devices" in parts:
+        await devices_table(names, args)
+
+
+async def latency_table(names: list[str], args: argparse.Namespace) -> None:
     print("Latency: await request.infer() on OPENVINO vs OpenVINO's own calls (LATENCY hint);")
     print("the ratio is to the faster of OpenVINO's two")
     print("| model | aioinfer (ms) | OpenVINO infer() (ms) | start_async+wait (ms) | ratio |")
@@ -192,6 +231,8 @@ async def main(args: argparse.Namespace) -> None:
         )
     print(f"\nlatency ratio, geometric mean: {geometric_mean(ratios):.3f} (target <= 1.10)\n")
 
+
+async def throughput_table(names: list[str], args: argparse.Namespace) -> None:
     print("Throughput: aioinfer AsyncInferQueue vs OpenVINO AsyncInferQueue (THROUGHPUT hint)")
     print("| model | requests | aioinfer (inf/s) | OpenVINO (inf/s) | ratio |")
     print("|---|---:|---:|---:|---:|")
@@ -200,7 +241,21 @@ async def main(args: argparse.Namespace) -> None:
         ours, theirs, jobs = await throughput(name, args.blocks, args.seconds, args.jobs)
         ratios.append(ours / theirs)
         print(f"| {MODELS[name][1]} | {jobs} | {ours:.1f} | {theirs:.1f} | {ratios[-1]:.3f} |")
-    print(f"\nthroughput ratio, geometric mean: {geometric_mean(ratios):.3f} (target >= 1.0)")
+    print(f"\nthroughput ratio, geometric mean: {geometric_mean(ratios):.3f} (target >= 1.0)\n")
+
+
+async def devices_table(names: list[str], args: argparse.Namespace) -> None:
+    print("Devices: await request.infer() on each device (LATENCY hint, f32), median ms;")
+    print("the ratio is OPENVINO's latency to the fastest other device's")
+    print("| model | OPENVINO (ms) | ORT (ms) | CPU (ms) | OPENVINO / best other |")
+    print("|---|---:|---:|---:|---:|")
+    ratios = []
+    for name in names:
+        got = await device_latency(name, args.blocks, args.runs)
+        ratios.append(got["OPENVINO"] / min(got["ORT"], got["CPU"]))
+        cells = " | ".join(f"{got[d] * 1e3:.3f}" for d in DEVICES)
+        print(f"| {MODELS[name][1]} | {cells} | {ratios[-1]:.3f} |")
+    print(f"\nOPENVINO / best other, geometric mean: {geometric_mean(ratios):.3f}")
 
 
 def cli() -> None:
@@ -210,6 +265,9 @@ def cli() -> None:
     parser.add_argument("--runs", type=int, default=20, help="timed latency runs per block")
     parser.add_argument("--seconds", type=float, default=1.0, help="seconds per queue turn")
     parser.add_argument("--jobs", type=int, default=0, help="queue requests (0: OpenVINO's)")
+    parser.add_argument(
+        "--only", default="latency,throughput,devices", help="comma-separated tables to run"
+    )
     args = parser.parse_args()
     unknown = set(args.models.split(",")) - set(MODELS)
     if unknown:

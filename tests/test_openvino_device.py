@@ -246,7 +246,6 @@ def test_properties_map_onto_openvino(core, config, direct_config):
         ({"INFERENCE_PRECISION_HINT": "f64"}, ai.InvalidPropertyValueError, ["f32, bf16"]),
         ({"EXECUTION_DEVICES": "CPU"}, ai.ReadOnlyPropertyError, ["'EXECUTION_DEVICES'"]),
         ({"OPTIMAL_NUMBER_OF_INFER_REQUESTS": 4}, ai.ReadOnlyPropertyError, ["read-only"]),
-        ({"CACHE_DIR": "cache"}, ai.UnknownPropertyError, ["'CACHE_DIR'"]),
         ({"STATEFUL": "auto"}, ai.InvalidPropertyValueError, ["STATEFUL", "convention"]),
         ({"OPENVINO_DEVICE": "NOPE"}, ai.UnknownDeviceError, ["'NOPE'", "available: CPU"]),
     ],
@@ -265,12 +264,8 @@ def test_unknown_property_read_and_openvino_properties_readable(core):
         compiled.get_property("COLOUR")
 
 
-async def test_export_and_import_are_refused(core):
+async def test_a_stateless_model_has_no_state(core):
     compiled = core.compile_model(mlp_model(), "OPENVINO")
-    with pytest.raises(ai.ExportError, match="'OPENVINO'"):
-        compiled.export_model()
-    with pytest.raises(ai.ImportModelError, match="'OPENVINO'"):
-        core.import_model(b"blob", "OPENVINO")
     assert compiled.create_infer_request().query_state() == []
 
 
@@ -460,3 +455,41 @@ async def test_process_of_openvino_computes_in_a_worker(core):
         assert compiled.worker_pid != os.getpid()
     finally:
         await compiled.close()
+
+
+# -- the request path ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"PERFORMANCE_HINT": "LATENCY", "OPENVINO_INLINE_RUN_US": 20000},
+        {"PERFORMANCE_HINT": "LATENCY", "OPENVINO_INLINE_RUN_US": 0},
+        {"PERFORMANCE_HINT": "THROUGHPUT"},
+    ],
+    ids=["inline", "awaited", "throughput"],
+)
+async def test_inline_and_awaited_inferences_agree(core, config):
+    """After the first (awaited, measured) inferences a short one runs inline, OpenVINO's
+    infer() or start_async() + wait() on the loop's thread; results are the same."""
+    model = helpers.chain_model(60, 64)
+    request = core.compile_model(model, "OPENVINO", config).create_infer_request()
+    for step in range(12):
+        x = rows((8, 64), step)
+        results = await request.infer({"x": x})
+        np.testing.assert_allclose(results["y"], reference_outputs(model, {"x": x})[0], **F32)
+
+
+async def test_an_inline_failure_is_raised_and_the_request_goes_on(core):
+    model = make_model(
+        [oh.make_node("Add", ["a", "b"], ["y"], name="add_node")],
+        [tensor_info("a", np.float32, ["n"]), tensor_info("b", np.float32, ["m"])],
+        [tensor_info("y", np.float32, ["k"])],
+    )
+    request = core.compile_model(model, "OPENVINO").create_infer_request()
+    good = {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)}
+    for _ in range(3):
+        await request.infer(good)
+    with pytest.raises(ai.InferenceError, match="'add_node' failed in OpenVINO"):
+        await request.infer({"a": np.ones(3, np.float32), "b": np.ones(2, np.float32)})
+    assert (await request.infer(good))["y"].tolist() == [2, 2, 2]

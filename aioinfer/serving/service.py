@@ -63,6 +63,7 @@ from aioinfer.errors import (
     ServingConfigError,
     SharedMemoryError,
 )
+from aioinfer.offline import is_blob_file, load_model_file
 from aioinfer.serving.control import ModelControlMode, startup_models
 from aioinfer.serving.generation import (
     GeneratedToken,
@@ -70,7 +71,6 @@ from aioinfer.serving.generation import (
     ModelGeneration,
     generate_tokens,
 )
-from aioinfer.offline import is_blob_file, load_model_file
 from aioinfer.serving.messages import (
     InferenceRequest,
     InferenceResponse,

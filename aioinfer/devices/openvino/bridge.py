@@ -1,41 +1,54 @@
-"""The bridge from OpenVINO's threads to the event loop: one :class:`Completion` per
-inference.
+"""The bridge from OpenVINO to the event loop: a :class:`Waiter` thread per request
+tells a :class:`Completion` on the loop when an inference ended.
 
-OpenVINO finishes an inference on a thread of its own and calls the request's callback
-there, but only when the inference succeeded: its Python binding drops the callback of
-an inference that failed or was cancelled. So the callback (and ``cancel()``) *wake* the
-completion thread-safely, and the awaiting side also looks at OpenVINO's request when a
-check timer fires: a success is seen at once, a failure at the next check (the checks
-back off from 5 ms to 100 ms, so a long inference costs a few loop wake-ups, a short one
-none). No thread waits for an inference.
+OpenVINO's own callback is not used, for two reasons measured on OpenVINO 2026.4:
+
+- Its Python binding calls no callback for an inference that failed or was cancelled
+  (it re-raises the engine's exception inside its wrapper before it takes the GIL), so
+  a failure could only be found by looking at the request on a timer: 5 to 100 ms late.
+- OpenVINO's CPU device runs the callback on the stream thread that computed, and a
+  Python callback must take the GIL there: while the event loop's thread holds it (or is
+  descheduled holding it, on a loaded machine) the stream stalls. On SqueezeNet with
+  two streams, a loop fed by callbacks reached 164-173 inferences/s, fed by waiting
+  threads 240-282 (two requests, alternating rounds; tiny and small CNNs: equal).
+
+A waiter blocks in OpenVINO's ``wait()`` (the GIL released), which returns on success,
+failure and cancellation alike, and then wakes the completion thread-safely. It is one
+daemon thread per request that has awaited an inference, idle between inferences; no
+OpenVINO thread ever runs Python code. The synchronous path waits in ``wait()`` itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
+import threading
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 
+LET_GO_CHECK_MS = 1
+"""Milliseconds each look at a cancelled request waits for it to end (the GIL released)."""
+
 
 class Completion:
-    """The wake-up of one inference: :meth:`wake` from any thread, ``await wait(t)`` on
-    the event loop the completion was made on."""
+    """The end of one inference: :meth:`wake` from any thread, ``await wait()`` on the
+    event loop the completion was made on."""
 
-    __slots__ = ("done",)
+    __slots__ = ("finished",)
 
     def __init__(self) -> None:
-        self.done = False
-        """Set (on the loop) when the inference's success callback woke the completion."""
+        self.finished = False
+        """Set (on the loop) once the inference ended, however it ended."""
 
-    def wake(self, done: bool) -> None:
-        """Wake the waiting side; ``done``: the inference succeeded (its callback ran).
-        Never raises (it runs on OpenVINO's thread)."""
+    def wake(self) -> None:
+        """Tell the waiting side that the inference ended. Never raises (it runs on the
+        waiter's thread)."""
 
-    async def wait(self, timeout: float) -> None:
-        """Return when woken since the last call, or after ``timeout`` seconds."""
+    async def wait(self) -> None:
+        """Return once :attr:`finished`."""
 
 
 class NoCompletion(Completion):
@@ -45,47 +58,36 @@ class NoCompletion(Completion):
 
 
 class AsyncioCompletion(Completion):
-    """A completion on an asyncio loop: a bare future per wait, resolved by
-    ``call_soon_threadsafe`` or by a ``call_later`` timer."""
+    """A completion on an asyncio loop: a bare future, resolved by
+    ``call_soon_threadsafe``."""
 
-    __slots__ = ("future", "loop", "woken")
+    __slots__ = ("future", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self.loop = loop
-        self.woken = False
-        self.future: asyncio.Future[None] | None = None
+        self.future: asyncio.Future[None] = loop.create_future()
 
-    def wake(self, done: bool) -> None:
+    def wake(self) -> None:
         # A loop that is closed has nobody waiting any more.
         with contextlib.suppress(Exception):
-            self.loop.call_soon_threadsafe(self._set, done)
+            self.loop.call_soon_threadsafe(self._set)
 
-    def _set(self, done: bool) -> None:
-        self.done = self.done or done
-        self.woken = True
-        _resolve(self.future)
+    def _set(self) -> None:
+        self.finished = True
+        if not self.future.done():
+            self.future.set_result(None)
 
-    async def wait(self, timeout: float) -> None:
-        if not self.woken:
-            future = self.future = self.loop.create_future()
-            timer = self.loop.call_later(timeout, _resolve, future)
-            try:
-                await future
-            finally:
-                timer.cancel()
-                self.future = None
-        self.woken = False
-
-
-def _resolve(future: asyncio.Future[None] | None) -> None:
-    if future is not None and not future.done():
-        future.set_result(None)
+    async def wait(self) -> None:
+        while not self.finished:
+            if self.future.done():  # cancelled with the task that awaited it
+                self.future = self.loop.create_future()
+            await self.future
 
 
 class AnyioCompletion(Completion):
     """A completion on any other anyio backend (trio): an event set through the loop's
-    token, waited for with a timeout."""
+    token."""
 
     __slots__ = ("event", "token")
 
@@ -94,19 +96,16 @@ class AnyioCompletion(Completion):
         self.token = anyio.lowlevel.current_token()
         self.event = anyio.Event()
 
-    def wake(self, done: bool) -> None:
+    def wake(self) -> None:
         with contextlib.suppress(Exception):  # the loop is gone: nobody waits
-            self.token.backend_class.run_sync_soon(self._set, (done,), self.token.native_token)
+            self.token.backend_class.run_sync_soon(self._set, (), self.token.native_token)
 
-    def _set(self, done: bool) -> None:
-        self.done = self.done or done
+    def _set(self) -> None:
+        self.finished = True
         self.event.set()
 
-    async def wait(self, timeout: float) -> None:
-        with anyio.move_on_after(timeout):
-            await self.event.wait()
-        if self.event.is_set():
-            self.event = anyio.Event()
+    async def wait(self) -> None:
+        await self.event.wait()
 
 
 def completion() -> Completion:
@@ -117,6 +116,45 @@ def completion() -> Completion:
         return AnyioCompletion()
 
 
-def on_success(completion: Any) -> None:
-    """OpenVINO's callback (on its thread): the inference succeeded."""
-    completion.wake(True)
+class Waiter:
+    """A daemon thread that waits for the inferences of one OpenVINO request, one at a
+    time, and wakes each one's completion when it ended."""
+
+    def __init__(self, ov_request: Any) -> None:
+        self._inbox: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
+        threading.Thread(
+            target=_wait_for_each,
+            args=(ov_request, self._inbox),
+            name="aioinfer-openvino-wait",
+            daemon=True,
+        ).start()
+
+    def watch(self, completion: Completion) -> None:
+        """Wake ``completion`` when the inference just started ends."""
+        self._inbox.put(completion)
+
+    def close(self) -> None:
+        """Let the thread end (once the inference it waits for, if any, ended)."""
+        self._inbox.put(None)
+
+
+def _wait_for_each(ov_request: Any, inbox: queue.SimpleQueue[Completion | None]) -> None:
+    while True:
+        completion = inbox.get()
+        if completion is None:
+            return
+        # The outcome (a failure, a cancel) is read on the loop, by wait() again.
+        try:
+            ov_request.wait()
+        except RuntimeError:
+            let_go(ov_request)
+        completion.wake()
+
+
+def let_go(ov_request: Any) -> None:
+    """Return once a request whose ``wait()`` raised has ended: a cancelled request's
+    ``wait()`` raises at once, while OpenVINO still runs it up to its next node (and
+    refuses to start it again until then); ``wait_for`` says when that is over."""
+    with contextlib.suppress(RuntimeError):  # the end of a cancelled run raises
+        while not ov_request.wait_for(LET_GO_CHECK_MS):
+            pass

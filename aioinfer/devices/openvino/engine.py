@@ -42,8 +42,12 @@ def failure_message(exc: BaseException, producers: Mapping[str, str]) -> str:
     """
     message = engine_message(exc)
     match = _NODE.search(message)
-    if match is not None and match.group(1) in producers:
-        return f"node {producers[match.group(1)]!r} failed in OpenVINO: {message}"
+    if match is not None:
+        # A node OpenVINO split or renamed keeps its name with a suffix: 'y.0'.
+        name = match.group(1)
+        for tensor in (name, name.rpartition(".")[0]):
+            if tensor in producers:
+                return f"node {producers[tensor]!r} failed in OpenVINO: {message}"
     return f"OpenVINO failed: {message}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aioinfer.properties import Property
+from aioinfer.properties import Property, non_negative_int
 
 
 def _device_name(value: Any) -> str:
@@ -37,4 +37,13 @@ INFERENCE_PRECISION_HINT = Property(
     default="f32",
     parse=_precision,
     auto="AUTO",
+)
+OPENVINO_INLINE_RUN_US = Property(
+    "OPENVINO_INLINE_RUN_US",
+    "OPENVINO device with one stream: an inference whose last one on inputs of the same "
+    "shapes took less than this many microseconds runs on the event loop's thread when "
+    "no other one is in flight, saving the hop through a waiting thread (0: never).",
+    default=500,
+    parse=non_negative_int,
+    mutable=True,
 )

@@ -2,38 +2,44 @@
 OpenVINO's own ``start_async`` and awaited through :mod:`.bridge`.
 
 On the event loop, the stages are: check the inputs and hand them to OpenVINO without a
-copy (``infer_preprocess``), start OpenVINO's request (``start_on_loop``), await its
-completion (``wait_async``), copy the outputs out of OpenVINO's tensors
-(``infer_postprocess``). OpenVINO computes on its own threads; its callback only wakes
-the loop, so no user code ever runs on them. The synchronous path (``infer_sync``, the
-PROCESS worker) starts the same way and blocks in OpenVINO's ``wait()``.
+copy (``infer_preprocess``; an input array OpenVINO already holds, such as the request's
+own input buffer, is not handed over again), start OpenVINO's request
+(``start_on_loop``), await its completion (``wait_async``), copy the outputs out of
+OpenVINO's tensors (``infer_postprocess``). OpenVINO computes on its own threads and a
+waiter thread wakes the loop (see :mod:`.bridge`), so no Python code runs on OpenVINO's
+threads. A short inference with one stream runs inline instead (see :mod:`.inline`).
+The synchronous path (``infer_sync``, the PROCESS worker) starts the same way and
+blocks in OpenVINO's ``wait()``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
+import weakref
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import openvino
 
 from aioinfer.errors import InferCancelledError, InferenceError
+from aioinfer.plugin.state import dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
 
-from .bridge import Completion, NoCompletion, completion, on_success
+from .bridge import Completion, NoCompletion, Waiter, completion, let_go
 from .engine import failure_message
+from .inline import InlineRuns
+from .state import OpenVINOVariables
 
 if TYPE_CHECKING:
-    from .compiled_model import OpenVINOCompiledModel
+    from collections.abc import Callable
 
-FIRST_CHECK = 0.005
-"""Seconds before the first look at OpenVINO's request when no callback came (a failed
-inference has none); each later check waits twice as long, up to :data:`LAST_CHECK`."""
-LAST_CHECK = 0.1
-CANCEL_CHECK = 0.0005
-"""Seconds between looks at a request that was asked to cancel (OpenVINO's CPU plugin
-stops at the next node)."""
+    from aioinfer.plugin.state import VariableState
+
+    from .compiled_model import OpenVINOCompiledModel
 
 _SYNC = NoCompletion()
 _EXECUTED = openvino.ProfilingInfo.Status.EXECUTED
@@ -50,7 +56,9 @@ class OpenVINOInferRequest(SyncInferRequest):
     def __init__(self, compiled_model: OpenVINOCompiledModel) -> None:
         super().__init__(compiled_model)
         self._ov = compiled_model.ov_compiled_model.create_infer_request()
-        self._ov.set_callback(on_success, _SYNC)
+        self._waiter: Waiter | None = None
+        """The thread that waits for this request's awaited inferences (see
+        :mod:`.bridge`), started by the first one."""
         self._input_indices = compiled_model.ov_input_indices
         self._output_indices = compiled_model.ov_output_indices
         self._kept: list[np.ndarray] = []
@@ -60,6 +68,26 @@ class OpenVINOInferRequest(SyncInferRequest):
         self._lock = threading.Lock()
         """Orders ``cancel()`` (any thread) against the start of an inference."""
         self._completion: Completion = _SYNC
+        self._runs: InlineRuns = compiled_model.inline_runs
+        self._shapes: tuple[object, ...] = ()
+        self._inline = False
+        """The running inference ran inline (in :meth:`start_on_loop`)."""
+        self._held: list[tuple[np.ndarray, tuple[int, ...]] | None] = [None] * len(
+            compiled_model.ov_compiled_model.inputs
+        )
+        """Per OpenVINO input, the array (and its shape) OpenVINO's tensor shares now."""
+        self._variables = (
+            OpenVINOVariables(compiled_model.variables, self._state_sizes, self._ov)
+            if compiled_model.variables
+            else None
+        )
+
+    def _state_sizes(self) -> dict[str, int]:
+        return dimension_sizes(self._input_ports, self._inputs)
+
+    def query_state(self, guard: Callable[[], None] | None = None) -> list[VariableState]:
+        """The variables OpenVINO keeps in this request (see :mod:`.state`)."""
+        return [] if self._variables is None else self._variables.states(guard)
 
     # -- stages ---------------------------------------------------------------------------
 
@@ -67,15 +95,22 @@ class OpenVINOInferRequest(SyncInferRequest):
         """Check the inputs (base class), then set them on OpenVINO's request."""
         super().infer_preprocess()
         set_input = self._ov.set_input_tensor
-        kept = self._kept
+        kept, held = self._kept, self._held
         kept.clear()
+        shapes = []
         for index, value in zip(self._input_indices, self._inputs):
             if index is None or value is None:
                 continue  # an input OpenVINO's frontend found unused; an empty optional
+            shapes.append(value.shape)
+            last = held[index]
+            if last is not None and last[0] is value and last[1] == value.shape:
+                continue  # OpenVINO's tensor shares this very array already
             if not (value.flags.c_contiguous and value.flags.writeable):
                 value = np.array(value, order="C")  # OpenVINO shares only such arrays
                 kept.append(value)  # the shared memory must outlive the inference
             set_input(index, openvino.Tensor(value, shared_memory=True))
+            held[index] = (value, value.shape)
+        self._shapes = tuple(shapes)
 
     def start_pipeline(self) -> None:
         """Start OpenVINO's request (the synchronous path waits in :meth:`wait_pipeline`).
@@ -86,15 +121,64 @@ class OpenVINOInferRequest(SyncInferRequest):
         self._start(_SYNC)
 
     def start_on_loop(self) -> None:
-        """Start OpenVINO's request with a completion for the running event loop."""
-        self._start(completion())
+        """Start OpenVINO's request with a completion for the running event loop; a
+        short one (see :mod:`.inline`) is only prepared here and runs in
+        :meth:`wait_async`.
+
+        Raises:
+            InferCancelledError: :meth:`cancel` was called before it started.
+        """
+        runs = self._runs
+        if runs.short(self._shapes):
+            if self._variables is not None:
+                self._variables.prepare()
+            self._completion = _SYNC
+            self._inline = True
+            return
+        waker = completion()
+        self._start(waker)
+        self._waiting().watch(waker)
+        runs.in_flight += 1
+
+    def _run_inline(self) -> None:
+        """Run a short inference to its end on this thread (see :mod:`.inline`).
+
+        Raises:
+            InferCancelledError: :meth:`cancel` was called before it started.
+            InferenceError: OpenVINO failed.
+        """
+        runs = self._runs
+        with self._lock:
+            if self.cancel_token.requested:
+                raise InferCancelledError("the inference was cancelled")
+        try:
+            if runs.method(self._shapes):
+                start = time.perf_counter()
+                self._ov.infer(None, share_outputs=True)  # outputs copied in postprocess
+                runs.record(self._shapes, time.perf_counter() - start, inline=True)
+            else:
+                self._ov.start_async()
+                self._ov.wait()
+                runs.record(self._shapes, self._ov.latency / 1e3, inline=False)
+        except RuntimeError as exc:
+            let_go(self._ov)
+            raise self._failure(exc) from None
 
     def _start(self, waker: Completion) -> None:
+        if self._variables is not None:
+            self._variables.prepare()
         with self._lock:
             if self.cancel_token.requested:
                 raise InferCancelledError("the inference was cancelled")
             self._completion = waker
-            self._ov.start_async(None, waker)
+            self._ov.start_async()
+
+    def _waiting(self) -> Waiter:
+        waiter = self._waiter
+        if waiter is None:
+            waiter = self._waiter = Waiter(self._ov)
+            weakref.finalize(self, waiter.close)
+        return waiter
 
     def wait_pipeline(self) -> None:
         """Block until OpenVINO's request has finished.
@@ -106,53 +190,58 @@ class OpenVINOInferRequest(SyncInferRequest):
         try:
             self._ov.wait()
         except RuntimeError as exc:
+            let_go(self._ov)  # a cancelled request's wait() raises before it ended
             raise self._failure(exc) from None
 
     async def wait_async(self) -> None:
         """Await OpenVINO's request on the event loop; raises as :meth:`wait_pipeline`.
 
-        Woken by OpenVINO's callback when the inference succeeded; a failed or cancelled
-        one is found by the checks of :mod:`.bridge`. Cancelling the awaiting task cancels
-        OpenVINO's request and waits (shielded) until OpenVINO has let go of it.
+        Woken by the request's waiter thread when the inference ended, however it ended
+        (see :mod:`.bridge`). Cancelling the awaiting task cancels OpenVINO's request and
+        waits (shielded) until OpenVINO has let go of it.
+
+        A stateful step that OpenVINO finished has advanced OpenVINO's variables: it
+        completes even when its cancel came too late to stop it (its results are
+        published, then the task's cancellation goes on), so that a step reported
+        cancelled never changed the state.
         """
+        if self._inline:
+            # Yield once (a task inferring in a loop must not starve the others; a cancel
+            # asked for meanwhile stops the inference before it starts), then run it to
+            # its end: nothing interrupts it once it started.
+            self._inline = False
+            await anyio.lowlevel.checkpoint()
+            self._run_inline()
+            return
         waker = self._completion
-        delay = FIRST_CHECK
         try:
-            while not waker.done:
-                await waker.wait(delay)
-                if waker.done or self._finished():
-                    break
-                delay = CANCEL_CHECK if self.cancel_token.requested else min(2 * delay, LAST_CHECK)
-        except anyio.get_cancelled_exc_class():
+            await waker.wait()
+        except anyio.get_cancelled_exc_class() as exc:
             self.cancel()
             with anyio.CancelScope(shield=True):
-                await self._let_go(waker)
-            raise
-        # Woken from inside OpenVINO's callback: this returns once the callback returned.
-        self.wait_pipeline()
+                await waker.wait()
+            if self._variables is None or not self._succeeded():
+                raise
+            # OpenVINO finished (and committed the state) before the cancel reached it:
+            # the step completes. A cancel scope's cancel reaches the task again once it
+            # did; asyncio's own task.cancel() is raised now, after the results.
+            if not _from_a_cancel_scope(exc):
+                self.infer_postprocess()
+                raise
+        finally:
+            self._runs.in_flight -= 1
+        self.wait_pipeline()  # returns at once; raises the failure or the cancel
+        self._runs.record(self._shapes, self._ov.latency / 1e3, inline=False)
+        if self._variables is not None:
+            self.cancel_token.requested = False  # too late: OpenVINO committed the step
 
-    def _finished(self) -> bool:
-        """Whether OpenVINO's request finished, without blocking; raises its failure."""
-        try:
-            return bool(self._ov.wait_for(0))
-        except RuntimeError as exc:
-            raise self._failure(exc) from None
-
-    async def _let_go(self, waker: Completion) -> None:
-        """Wait until OpenVINO has finished with a cancelled request, however it ended."""
-        delay = CANCEL_CHECK
-        while not waker.done:
-            try:
-                if self._ov.wait_for(0):
-                    return
-            except RuntimeError:
-                return
-            await waker.wait(delay)
-            delay = min(2 * delay, LAST_CHECK)
+    def _succeeded(self) -> bool:
+        """Whether OpenVINO's finished request succeeded (call once it ended)."""
         try:
             self._ov.wait()
         except RuntimeError:
-            return
+            return False
+        return True
 
     def infer_postprocess(self) -> None:
         """Copy the outputs out of OpenVINO's tensors (the next inference reuses them)."""
@@ -169,15 +258,24 @@ class OpenVINOInferRequest(SyncInferRequest):
                     seconds = info.real_time.total_seconds()
                     timings.add(info.node_name, info.node_type, "native", seconds)
         self.set_results(arrays)
+        if self._variables is not None:
+            self._variables.commit()
 
     def cancel(self) -> None:
         """Cancel OpenVINO's request (it stops at the next node); any thread."""
         with self._lock:
             super().cancel()
             self._ov.cancel()
-            self._completion.wake(False)
 
     def _failure(self, exc: BaseException) -> Exception:
         if self.cancel_token.requested:
             return InferCancelledError("the inference was cancelled")
         return InferenceError(failure_message(exc, self._producers))
+
+
+def _from_a_cancel_scope(exc: BaseException) -> bool:
+    """Whether a cancellation comes from an anyio or trio cancel scope, which cancels
+    again at the task's next checkpoint (asyncio's own ``task.cancel()`` does not)."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return True  # trio: every cancellation is a scope's
+    return any(isinstance(a, str) and a.startswith("Cancelled via cancel scope ") for a in exc.args)
