@@ -1,6 +1,6 @@
 """The ``aioinfer`` command: run a model once (or N times) and describe the devices.
 
-aioinfer run [MODEL] [--device CPU] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
+aioinfer run [MODEL] [--device AUTO] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
              [--hint LATENCY|THROUGHPUT] [--iterations N] [--seed S]
 aioinfer bench [MODEL] [--hint H] [--requests N] [--duration S | --iterations N] ...
 aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-log]
@@ -99,7 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "model", nargs="?", type=Path, help="ONNX model file (default: the bundled tiny_cnn)"
     )
-    run.add_argument("--device", default="CPU", help="device to compile for (default: CPU)")
+    run.add_argument(
+        "--device", default="AUTO", help="device to compile for (default: AUTO, the best installed)"
+    )
     run.add_argument(
         "--input",
         action="append",
@@ -241,7 +243,7 @@ async def _run(args: argparse.Namespace) -> None:
         latencies.append(time.perf_counter() - start)
 
     print(f"model:        {compiled.name} ({model_path})")
-    print(f"device:       {args.device}")
+    print(f"device:       {device_label(args.device, compiled)}")
     print(f"compile time: {_ms(compile_seconds)}")
     print("inputs:")
     for port in compiled.inputs:
@@ -310,15 +312,28 @@ def _serve(args: argparse.Namespace) -> None:
     )
 
 
+def device_label(asked: str, compiled: aioinfer.CompiledModel) -> str:
+    """The device asked for, with what runs the model when that is another device:
+    ``AUTO (on ORT)``, ``AUTO (on ORT, compiled as BATCH:AUTO)``."""
+    details = []
+    if "EXECUTION_DEVICES" in compiled.supported_properties():
+        details.append(f"on {', '.join(compiled.get_property('EXECUTION_DEVICES'))}")
+    compiled_as = str(compiled.get_property("DEVICE_NAME"))
+    if compiled_as != asked:
+        details.append(f"compiled as {compiled_as}")
+    return f"{asked} ({', '.join(details)})" if details else asked
+
+
 def _info() -> None:
+    from aioinfer.devices.auto.plugin import unavailable_reason
+
     core = aioinfer.Core()
     for device in core.available_devices:
-        print(device)
-        try:
-            names = core.get_property(device, "SUPPORTED_PROPERTIES")
-        except (AioinferError, ImportError) as exc:
-            print(f"  (unavailable: {exc})")
+        reason = unavailable_reason(core, device)
+        print(f"{device}: {'available' if reason is None else f'not available ({reason})'}")
+        if reason is not None:
             continue
+        names = core.get_property(device, "SUPPORTED_PROPERTIES")
         for name in names:
             try:
                 value = core.get_property(device, name)

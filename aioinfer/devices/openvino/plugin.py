@@ -106,6 +106,14 @@ class OpenVINOPlugin(Plugin):
                 self._ov_core = openvino.Core()
             return self._ov_core
 
+    def unavailable_reason(self) -> str | None:
+        """Why OpenVINO cannot run models here (the package is not installed), or None."""
+        try:
+            self.ov_core  # noqa: B018 - made on first use
+        except CompileError as exc:
+            return str(exc)
+        return None
+
     def compile_model(self, model: Model, config: Mapping[str, Any]) -> OpenVINOCompiledModel:
         """Compile ``model`` with OpenVINO on ``OPENVINO_DEVICE`` (default ``CPU``).
 
