@@ -328,11 +328,14 @@ def _info() -> None:
     from aioinfer.devices.auto.plugin import unavailable_reason
 
     core = aioinfer.Core()
+    available = []
     for device in core.available_devices:
         reason = unavailable_reason(core, device)
-        print(f"{device}: {'available' if reason is None else f'not available ({reason})'}")
         if reason is not None:
+            print(f"{device} (not available: {reason})")
             continue
+        available.append(device)
+        print(device)
         names = core.get_property(device, "SUPPORTED_PROPERTIES")
         for name in names:
             try:
@@ -342,6 +345,7 @@ def _info() -> None:
                 continue
             shown = ", ".join(value) if isinstance(value, (list, tuple)) else value
             print(f"  {name}: {shown}")
+    print(f"available here: {', '.join(available)}")
 
 
 def _pairs(items: Sequence[str], option: str, form: str) -> dict[str, str]:
