@@ -134,17 +134,18 @@ class InferenceService:
         for entry in self.repository.models.values():
             if entry.name in self.models:
                 continue
-            supported = self.core.get_property(entry.config.device, "SUPPORTED_PROPERTIES")
-            device, config = entry.config.device_and_config(supported)
             versions = {}
             for version, path in sorted(entry.versions.items(), key=lambda item: int(item[0])):
                 try:
-                    compiled = await self.core.compile_model_async(str(path), device, config)
+                    model = await self.core.read_model_async(str(path))
+                    plan = entry.config.compile_plan(self.core, model)
+                    compiled = await self.core.compile_model_async(model, plan.device, plan.config)
                 except AioinferError as exc:
                     raise type(exc)(f"model {entry.name!r} version {version}: {exc}") from exc
                 versions[version] = ServedModel(
                     entry.name, version, compiled, entry.config, self.max_sequences
                 )
+                _logger.info("%s", versions[version].describe(plan.decided))
             self.models[entry.name] = versions
 
     @asynccontextmanager

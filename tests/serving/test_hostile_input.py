@@ -70,6 +70,7 @@ class FaultyPlugin(CPUPlugin):
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("hostile")
     write_model(repo, "identity", 1, identity_model())
+    write_config(repo, "identity", {"device": "CPU"})  # BYTES kept as bytes, not str
     write_model(repo, "mlp", 1, mlp_model(seed=3))
     write_model(repo, "faulty", 1, mlp_model(seed=3))
     write_config(repo, "faulty", {"device": "FAULTY"})
