@@ -30,7 +30,12 @@ from starlette.types import Receive, Scope, Send
 from aioinfer.core import Core
 from aioinfer.errors import ClientDisconnectedError, ErrorKind, ProtocolError, ServiceError
 from aioinfer.serving.auth import HEALTH_PATHS, ApiKeyCheck
-from aioinfer.serving.compression import compress, decompress, response_coding
+from aioinfer.serving.compression import (
+    compress,
+    decompress,
+    response_coding,
+    worth_compressing,
+)
 from aioinfer.serving.disconnect import unless_disconnected
 from aioinfer.serving.metrics import CONTENT_TYPE
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, ServedModel
@@ -131,7 +136,9 @@ class RestAdapter:
             content, header_length = encode_infer_response(
                 response.model_name, response.model_version, response.id, response.outputs
             )
-            response_encoding = None if accepted is None else response_coding(accepted)
+            response_encoding = None
+            if accepted is not None and worth_compressing(len(content), header_length is not None):
+                response_encoding = response_coding(accepted)
             if response_encoding is not None:
                 inline = len(content) <= _INLINE_BYTES
                 content = await _off_loop(inline, compress, content, response_encoding)
