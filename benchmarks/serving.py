@@ -282,14 +282,15 @@ def wait_ready(port: int, timeout: float = 120) -> None:
 
 def machine() -> str:
     """The CPU, its cores, and the versions that matter here."""
+    from importlib.metadata import version as installed
+
     import onnxruntime as ort
-    import tritonclient
     import uvicorn
 
     import aioinfer
     from aioinfer.properties import cpu_model_name, num_cores
 
-    version = getattr(tritonclient, "__version__", "?")
+    version = installed("tritonclient")
     return (
         f"{cpu_model_name()}, {num_cores()} cores; Python {sys.version.split()[0]}, "
         f"aioinfer {aioinfer.__version__}, onnxruntime {ort.__version__}, "

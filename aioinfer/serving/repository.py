@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from aioinfer.errors import RepositoryError
 from aioinfer.model import Model, batch_problem
+from aioinfer.properties import num_cores
 
 if TYPE_CHECKING:
     from aioinfer.core import Core
@@ -130,12 +131,14 @@ class ModelConfig:
         state and properties (:meth:`device_and_config`). Without one, the server's
         defaults for single-row traffic, each overridden by the config's own key: the
         ``AUTO`` device (the best installed: ORT, OPENVINO, then CPU), the THROUGHPUT hint
-        (streams on every core), and the ``BATCH`` device (up to ``MAX_BATCH_SIZE`` 32
-        rows, 1 ms) for a model it can batch (a shared symbolic first dimension, no
-        state): concurrent single rows then run as one batch. The computation stays in
-        the server's process: measured with ``benchmarks/serving.py`` (docs/serving.md),
-        a worker process (``PROCESS``) added a copy each way and served fewer requests
-        per second than the engine computing on threads that release the GIL.
+        (streams on every core), and for a model the ``BATCH`` device can batch (a shared
+        symbolic first dimension, no state) dynamic batching (up to ``MAX_BATCH_SIZE`` 32
+        rows, 1 ms: concurrent single rows run as one batch) computed in a worker process
+        (``BATCH:PROCESS:AUTO``) on a machine of two cores or more: the event loop then
+        has the server's process to itself, and no compute thread waits for its GIL.
+        Measured with ``benchmarks/serving.py`` (docs/serving.md), the worker process
+        served more requests per second than the same batches computed on threads of
+        the server's process. With one core, the batches compute in the server's process.
 
         Raises:
             UnknownDeviceError: the config's device is unknown.
@@ -145,6 +148,7 @@ class ModelConfig:
             return CompilePlan(*self.device_and_config(supported))
         decided = [f"device {DEFAULT_DEVICE}"]
         defaults = self
+        device = DEFAULT_DEVICE
         if self.hint is None:
             decided.append(f"hint {DEFAULT_HINT}")
             defaults = replace(defaults, hint=DEFAULT_HINT)
@@ -155,12 +159,16 @@ class ModelConfig:
             if problem is None:
                 decided.append("dynamic batching (BATCH)")
                 defaults = replace(defaults, batching=True)
+                if num_cores() >= 2:
+                    decided.append("a worker process (PROCESS)")
+                    device = f"PROCESS:{DEFAULT_DEVICE}"
             else:
                 decided.append(f"no batching: {problem}")
                 defaults = replace(defaults, batching=False)
-        supported = core.get_property(DEFAULT_DEVICE, "SUPPORTED_PROPERTIES")
-        device, config = replace(defaults, device=DEFAULT_DEVICE).device_and_config(supported)
-        return CompilePlan(device, config, tuple(decided))
+        supported = core.get_property(device, "SUPPORTED_PROPERTIES")
+        return CompilePlan(
+            *replace(defaults, device=device).device_and_config(supported), tuple(decided)
+        )
 
     def device_and_config(self, supported: Collection[str]) -> tuple[str, dict[str, Any]]:
         """The device string and compile config this model is compiled with, given the

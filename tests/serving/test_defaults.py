@@ -10,10 +10,18 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from aioinfer.properties import num_cores
 from aioinfer.serving import create_app
 from aioinfer.serving.models import ServedModel
 from tests.helpers import accumulator_model, mlp_model, reference_outputs, two_input_model
 from tests.serving.conftest import LiveServer, write_config, write_model
+
+DEVICE, WORKER = (
+    ("BATCH:PROCESS:AUTO", ", a worker process (PROCESS)")
+    if num_cores() >= 2
+    else ("BATCH:AUTO", "")
+)
+"""A batchable model computes in a worker process on two cores or more."""
 
 
 @pytest.fixture
@@ -41,7 +49,7 @@ def test_defaults_are_applied_and_logged(
     app = create_app(repository)
     with caplog.at_level(logging.INFO, logger="aioinfer"), LiveServer(app) as live:
         mlp = served(app, "mlp").compiled
-        assert mlp.get_property("DEVICE_NAME") == "BATCH:AUTO"
+        assert mlp.get_property("DEVICE_NAME") == DEVICE
         assert mlp.get_property("EXECUTION_DEVICES") == ("ORT",)
         assert mlp.get_property("PERFORMANCE_HINT") == "THROUGHPUT"
         assert mlp.max_batch_size() == 32
@@ -74,9 +82,9 @@ def test_defaults_are_applied_and_logged(
 
     lines = {r.getMessage().split(":")[0]: r.getMessage() for r in caplog.records}
     assert lines["model 'mlp' version 1"] == (
-        "model 'mlp' version 1: BATCH:AUTO on ORT, hint THROUGHPUT, 2 stream(s), batches "
-        "of up to 32 rows, 128 inferences at once (server defaults: device AUTO, hint "
-        "THROUGHPUT, dynamic batching (BATCH))"
+        f"model 'mlp' version 1: {DEVICE} on ORT, hint THROUGHPUT, 2 stream(s), "
+        "batches of up to 32 rows, 128 inferences at once (server defaults: device AUTO, "
+        f"hint THROUGHPUT, dynamic batching (BATCH){WORKER})"
     )
     assert lines["model 'plain' version 1"].endswith(
         "(server defaults: device AUTO, hint THROUGHPUT, no batching: input 'scale' (scale: "

@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 from aioinfer import Core, RepositoryError
+from aioinfer.properties import num_cores
 from aioinfer.serving import ModelConfig, ModelRepository
 from tests.helpers import mlp_model
 from tests.serving.conftest import write_config, write_model
@@ -70,9 +71,10 @@ def test_config_becomes_device_and_properties(config, expected) -> None:
     [
         (
             {},
-            "BATCH:AUTO",
+            "BATCH:PROCESS:AUTO" if num_cores() >= 2 else "BATCH:AUTO",
             {"PERFORMANCE_HINT": "THROUGHPUT"},
-            ("device AUTO", "hint THROUGHPUT", "dynamic batching (BATCH)"),
+            ("device AUTO", "hint THROUGHPUT", "dynamic batching (BATCH)")
+            + (("a worker process (PROCESS)",) if num_cores() >= 2 else ()),
         ),
         (
             {"hint": "LATENCY", "batching": {"max_batch_size": 4}},
