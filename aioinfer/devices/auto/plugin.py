@@ -91,23 +91,19 @@ class AutoPlugin(VirtualPlugin):
             InvalidPropertyValueError: a bad ``DEVICE_PRIORITIES``.
         """
         own, rest = self._split(config or {})
-        known: set[str] = set()
-        for device in own["DEVICE_PRIORITIES"]:
-            if unavailable_reason(self.core, device) is None:
-                known.update(self.core.get_plugin(device).properties)
-        unknown = sorted(set(rest) - known)
+        plugins = [
+            self.core.get_plugin(device)
+            for device in own["DEVICE_PRIORITIES"]
+            if unavailable_reason(self.core, device) is None
+        ]
+        declared = {name: p for plugin in (self, *plugins) for name, p in plugin.properties.items()}
+        unknown = sorted(set(rest) - set(declared))
         if unknown:
-            configurable = {
-                name
-                for device in own["DEVICE_PRIORITIES"]
-                if unavailable_reason(self.core, device) is None
-                for name, declared in self.core.get_plugin(device).properties.items()
-                if declared.configurable
-            } | {name for name, declared in self.properties.items() if declared.configurable}
+            configurable = sorted(name for name, p in declared.items() if p.configurable)
             raise UnknownPropertyError(
                 f"unknown property {unknown[0]!r}: no device of AUTO's list "
                 f"({', '.join(own['DEVICE_PRIORITIES'])}) declares it; supported: "
-                f"{', '.join(sorted(configurable))}"
+                f"{', '.join(configurable)}"
             )
         return {**own, **rest}
 
@@ -125,8 +121,9 @@ class AutoPlugin(VirtualPlugin):
 
         Raises:
             UnknownPropertyError: a property no device of the list declares.
-            The error of the first device that was tried (its class), its message
-                listing why each device was passed over, when none can run the model.
+            The error of the first device that loaded but could not run the model (its
+                class; UnknownDeviceError when none loads), its message listing why each
+                device was passed over, when none can run the model.
         """
         parsed = self.parse_config(config)
         own = {name: parsed[name] for name in ("DEVICE_PRIORITIES", "ALLOW_AUTO_BATCHING")}
