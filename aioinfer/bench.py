@@ -1,6 +1,6 @@
 """``aioinfer bench``: latency and throughput of a model under a steady load.
 
-aioinfer bench [MODEL] [--device CPU] [--hint LATENCY|THROUGHPUT] [--streams N]
+aioinfer bench [MODEL] [--device AUTO] [--hint LATENCY|THROUGHPUT] [--streams N]
                [--requests N] [--duration S | --iterations N] [--shape NAME=D0,D1,...]
                [--input NAME=FILE.npy] [--compare onnxruntime] [--json] [--plot FILE.png]
 
@@ -30,7 +30,7 @@ import anyio.to_thread
 import numpy as np
 
 import aioinfer
-from aioinfer.cli import UsageError, _dims, _inputs, _ms, _pairs, _read_npy
+from aioinfer.cli import UsageError, _dims, _inputs, _ms, _pairs, _read_npy, device_label
 from aioinfer.models import default_model_path
 from aioinfer.properties import num_cores
 
@@ -88,7 +88,9 @@ def add_parser(commands: Any) -> None:
     bench.add_argument(
         "model", nargs="?", type=Path, help="ONNX model file (default: the bundled tiny_cnn)"
     )
-    bench.add_argument("--device", default="CPU", help="device to compile for (default: CPU)")
+    bench.add_argument(
+        "--device", default="AUTO", help="device to compile for (default: AUTO, the best installed)"
+    )
     bench.add_argument("--hint", type=str.upper, choices=("LATENCY", "THROUGHPUT"))
     bench.add_argument("--streams", type=int, help="NUM_STREAMS (default: follows the hint)")
     bench.add_argument(
@@ -148,6 +150,7 @@ async def run(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     compiled = await aioinfer.Core().compile_model_async(model_path, args.device, config)
     compile_seconds = time.perf_counter() - start
+    device = device_label(args.device, compiled)
     async with compiled:
         for name in [*files, *shapes]:
             compiled.input(name)  # raises UnknownInputError naming the inputs that exist
@@ -178,7 +181,7 @@ async def run(args: argparse.Namespace) -> None:
     report = {
         "model": compiled.name,
         "path": str(model_path),
-        "device": args.device,
+        "device": device,
         "config": {"PERFORMANCE_HINT": hint, "NUM_STREAMS": streams},
         "requests": count,
         "inputs": {n: {"dtype": str(a.dtype), "shape": list(a.shape)} for n, a in inputs.items()},

@@ -1,6 +1,6 @@
 """The ``aioinfer`` command: run a model once (or N times) and describe the devices.
 
-aioinfer run [MODEL_OR_BLOB] [--device CPU] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
+aioinfer run [MODEL_OR_BLOB] [--device AUTO] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
              [--hint LATENCY|THROUGHPUT] [--iterations N] [--seed S]
 aioinfer bench [MODEL] [--hint H] [--requests N] [--duration S | --iterations N] ...
 aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-log]
@@ -33,7 +33,7 @@ import aioinfer
 from aioinfer.errors import AioinferError
 from aioinfer.model import Port
 from aioinfer.models import default_model_path
-from aioinfer.offline import compile_to_file, load_model_file
+from aioinfer.offline import compile_to_file, is_blob_file, load_model_file
 
 _TOP1_ROWS = 8
 """How many rows of a 2-D output get their top-1 index printed."""
@@ -111,7 +111,8 @@ def _parser() -> argparse.ArgumentParser:
         help="ONNX model file, or a blob of 'aioinfer compile' (default: the bundled tiny_cnn)",
     )
     run.add_argument(
-        "--device", help="device to compile for (default: CPU; a blob's: the one it names)"
+        "--device",
+        help="device to compile for (default: AUTO, the best installed; a blob's: its own)",
     )
     run.add_argument(
         "--input",
@@ -332,7 +333,10 @@ async def _run(args: argparse.Namespace) -> None:
         latencies.append(time.perf_counter() - start)
 
     print(f"model:        {compiled.name} ({model_path})")
-    print(f"device:       {args.device or compiled.get_property('DEVICE_NAME')}")
+    # Without --device: a blob runs on the device it names, a model on AUTO.
+    asked = args.device or ("" if _is_blob(model_path) else "AUTO")
+    asked = asked or str(compiled.get_property("DEVICE_NAME"))
+    print(f"device:       {device_label(asked, compiled)}")
     print(f"compile time: {_ms(compile_seconds)}")
     print("inputs:")
     for port in compiled.inputs:
@@ -438,15 +442,38 @@ def _serve_on_ray(args: argparse.Namespace, options: dict[str, Any], api_key: st
     )
 
 
+def _is_blob(path: Path) -> bool:
+    try:
+        return is_blob_file(path)
+    except OSError:
+        return False
+
+
+def device_label(asked: str, compiled: aioinfer.CompiledModel) -> str:
+    """The device asked for, with what runs the model when that is another device:
+    ``AUTO (on ORT)``, ``AUTO (on ORT, compiled as BATCH:AUTO)``."""
+    details = []
+    if "EXECUTION_DEVICES" in compiled.supported_properties():
+        details.append(f"on {', '.join(compiled.get_property('EXECUTION_DEVICES'))}")
+    compiled_as = str(compiled.get_property("DEVICE_NAME"))
+    if compiled_as != asked:
+        details.append(f"compiled as {compiled_as}")
+    return f"{asked} ({', '.join(details)})" if details else asked
+
+
 def _info() -> None:
+    from aioinfer.devices.auto.plugin import unavailable_reason
+
     core = aioinfer.Core()
+    available = []
     for device in core.available_devices:
-        print(device)
-        try:
-            names = core.get_property(device, "SUPPORTED_PROPERTIES")
-        except (AioinferError, ImportError) as exc:
-            print(f"  (unavailable: {exc})")
+        reason = unavailable_reason(core, device)
+        if reason is not None:
+            print(f"{device} (not available: {reason})")
             continue
+        available.append(device)
+        print(device)
+        names = core.get_property(device, "SUPPORTED_PROPERTIES")
         for name in names:
             try:
                 value = core.get_property(device, name)
@@ -455,6 +482,7 @@ def _info() -> None:
                 continue
             shown = ", ".join(value) if isinstance(value, (list, tuple)) else value
             print(f"  {name}: {shown}")
+    print(f"available here: {', '.join(available)}")
 
 
 def _pairs(items: Sequence[str], option: str, form: str) -> dict[str, str]:

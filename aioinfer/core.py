@@ -19,7 +19,13 @@ from aioinfer.model import Model, batch_problem
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.stateful import compile_stateful
-from aioinfer.properties import COMMON, Property, parse_config, property_name
+from aioinfer.properties import (
+    COMMON,
+    PERFORMANCE_HINT,
+    Property,
+    parse_config,
+    property_name,
+)
 
 PLUGIN_GROUP = "aioinfer.plugins"
 """Entry-point group under which a package registers a device (name = device name)."""
@@ -27,7 +33,16 @@ PLUGIN_GROUP = "aioinfer.plugins"
 _BUILTIN_DEVICES: dict[str, str] = {
     "CPU": "aioinfer.devices.cpu:CPUPlugin",
     "BATCH": "aioinfer.devices.batch:BatchPlugin",
+    "AUTO": "aioinfer.devices.auto:AutoPlugin",
 }
+
+DEFAULT_DEVICE = "AUTO"
+"""The device ``compile_model`` uses when none is named: the first device of AUTO's
+priority list that is installed and can run the model (see docs/auto.md)."""
+
+_TARGET_PROPERTIES = ("TARGET_DEVICE", "DEVICE_PRIORITIES")
+"""The properties that take what follows the colon of a device string: the target of
+``"BATCH:CPU"``, the list of ``"AUTO:ORT,CPU"``. A device declaring one is virtual."""
 
 
 def _give_core(plugin: Plugin, core: Core) -> None:
@@ -84,7 +99,7 @@ class Core:
     @property
     def available_devices(self) -> list[str]:
         """Names of the devices this Core can compile for: the built-in ones first (``CPU``,
-        then the virtual ``BATCH``), then the others by name."""
+        then the virtual ``BATCH`` and ``AUTO``), then the others by name."""
         others = sorted((set(self._targets) | set(self._plugins)) - set(_BUILTIN_DEVICES))
         return [*_BUILTIN_DEVICES, *others]
 
@@ -119,14 +134,14 @@ class Core:
     def get_available_devices(self) -> list[str]:
         """Names of the devices that can run models here, in the order of
         :attr:`available_devices`: each device whose plugin loads, leaving out the virtual
-        devices (``BATCH``, ``PROCESS``: they run models on another device)."""
+        devices (``BATCH``, ``PROCESS``, ``AUTO``: they run models on another device)."""
         devices = []
         for name in self.available_devices:
             try:
                 plugin = self.get_plugin(name)
             except Exception:  # a plugin that cannot load here: the device is not available
                 continue
-            if "TARGET_DEVICE" not in plugin.supported_properties:
+            if not set(_TARGET_PROPERTIES) & set(plugin.supported_properties):
                 devices.append(name)
         return devices
 
@@ -301,7 +316,7 @@ class Core:
     def query_model(
         self,
         model: Model | ModelSource,
-        device: str = "CPU",
+        device: str = DEFAULT_DEVICE,
         config: Mapping[str, Any] | None = None,
     ) -> dict[str, str]:
         """Which nodes of ``model`` the device can run (node name -> device); a virtual
@@ -318,16 +333,19 @@ class Core:
     def compile_model(
         self,
         model: Model | ModelSource,
-        device: str = "CPU",
+        device: str = DEFAULT_DEVICE,
         config: Mapping[str, Any] | None = None,
         *,
         auto_batching: bool = True,
     ) -> CompiledModel:
         """Compile ``model`` for ``device``: transformation passes, lowering, weights.
 
-        ``model`` may be a :class:`Model` or anything :meth:`read_model` takes. A virtual
-        device names its target after a colon: ``"BATCH:CPU"`` batches on the CPU (the
-        target goes to the virtual device as its ``TARGET_DEVICE`` property). With the
+        ``model`` may be a :class:`Model` or anything :meth:`read_model` takes. Without a
+        device, ``"AUTO"`` chooses one: the first of its priority list (``ORT``,
+        ``OPENVINO``, ``CPU``; ``DEVICE_PRIORITIES`` or ``"AUTO:ORT,CPU"`` changes it)
+        that is installed and compiles the model; ``EXECUTION_DEVICES`` names it. A
+        virtual device names its target after a colon: ``"BATCH:CPU"`` batches on the CPU
+        (the target goes to the virtual device as its ``TARGET_DEVICE`` property). With the
         ``THROUGHPUT`` hint, a device that supports ``ALLOW_AUTO_BATCHING`` gets a
         batchable, stateless model wrapped in ``BATCH`` (see docs/batching.md), unless
         ``auto_batching`` is False (a virtual device compiles its target so).
@@ -351,11 +369,7 @@ class Core:
         """
         model = model if isinstance(model, Model) else self.read_model(model)
         plugin, config = self._device_config(device, config)
-        if (
-            auto_batching
-            and ":" not in device
-            and self._batches_automatically(plugin, model, config)
-        ):
+        if auto_batching and self._batches_automatically(plugin, model, config):
             if self._settings:  # the BATCH device's own settings apply too
                 config = {**self._settings_for("BATCH", {"TARGET_DEVICE": device}), **config}
             config["TARGET_DEVICE"] = device
@@ -370,18 +384,20 @@ class Core:
         self, device: str, config: Mapping[str, Any] | None
     ) -> tuple[Plugin, dict[str, Any]]:
         """The plugin ``device`` names and the config it gets: ``config`` over this Core's
-        settings, with the target of ``"BATCH:CPU"`` as ``TARGET_DEVICE``."""
+        settings, with the target of ``"BATCH:CPU"`` as ``TARGET_DEVICE`` (the list of
+        ``"AUTO:ORT,CPU"`` as ``DEVICE_PRIORITIES``)."""
         name, _, target = device.partition(":")
         plugin = self.get_plugin(name)
         given = {property_name(key): value for key, value in (config or {}).items()}
         if self._settings:
             given = {**self._settings_for(device, given), **given}
         if target:
-            if "TARGET_DEVICE" not in plugin.properties:
+            key = next((k for k in _TARGET_PROPERTIES if k in plugin.properties), None)
+            if key is None:
                 raise UnknownDeviceError(
                     f"device {name!r} takes no target device, but {device!r} names one"
                 )
-            given["TARGET_DEVICE"] = target
+            given[key] = target
         return plugin, given
 
     @staticmethod
@@ -391,10 +407,10 @@ class Core:
         has the ``THROUGHPUT`` hint and does not set ``ALLOW_AUTO_BATCHING`` to NO, the
         model keeps no state and is batchable (:func:`aioinfer.model.batch_problem`)."""
         declared = plugin.properties
-        if "ALLOW_AUTO_BATCHING" not in declared or "PERFORMANCE_HINT" not in declared:
+        if "ALLOW_AUTO_BATCHING" not in declared:
             return False
-        try:
-            hint = declared["PERFORMANCE_HINT"].parse(config.get("PERFORMANCE_HINT", "LATENCY"))
+        try:  # AUTO passes the hint on without declaring it
+            hint = PERFORMANCE_HINT.parse(config.get("PERFORMANCE_HINT", "LATENCY"))
             allowed = declared["ALLOW_AUTO_BATCHING"].parse(config.get("ALLOW_AUTO_BATCHING", True))
         except ValueError:
             return False  # the device itself reports the bad value
@@ -444,7 +460,7 @@ class Core:
     async def compile_model_async(
         self,
         model: Model | ModelSource,
-        device: str = "CPU",
+        device: str = DEFAULT_DEVICE,
         config: Mapping[str, Any] | None = None,
     ) -> CompiledModel:
         """:meth:`compile_model` on a worker thread; the event loop stays free."""
@@ -455,7 +471,7 @@ class Core:
 
 def compile_model(
     model: Model | ModelSource,
-    device: str = "CPU",
+    device: str = DEFAULT_DEVICE,
     config: Mapping[str, Any] | None = None,
 ) -> CompiledModel:
     """``Core().compile_model(model, device, config)`` in one call, with a new Core.

@@ -17,7 +17,7 @@ proxy in front of one replica of an ASGI app that answers ``{}`` to everything (
 Ray instance of its own).
 
 For each client count, the servers take turns for ``--rounds`` rounds (a change of load
-on a shared machine hits both alike), with the clients of ``benchmarks/serving.py``: one
+on a shared machine hits both alike), with the clients of ``benchmarks/serving_bare.py``: one
 HTTP/1.1 connection each, 5 untimed requests, then ``--requests`` timed ones back to
 back; single-row binary requests. Reported: the medians over the rounds of throughput
 and of the latency percentiles, and the median latency Ray adds per request. Only
@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 
 from benchmarks import models
-from benchmarks.serving import free_port, load, one, request_bytes, run, wait_ready
+from benchmarks.serving_bare import free_port, load, one, request_bytes, run, wait_ready
 
 SERVERS = {
     "serve": "aioinfer serve",

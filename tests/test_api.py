@@ -235,12 +235,13 @@ async def test_compile_model_async(core: aioinfer.Core, mlp: onnx.ModelProto) ->
     assert_matches(results, reference_outputs(mlp, {"x": x}))
 
 
-async def test_compile_model_from_path_defaults_to_cpu(
+async def test_compile_model_from_path_defaults_to_auto(
     core: aioinfer.Core, mlp: onnx.ModelProto, tmp_path: Path
 ) -> None:
     onnx.save_model(mlp, tmp_path / "m.onnx")
     compiled = await core.compile_model_async(str(tmp_path / "m.onnx"))
-    assert compiled.get_property("DEVICE_NAME") == "CPU"
+    assert compiled.get_property("DEVICE_NAME") == "AUTO"
+    assert compiled.get_property("EXECUTION_DEVICES") == ("ORT",)  # onnxruntime: test extra
     assert "CPU" in core.available_devices
 
 
@@ -571,7 +572,8 @@ def test_query_model_lists_the_nodes_the_device_runs(
         [tensor_info("y", np.float32, [2])],
         opsets={"": 18, "com.example": 1},
     )
-    assert core.query_model(core.read_model(proto)) == {"abs": "CPU"}
+    assert core.query_model(core.read_model(proto), "CPU") == {"abs": "CPU"}
+    assert core.query_model(core.read_model(proto)) == {"abs": "ORT"}  # AUTO: the first
 
 
 def test_aioinfer_errors_share_one_base() -> None:

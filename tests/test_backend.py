@@ -446,7 +446,7 @@ def test_current_cancel_token_follows_the_running_plan() -> None:
             [tensor_info("y", np.float32, [1])],
             opsets={"": 18, "test.aioinfer": 1},
         )
-        compiled = ai.Core().compile_model(model)
+        compiled = ai.Core().compile_model(model, "CPU")
         compiled.plan.run([np.float32([1])], token)  # type: ignore[attr-defined]
     finally:
         registry._REGISTRY.pop(key, None)
@@ -457,7 +457,7 @@ def test_current_cancel_token_follows_the_running_plan() -> None:
 
 
 def test_cancelling_one_thread_does_not_reach_another() -> None:
-    compiled = ai.Core().compile_model(infinite_loop_model())
+    compiled = ai.Core().compile_model(infinite_loop_model(), "CPU")
     plan = compiled.plan  # type: ignore[attr-defined]
     tokens = [CancelToken(), CancelToken()]
     errors: list[BaseException] = []

@@ -36,7 +36,7 @@ def test_iterations_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     report = _bench_json(capsys, ["--iterations", "25", "--no-progress"])
     elapsed = time.perf_counter() - start
     assert report["model"] == "tiny_cnn"
-    assert report["device"] == "CPU"
+    assert report["device"] == "AUTO (on ORT)"  # the default device, and its choice
     assert report["config"] == {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
     assert report["requests"] == 1  # OPTIMAL_NUMBER_OF_INFER_REQUESTS under LATENCY
     assert report["inputs"] == {"image": {"dtype": "float32", "shape": [1, 3, 32, 32]}}
@@ -79,7 +79,7 @@ def test_text_report_and_progress_bar(capsys: pytest.CaptureFixture[str]) -> Non
     captured = capsys.readouterr()
     out = captured.out
     assert "model:           tiny_cnn" in out
-    assert "device:          CPU (LATENCY, 1 stream(s), 1 request(s) in flight)" in out
+    assert "device:          AUTO (on ORT) (LATENCY, 1 stream(s), 1 request(s) in flight)" in out
     assert "inputs:          image float32 [1, 3, 32, 32]" in out
     assert re.search(r"compile time: +\d+\.\d+ ms", out)
     assert "inferences:      30 in " in out

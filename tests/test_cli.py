@@ -44,7 +44,7 @@ def test_run_default_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run"]) == 0
     out = capsys.readouterr().out
     assert "model:        tiny_cnn" in out
-    assert "device:       CPU" in out
+    assert "device:       AUTO (on ORT)" in out  # the default device, and its choice
     assert "image: float32 [1, 3, 32, 32] (random, seed 0)" in out
     assert "probabilities: float32 [1, 10] min " in out
     assert len(_top1(out)) == 1

@@ -145,12 +145,12 @@ def unknown_op_model(domain: str) -> onnx.ModelProto:
 async def test_unsupported_operator_in_custom_domain(core: aioinfer.Core) -> None:
     proto = unknown_op_model("com.example")
     with pytest.raises(aioinfer.UnsupportedOperatorError) as info:
-        core.compile_model(proto)
+        core.compile_model(proto, "CPU")
     message = str(info.value)
     for part in ("FrobnicateTensor", "com.example", "version 3", "'frob_node'"):
         assert part in message
     with pytest.raises(aioinfer.UnsupportedOperatorError, match="FrobnicateTensor"):
-        await core.compile_model_async(proto)
+        await core.compile_model_async(proto)  # AUTO: no device has it
     assert isinstance(info.value, aioinfer.CompileError)
 
 
@@ -161,7 +161,7 @@ def test_unsupported_operator_in_the_default_domain(core: aioinfer.Core) -> None
         core.read_model(proto)
     # An IR model is taken as is; compiling it names the operator, version and node.
     with pytest.raises(aioinfer.UnsupportedOperatorError) as info:
-        core.compile_model(ir.serde.deserialize_model(proto))
+        core.compile_model(ir.serde.deserialize_model(proto), "CPU")
     message = str(info.value)
     for part in ("ai.onnx::FrobnicateTensor", "version 18", "'frob_node'"):
         assert part in message

@@ -276,7 +276,7 @@ def test_get_versions_names_each_device() -> None:
 
 
 def test_module_level_compile_model(tmp_path: Path) -> None:
-    compiled = ai.compile_model(MLP)
+    compiled = ai.compile_model(MLP, "CPU")
     assert compiled.get_property("DEVICE_NAME") == "CPU"
     _assert_mlp_results(_run(compiled))
     path = _saved(tmp_path)

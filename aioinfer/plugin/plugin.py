@@ -137,6 +137,12 @@ class Plugin(ABC):
     def _no_import(self) -> ImportModelError:
         return ImportModelError(f"device {self.device_name!r} does not import compiled models")
 
+    def unavailable_reason(self) -> str | None:
+        """Why this device cannot run models here although its plugin loads (an engine
+        package that is imported on first use is missing), or None. ``AUTO`` passes over
+        such a device and ``aioinfer info`` shows the reason."""
+        return None
+
     @abstractmethod
     def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         """Map each node name this device can run to the device name; ``config`` is a

@@ -77,6 +77,20 @@ def compress(body: bytes, coding: str) -> bytes:
     return compressor.compress(body) + compressor.flush()
 
 
+SMALL_BINARY_BYTES = 64 * 2**10
+"""A response with binary tensor data shorter than this is sent uncompressed whatever
+the client accepts (``Accept-Encoding`` states a preference; HTTP clients such as
+aiohttp send ``gzip, deflate`` on every request): raw tensor bytes shrink little, and
+compressing them cost the event loop a fifth of its time serving single MLP rows to
+tritonclient's asyncio client (``benchmarks/serving.py``, profiled)."""
+
+
+def worth_compressing(size: int, binary: bool) -> bool:
+    """Whether a response body of ``size`` bytes, with binary tensor data or all JSON
+    (which shrinks severalfold), is compressed for a client that accepts it."""
+    return not binary or size >= SMALL_BINARY_BYTES
+
+
 def response_coding(accept_encoding: str) -> str | None:
     """The coding of :data:`CODINGS` that an ``Accept-Encoding`` value prefers (the
     highest q-value; the first listed on a tie), or None for an uncompressed response."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -167,6 +167,28 @@ class ServedModel:
         """Whether the model takes inferences now (not while its device recovers, e.g.
         while a new PROCESS worker starts)."""
         return self.compiled.ready()
+
+    def describe(self, decided: Sequence[str] = ()) -> str:
+        """One line for the startup log: the device (and the one ``AUTO`` chose), the
+        hint, streams, batching and admission, and what the server ``decided`` itself
+        (the defaults it applied: see ``ModelConfig.compile_plan``)."""
+        compiled = self.compiled
+        supported = compiled.supported_properties()
+        device = str(compiled.get_property("DEVICE_NAME"))
+        if "EXECUTION_DEVICES" in supported:
+            device += f" on {', '.join(compiled.get_property('EXECUTION_DEVICES'))}"
+        parts = [f"model {self.name!r} version {self.version}: {device}"]
+        if "PERFORMANCE_HINT" in supported:
+            parts.append(f"hint {compiled.get_property('PERFORMANCE_HINT')}")
+        parts.append(f"{compiled.streams} stream(s)")
+        batch = compiled.max_batch_size()
+        if batch is not None:
+            parts.append(f"batches of up to {batch} rows")
+        parts.append(f"{self.max_concurrency} inferences at once")
+        line = ", ".join(parts)
+        if decided:
+            line += f" (server defaults: {', '.join(decided)})"
+        return line
 
     def batch_sizes(self) -> dict[int, int]:
         """Executions so far by number of rows: the BATCH device's batches, or else each

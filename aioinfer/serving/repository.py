@@ -4,7 +4,7 @@ A repository is a directory with one directory per model; in it, one directory p
 version (a positive integer) holding ``model.onnx``, and optionally ``config.json``:
 
     {
-      "device": "CPU",                      // the device to compile for
+      "device": "CPU",                      // the device to compile for (default: below)
       "hint": "THROUGHPUT",                 // PERFORMANCE_HINT
       "batching": {"max_batch_size": 32, "timeout_ms": 1},   // or true / false
       "stateful": {"past": "present"},      // STATEFUL pairs, or "auto"
@@ -27,22 +27,49 @@ A version may hold ``model.blob`` instead of ``model.onnx``: a blob of ``aioinfe
 (or ``export_model``), imported without compiling on the device it was compiled for
 (the config's ``hint`` and run-time ``properties`` apply; its ``device`` and
 ``batching`` do not). A single ``.blob`` file is a repository of one model too.
+
+A model whose config names no device (or that has no ``config.json``) is served with
+the defaults that serve single-row traffic best (:meth:`ModelConfig.compile_plan`,
+docs/serving.md): the ``AUTO`` device, the THROUGHPUT hint, and dynamic batching
+(``BATCH``) for a batchable, stateless model; each key given in the config overrides its
+part of that choice.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aioinfer.errors import GenerationError, RepositoryError
 from aioinfer.generation import GenerationConfig
+from aioinfer.model import Model, batch_problem
+from aioinfer.properties import num_cores
+
+if TYPE_CHECKING:
+    from aioinfer.core import Core
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.onnx"
 BLOB_FILE = "model.blob"
+DEFAULT_DEVICE = "AUTO"
+"""The device of a model whose config names none: the best installed one."""
+DEFAULT_HINT = "THROUGHPUT"
+"""The hint of a model whose config names no device and no hint: many clients, one row
+each, is a throughput workload."""
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """How the server compiles one model version: the device string, the compile config,
+    and what the server decided itself (for the startup log; empty when the config named
+    the device)."""
+
+    device: str
+    config: dict[str, Any]
+    decided: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -55,11 +82,12 @@ class ModelConfig:
     batching model, else the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
     ``max_sequences`` None means the server's default. ``generate`` (a
     :class:`~aioinfer.generation.GenerationConfig`, or its mapping) serves the model's
-    generate endpoints. ``ray`` holds the model's Ray
-    Serve deployment options (see :mod:`aioinfer.ray`), unused by ``aioinfer serve``.
+    generate endpoints. ``ray`` holds the model's Ray Serve deployment options (see
+    :mod:`aioinfer.ray`), unused by ``aioinfer serve``. ``device`` None means: the server
+    chooses (:meth:`compile_plan`).
     """
 
-    device: str = "CPU"
+    device: str | None = None
     hint: str | None = None
     batching: Mapping[str, Any] | bool | None = None
     stateful: Mapping[str, str] | str | None = None
@@ -121,11 +149,57 @@ class ModelConfig:
                 raise RepositoryError(f"{where}: {key!r} is {values[key]}, too small")
         return cls(**values)
 
+    def compile_plan(self, core: Core, model: Model) -> CompilePlan:
+        """How ``model`` (one version of this model) is compiled.
+
+        With a ``device`` in the config: that device, with the config's hint, batching,
+        state and properties (:meth:`device_and_config`). Without one, the server's
+        defaults for single-row traffic, each overridden by the config's own key: the
+        ``AUTO`` device (the best installed: ORT, OPENVINO, then CPU), the THROUGHPUT hint
+        (streams on every core), and for a model the ``BATCH`` device can batch (a shared
+        symbolic first dimension, no state) dynamic batching (up to ``MAX_BATCH_SIZE`` 32
+        rows, 1 ms: concurrent single rows run as one batch) computed in a worker process
+        (``BATCH:PROCESS:AUTO``) on a machine of two cores or more: the event loop then
+        has the server's process to itself, and no compute thread waits for its GIL.
+        Measured with ``benchmarks/serving.py`` (docs/serving.md), the worker process
+        served more requests per second than the same batches computed on threads of
+        the server's process. With one core, the batches compute in the server's process.
+
+        Raises:
+            UnknownDeviceError: the config's device is unknown.
+        """
+        if self.device is not None:
+            supported = core.get_property(self.device, "SUPPORTED_PROPERTIES")
+            return CompilePlan(*self.device_and_config(supported))
+        decided = [f"device {DEFAULT_DEVICE}"]
+        defaults = self
+        device = DEFAULT_DEVICE
+        if self.hint is None:
+            decided.append(f"hint {DEFAULT_HINT}")
+            defaults = replace(defaults, hint=DEFAULT_HINT)
+        if self.batching is None:
+            problem = (
+                "it keeps state" if self.stateful else batch_problem(model.inputs, model.outputs)
+            )
+            if problem is None:
+                decided.append("dynamic batching (BATCH)")
+                defaults = replace(defaults, batching=True)
+                if num_cores() >= 2:
+                    decided.append("a worker process (PROCESS)")
+                    device = f"PROCESS:{DEFAULT_DEVICE}"
+            else:
+                decided.append(f"no batching: {problem}")
+                defaults = replace(defaults, batching=False)
+        supported = core.get_property(device, "SUPPORTED_PROPERTIES")
+        return CompilePlan(
+            *replace(defaults, device=device).device_and_config(supported), tuple(decided)
+        )
+
     def device_and_config(self, supported: Collection[str]) -> tuple[str, dict[str, Any]]:
         """The device string and compile config this model is compiled with, given the
-        properties the device supports."""
+        properties the device supports (the config's device, else ``AUTO``)."""
         config = dict(self.properties)
-        device = self.device
+        device = self.device or DEFAULT_DEVICE
         if self.hint is not None:
             config["PERFORMANCE_HINT"] = self.hint
         if self.stateful is not None:
@@ -134,7 +208,7 @@ class ModelConfig:
             if "ALLOW_AUTO_BATCHING" in supported:  # else the device never batches
                 config["ALLOW_AUTO_BATCHING"] = False
         elif self.batching is not None:
-            device = f"BATCH:{self.device}"
+            device = f"BATCH:{device}"
             if isinstance(self.batching, Mapping):
                 if "max_batch_size" in self.batching:
                     config["MAX_BATCH_SIZE"] = self.batching["max_batch_size"]

@@ -36,7 +36,12 @@ from aioinfer.errors import (
     SharedMemoryError,
 )
 from aioinfer.serving.auth import HEALTH_PATHS, ApiKeyCheck
-from aioinfer.serving.compression import compress, decompress, response_coding
+from aioinfer.serving.compression import (
+    compress,
+    decompress,
+    response_coding,
+    worth_compressing,
+)
 from aioinfer.serving.control import check_no_model_files
 from aioinfer.serving.disconnect import unless_disconnected
 from aioinfer.serving.metrics import CONTENT_TYPE
@@ -200,7 +205,9 @@ class RestAdapter:
                 response.outputs,
                 shared=response.shared_outputs,
             )
-            response_encoding = None if accepted is None else response_coding(accepted)
+            response_encoding = None
+            if accepted is not None and worth_compressing(len(content), header_length is not None):
+                response_encoding = response_coding(accepted)
             if response_encoding is not None:
                 inline = len(content) <= _INLINE_BYTES
                 content = await _off_loop(inline, compress, content, response_encoding)

@@ -145,6 +145,7 @@ def serve(
         )
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
+    _log_like_uvicorn()
     server = uvicorn.Server(config)
 
     async def main() -> None:
@@ -170,6 +171,15 @@ def serve(
         return
     with runner(loop_factory=loop_factory) as loop_runner:
         loop_runner.run(main())
+
+
+def _log_like_uvicorn() -> None:
+    """Show aioinfer's own log lines (what each model is served with) through uvicorn's
+    handlers and at its level, which ``uvicorn.Config`` has just set up."""
+    own = logging.getLogger("aioinfer")
+    if not own.handlers:
+        own.handlers = list(logging.getLogger("uvicorn").handlers)
+        own.setLevel(logging.getLogger("uvicorn.error").level)
 
 
 def uvicorn_options(

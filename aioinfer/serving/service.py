@@ -189,30 +189,35 @@ class InferenceService:
         self.started = True
 
     async def _compile(self, entry: ModelEntry) -> dict[str, ServedModel]:
-        supported = self.core.get_property(entry.config.device, "SUPPORTED_PROPERTIES")
-        device, config = entry.config.device_and_config(supported)
         versions: dict[str, ServedModel] = {}
         try:
             for version, path in sorted(entry.versions.items(), key=lambda item: int(item[0])):
+                decided: tuple[str, ...] = ()
                 try:
                     if is_blob_file(path):  # compiled ahead, for the device it names
                         hint = {"PERFORMANCE_HINT": entry.config.hint} if entry.config.hint else {}
                         run_time = {**entry.config.properties, **hint}
                         compiled = await load_model_file(self.core, path, None, run_time)
                     else:
-                        compiled = await self.core.compile_model_async(str(path), device, config)
+                        model = await self.core.read_model_async(str(path))
+                        plan = entry.config.compile_plan(self.core, model)
+                        decided = plan.decided
+                        compiled = await self.core.compile_model_async(
+                            model, plan.device, plan.config
+                        )
                 except AioinferError as exc:
                     raise type(exc)(f"model {entry.name!r} version {version}: {exc}") from exc
                 served = versions[version] = ServedModel(
                     entry.name, version, compiled, entry.config, self.max_sequences
                 )
+                _logger.info("%s", served.describe(decided))
                 if entry.config.generate is not None:
                     self.generations[served] = ModelGeneration.beside(served, path)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                for model in versions.values():
-                    self.generations.pop(model, None)
-                    await model.close()
+                for done in versions.values():
+                    self.generations.pop(done, None)
+                    await done.close()
             raise
         return versions
 

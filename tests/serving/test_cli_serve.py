@@ -19,7 +19,7 @@ import onnx
 import tritonclient.http as httpclient
 import trustme
 
-from tests.helpers import reference_outputs
+from tests.helpers import mlp_model, reference_outputs
 from tests.serving.conftest import WIDE, chain_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +96,25 @@ def test_serve_a_model_file_and_drain_on_sigterm(tmp_path: Path) -> None:
         assert process.wait(120) in (0, -signal.SIGTERM)
         assert len(outcome) == 1 and outcome[0].as_numpy("y").shape == (1024, WIDE)  # type: ignore[attr-defined]
         wait_for(lines, "Application shutdown complete")
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_serve_logs_what_each_model_is_served_with(tmp_path: Path) -> None:
+    """No config.json: the server's defaults, said in the startup log."""
+    (tmp_path / "mlp" / "1").mkdir(parents=True)
+    onnx.save(mlp_model(), tmp_path / "mlp" / "1" / "model.onnx")
+    process, lines = start(str(tmp_path), "--port", "0")
+    try:
+        line = wait_for(lines, r"model 'mlp' version 1: .*").group(0)
+        assert re.match(
+            r"model 'mlp' version 1: BATCH:(PROCESS:)?AUTO on ORT, hint THROUGHPUT", line
+        )
+        assert "(server defaults: device AUTO, hint THROUGHPUT, dynamic batching (BATCH)" in line
+        wait_for(lines, r"running on http://127\.0\.0\.1:(\d+)")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(120) in (0, -signal.SIGTERM)
     finally:
         process.kill()
         process.wait()

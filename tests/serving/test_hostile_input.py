@@ -70,6 +70,7 @@ class FaultyPlugin(CPUPlugin):
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("hostile")
     write_model(repo, "identity", 1, identity_model())
+    write_config(repo, "identity", {"device": "CPU"})  # BYTES kept as bytes, not str
     write_model(repo, "mlp", 1, mlp_model(seed=3))
     write_model(repo, "faulty", 1, mlp_model(seed=3))
     write_config(repo, "faulty", {"device": "FAULTY"})
@@ -422,6 +423,43 @@ def test_responses_are_compressed_as_the_client_accepts(
     outputs = strict_json(plain)["outputs"]
     expected = reference_outputs(mlp_model(seed=3), {"x": x})
     np.testing.assert_allclose(np.array(outputs[0]["data"]).reshape(3, 3), expected[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize(("rows", "coding"), [(3, None), (6000, "gzip")])
+def test_small_binary_responses_are_not_compressed(server: LiveServer, rows: int, coding):
+    """Binary tensor bytes shrink little: below 64 KiB they go uncompressed although the
+    client accepts gzip (as aiohttp, under tritonclient's asyncio client, always says)."""
+    x = mlp_rows(rows)
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [rows, 4],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    headers = {
+        "Inference-Header-Content-Length": str(len(header)),
+        "Content-Type": "application/octet-stream",
+        "Accept-Encoding": "gzip, deflate",
+    }
+    url = f"http://{server.url}/v2/models/mlp/infer"
+    request = httpx.Request("POST", url, content=header + x.tobytes(), headers=headers)
+    with httpx.Client() as client:
+        response = client.send(request, stream=True)
+        raw = b"".join(response.iter_raw())
+    assert response.status_code == 200
+    assert response.headers.get("content-encoding") == coding
+    plain = raw if coding is None else gzip.decompress(raw)
+    length = int(response.headers["inference-header-content-length"])
+    expected = reference_outputs(mlp_model(seed=3), {"x": x})[0]
+    y = np.frombuffer(plain[length : length + expected.nbytes], np.float32)
+    np.testing.assert_allclose(y.reshape(expected.shape), expected, rtol=1e-5, atol=1e-6)
 
 
 def mlp_body(rows: int = 2) -> bytes:

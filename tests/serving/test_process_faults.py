@@ -47,6 +47,7 @@ def repository(tmp_path: Path) -> Path:
     config = {"NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": 1, "WORKER_TIMEOUT_S": 2}
     write_config(tmp_path, "proc", {"device": "PROCESS:CPU", "properties": config})
     write_model(tmp_path, "cpu", 1, MLP)
+    write_config(tmp_path, "cpu", {"device": "CPU"})  # in the server's process: one worker
     return tmp_path
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from aioinfer import RepositoryError
+from aioinfer import Core, RepositoryError
+from aioinfer.properties import num_cores
 from aioinfer.serving import ModelConfig, ModelRepository
 from tests.helpers import mlp_model
 from tests.serving.conftest import write_config, write_model
@@ -20,7 +21,9 @@ def test_versions_and_configs_are_found(tmp_path: Path) -> None:
     write_model(tmp_path, "a", 1, mlp_model())
     write_model(tmp_path, "a", 10, mlp_model())
     write_model(tmp_path, "b", 3, mlp_model())
-    write_config(tmp_path, "a", {"hint": "THROUGHPUT", "batching": {"max_batch_size": 4}})
+    write_config(
+        tmp_path, "a", {"device": "CPU", "hint": "THROUGHPUT", "batching": {"max_batch_size": 4}}
+    )
     (tmp_path / "a" / "notes").mkdir()  # not a version: ignored
     (tmp_path / ".cache").mkdir()  # hidden: ignored
     repository = ModelRepository(tmp_path)
@@ -59,7 +62,45 @@ def test_a_single_file_is_one_model(tmp_path: Path) -> None:
     ],
 )
 def test_config_becomes_device_and_properties(config, expected) -> None:
-    assert ModelConfig.from_mapping(config, "x").device_and_config(CPU_PROPERTIES) == expected
+    config = ModelConfig.from_mapping({"device": "CPU", **config}, "x")
+    assert config.device_and_config(CPU_PROPERTIES) == expected
+
+
+@pytest.mark.parametrize(
+    ("config", "device", "properties", "decided"),
+    [
+        (
+            {},
+            "BATCH:PROCESS:AUTO" if num_cores() >= 2 else "BATCH:AUTO",
+            {"PERFORMANCE_HINT": "THROUGHPUT"},
+            ("device AUTO", "hint THROUGHPUT", "dynamic batching (BATCH)")
+            + (("a worker process (PROCESS)",) if num_cores() >= 2 else ()),
+        ),
+        (
+            {"hint": "LATENCY", "batching": {"max_batch_size": 4}},
+            "BATCH:AUTO",
+            {"PERFORMANCE_HINT": "LATENCY", "MAX_BATCH_SIZE": 4},
+            ("device AUTO",),
+        ),
+        (
+            {"batching": False},
+            "AUTO",
+            {"PERFORMANCE_HINT": "THROUGHPUT", "ALLOW_AUTO_BATCHING": False},
+            ("device AUTO", "hint THROUGHPUT"),
+        ),
+        (
+            {"stateful": "auto"},
+            "AUTO",
+            {"PERFORMANCE_HINT": "THROUGHPUT", "STATEFUL": "auto", "ALLOW_AUTO_BATCHING": False},
+            ("device AUTO", "hint THROUGHPUT", "no batching: it keeps state"),
+        ),
+        ({"device": "CPU"}, "CPU", {}, ()),
+    ],
+)
+def test_without_a_device_the_server_chooses(config, device, properties, decided) -> None:
+    core = Core()
+    plan = ModelConfig.from_mapping(config, "x").compile_plan(core, core.read_model(mlp_model()))
+    assert (plan.device, plan.config, plan.decided) == (device, properties, decided)
 
 
 def test_batching_false_on_a_device_without_auto_batching_sets_nothing() -> None:

@@ -119,7 +119,7 @@ async def test_batch_sizes_come_from_the_device_or_are_counted(service: Inferenc
     mlp = service.find("mlp", "1")
     batches = mlp.compiled.batch_statistics()
     assert batches is not None and mlp.batch_sizes() == batches
-    assert mlp.max_concurrency == 8 * 1 * 2
+    assert mlp.max_concurrency == 8 * mlp.compiled.streams * 2
     plain = service.find("plain", None)
     assert plain.compiled.batch_statistics() is None
     before = plain.batch_sizes().get(2, 0)

@@ -128,6 +128,14 @@ class OpenVINOPlugin(Plugin):
                 self._ov_core = openvino.Core()
             return self._ov_core
 
+    def unavailable_reason(self) -> str | None:
+        """Why OpenVINO cannot run models here (the package is not installed), or None."""
+        try:
+            self.ov_core  # noqa: B018 - made on first use
+        except CompileError as exc:
+            return str(exc)
+        return None
+
     def parse_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
         """aioinfer's names parsed (with their defaults), OpenVINO's passed through as
         given once the OpenVINO device (``OPENVINO_DEVICE``) is known to have them.

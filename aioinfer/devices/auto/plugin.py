@@ -1,0 +1,275 @@
+"""The AUTO device: the first device of a priority list that can run the model.
+
+``core.compile_model(model)`` (or ``"AUTO"``, or ``"AUTO:ORT,CPU"`` with a list of its
+own) tries each device of ``DEVICE_PRIORITIES`` in order: a device whose plugin does not
+load (its engine package is not installed: the plugin's import fails, so nothing of the
+engine is imported), whose ``query_model`` leaves nodes out, or whose compile fails (an
+operator it lacks, a property it does not take) is passed over for the next. The
+compiled model of the device chosen is wrapped, so that ``EXECUTION_DEVICES`` names it;
+every other property, every request and every inference is the chosen device's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from aioinfer.devices.auto.properties import DEVICE_PRIORITIES, EXECUTION_DEVICES
+from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
+from aioinfer.errors import (
+    AioinferError,
+    CompileError,
+    PropertyError,
+    UnknownDeviceError,
+    UnknownPropertyError,
+    UnsupportedOperatorError,
+)
+from aioinfer.model import Model
+from aioinfer.plugin.async_request import AsyncInferRequest
+from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.plugin.plugin import VirtualPlugin
+from aioinfer.properties import (
+    DEVICE_NAME,
+    NUM_CORES,
+    SUPPORTED_PROPERTIES,
+    declare,
+    parse_config,
+    property_name,
+)
+
+if TYPE_CHECKING:
+    from aioinfer.core import Core
+    from aioinfer.model import Port
+    from aioinfer.plugin.executors import Executor
+    from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
+    from aioinfer.results import InferResults
+
+_OPTIONAL = ("CACHE_DIR",)
+"""Properties left out for a device that does not declare them (an optimization the
+device lacks is no reason to run the model on a slower one)."""
+
+_PASSED_OVER = (CompileError, PropertyError, UnknownDeviceError)
+"""What a device's compile may raise that makes AUTO try the next device (a model that
+cannot be read, or bad input, fails the same everywhere and is raised at once)."""
+
+
+def unavailable_reason(core: Core, device: str) -> str | None:
+    """Why ``device`` cannot run models here (its plugin does not load, or says it cannot:
+    the message names e.g. the engine package to install), or None when it can."""
+    try:
+        return core.get_plugin(device).unavailable_reason()
+    except (ImportError, AioinferError) as exc:  # the plugin (or its engine) does not load
+        return str(exc)
+
+
+class AutoPlugin(VirtualPlugin):
+    """The ``"AUTO"`` device: compiles on the first device of ``DEVICE_PRIORITIES`` that
+    can run the model; the rest of the config goes to that device.
+
+    It declares ``ALLOW_AUTO_BATCHING``: with the THROUGHPUT hint, the Core batches a
+    batchable, stateless model on ``BATCH:AUTO`` (whatever device AUTO chooses), as it
+    does on ``CPU``.
+    """
+
+    device_name = "AUTO"
+    handles_state = True  # STATEFUL goes to the chosen device through the Core
+    properties = declare(
+        DEVICE_PRIORITIES,
+        ALLOW_AUTO_BATCHING,
+        EXECUTION_DEVICES,
+        SUPPORTED_PROPERTIES,
+        DEVICE_NAME,
+        NUM_CORES,
+    )
+
+    def parse_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
+        """AUTO's own properties parsed (with their defaults); any other name is kept as
+        given for the chosen device, which checks its value.
+
+        Raises:
+            UnknownPropertyError: a name no device of the list declares.
+            InvalidPropertyValueError: a bad ``DEVICE_PRIORITIES``.
+        """
+        own, rest = self._split(config or {})
+        plugins = [
+            self.core.get_plugin(device)
+            for device in own["DEVICE_PRIORITIES"]
+            if unavailable_reason(self.core, device) is None
+        ]
+        declared = {name: p for plugin in (self, *plugins) for name, p in plugin.properties.items()}
+        unknown = sorted(set(rest) - set(declared))
+        if unknown:
+            configurable = sorted(name for name, p in declared.items() if p.configurable)
+            raise UnknownPropertyError(
+                f"unknown property {unknown[0]!r}: no device of AUTO's list "
+                f"({', '.join(own['DEVICE_PRIORITIES'])}) declares it; supported: "
+                f"{', '.join(configurable)}"
+            )
+        return {**own, **rest}
+
+    def _split(self, config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """AUTO's own properties, parsed with their defaults, and the rest as given."""
+        own: dict[str, Any] = {}
+        rest: dict[str, Any] = {}
+        for raw_name, value in config.items():
+            name = property_name(raw_name)
+            (own if name in self.properties else rest)[name] = value
+        return parse_config(own, self.properties), rest
+
+    def compile_model(self, model: Model, config: Mapping[str, Any]) -> AutoCompiledModel:
+        """Compile ``model`` on the first device of ``DEVICE_PRIORITIES`` that can.
+
+        Raises:
+            UnknownPropertyError: a property no device of the list declares.
+            The error of the first device that loaded but could not run the model (its
+                class; UnknownDeviceError when none loads), its message listing why each
+                device was passed over, when none can run the model.
+        """
+        parsed = self.parse_config(config)
+        own = {name: parsed[name] for name in ("DEVICE_PRIORITIES", "ALLOW_AUTO_BATCHING")}
+        rest = {name: value for name, value in parsed.items() if name not in own}
+        failures: list[tuple[str, AioinferError]] = []
+        for device in own["DEVICE_PRIORITIES"]:
+            reason = unavailable_reason(self.core, device)
+            failure: AioinferError | None = (
+                UnknownDeviceError(reason) if reason else self._unsupported(model, device)
+            )
+            if failure is None:
+                declared = self.core.get_plugin(device).properties
+                given = {k: v for k, v in rest.items() if k not in _OPTIONAL or k in declared}
+                try:
+                    target = self.core.compile_model(model, device, given, auto_batching=False)
+                except _PASSED_OVER as exc:
+                    failure = exc
+                else:
+                    return AutoCompiledModel(self, target, device, own)
+            failures.append((device, failure))
+        # The class of the first device that could load but not run the model: the
+        # error a caller who named that device would have had.
+        errors = [e for _, e in failures if not isinstance(e, UnknownDeviceError)]
+        first = errors[0] if errors else failures[0][1]
+        raise type(first)(
+            f"AUTO found no device for model {model.name!r}: "
+            + "; ".join(f"{device}: {type(e).__name__}: {e}" for device, e in failures)
+        ) from first
+
+    def _unsupported(self, model: Model, device: str) -> UnsupportedOperatorError | None:
+        """The operators ``device``'s ``query_model`` says it cannot run, or None.
+
+        A model with local functions is left to the compile (a device that inlines
+        functions runs nodes its query does not know)."""
+        if model.ir.functions:
+            return None
+        supported = self.core.query_model(model, device)
+        missing = sorted(
+            {
+                node.op_type
+                for index, node in enumerate(model.ir.graph)
+                if (node.name or f"{node.op_type}_{index}") not in supported
+            }
+        )
+        if not missing:
+            return None
+        return UnsupportedOperatorError(f"no kernel for {', '.join(missing)}")
+
+    def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """Each node any device of the list can run, mapped to the first such device."""
+        own, _ = self._split(config or {})
+        nodes: dict[str, str] = {}
+        for device in own["DEVICE_PRIORITIES"]:
+            if unavailable_reason(self.core, device) is None:
+                for node, runs_on in self.core.query_model(model, device).items():
+                    nodes.setdefault(node, runs_on)
+        return nodes
+
+
+class AutoCompiledModel(CompiledModel):
+    """The chosen device's compiled model, which does all the work; this adds
+    ``DEVICE_PRIORITIES`` and ``EXECUTION_DEVICES`` (the chosen device, as a tuple) to
+    its properties, and ``DEVICE_NAME`` reads ``"AUTO"``.
+
+    Attributes:
+        target: the chosen device's compiled model.
+    """
+
+    def __init__(
+        self, plugin: AutoPlugin, target: CompiledModel, device: str, own: dict[str, Any]
+    ) -> None:
+        super().__init__(plugin, target.name, target.inputs, target.outputs, own)
+        self.target = target
+        self.streams = target.streams
+        self.execution_device = device
+        """The name of the device chosen (as in ``DEVICE_PRIORITIES``)."""
+
+    # Requests and inferences are the chosen device's own: no stage is added.
+
+    def create_sync_infer_request(self) -> SyncInferRequest:
+        return self.target.create_sync_infer_request()
+
+    def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
+        return self.target.pipeline(request)
+
+    def create_infer_request(self) -> AsyncInferRequest:
+        """A new infer request of the chosen device."""
+        return self.target.create_infer_request()
+
+    async def infer_timed(
+        self, inputs: Inputs, *, share_inputs: bool = False
+    ) -> tuple[InferResults, float]:
+        """The chosen device's :meth:`CompiledModel.infer_timed`."""
+        return await self.target.infer_timed(inputs, share_inputs=share_inputs)
+
+    def ready(self) -> bool:
+        return self.target.ready()
+
+    def release_memory(self) -> None:
+        self.target.release_memory()
+
+    def batch_statistics(self) -> dict[int, int] | None:
+        return self.target.batch_statistics()
+
+    def max_batch_size(self) -> int | None:
+        return self.target.max_batch_size()
+
+    async def close(self) -> None:
+        """Close the chosen device's compiled model (and its requests)."""
+        self._closed = True
+        await self.target.close()
+        for executor in self._executors:
+            executor.close()
+
+    def export_model(self, stream: BinaryIO | None = None) -> bytes:
+        """The chosen device's blob: import it on that device (``EXECUTION_DEVICES``)."""
+        return self.target.export_model(stream)
+
+    def source_ports(self) -> tuple[list[Port], list[Port]]:
+        return self.target.source_ports()
+
+    # -- properties -----------------------------------------------------------------------
+
+    def supported_properties(self) -> tuple[str, ...]:
+        own = tuple(self.plugin.supported_properties)
+        return own + tuple(n for n in self.target.supported_properties() if n not in own)
+
+    def get_property(self, name: str) -> Any:
+        """``DEVICE_PRIORITIES``, ``EXECUTION_DEVICES``, ``DEVICE_NAME`` (``"AUTO"``) and
+        ``SUPPORTED_PROPERTIES`` here; any other, the chosen device's.
+
+        Raises:
+            UnknownPropertyError: neither here nor on the chosen device.
+        """
+        name = property_name(name)
+        if name in self.config:
+            return self.config[name]
+        if name == "EXECUTION_DEVICES":
+            return (self.execution_device,)
+        if name == "SUPPORTED_PROPERTIES":
+            return self.supported_properties()
+        if name == "DEVICE_NAME":
+            return self.plugin.device_name
+        if name == "NUM_CORES":
+            return self.plugin.get_property(name)
+        return self.target.get_property(name)
+
+    def __repr__(self) -> str:
+        return f"<CompiledModel {self.name!r} on AUTO ({self.execution_device})>"

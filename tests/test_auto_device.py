@@ -1,0 +1,244 @@
+"""The AUTO device: the default device, its priority list, fallback, and what it passes on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+
+import aioinfer
+from aioinfer.errors import UnknownPropertyError, UnsupportedOperatorError
+from tests.helpers import (
+    accumulator_model,
+    make_model,
+    mlp_model,
+    reference_outputs,
+    tensor_info,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gelu_model() -> onnx.ModelProto:
+    """``com.microsoft`` Gelu: onnxruntime and OpenVINO run it, the numpy CPU does not."""
+    return make_model(
+        [oh.make_node("Gelu", ["x"], ["y"], domain="com.microsoft", name="gelu")],
+        [tensor_info("x", np.float32, ["n", 4])],
+        [tensor_info("y", np.float32, ["n", 4])],
+        opsets={"": 18, "com.microsoft": 1},
+    )
+
+
+def nobody_model() -> onnx.ModelProto:
+    """An operator of a domain no device knows."""
+    return oh.make_model(
+        oh.make_graph(
+            [oh.make_node("Frobnicate", ["x"], ["y"], domain="example.nobody", name="frob")],
+            "nobody",
+            [tensor_info("x", np.float32, [2])],
+            [tensor_info("y", np.float32, [2])],
+        ),
+        opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("example.nobody", 1)],
+    )
+
+
+def test_default_device_is_auto_and_picks_ort(core: aioinfer.Core) -> None:
+    """No device named: AUTO compiles on the first installed device of its list (ORT
+    here: onnxruntime is installed with the test extra) and says so."""
+    model = mlp_model()
+    compiled = core.compile_model(model)
+    assert compiled.get_property("DEVICE_NAME") == "AUTO"
+    assert compiled.get_property("EXECUTION_DEVICES") == ("ORT",)
+    assert compiled.get_property("DEVICE_PRIORITIES") == ("ORT", "OPENVINO", "CPU")
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    results = compiled.create_infer_request().infer_sync({"x": x})
+    for got, expected in zip(results.to_tuple(), reference_outputs(model, {"x": x})):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert aioinfer.compile_model(model).get_property("EXECUTION_DEVICES") == ("ORT",)
+
+
+@pytest.mark.parametrize(
+    ("device", "config"),
+    [
+        ("AUTO:CPU", {}),
+        ("AUTO", {"DEVICE_PRIORITIES": "CPU,ORT"}),
+        ("AUTO", {"DEVICE_PRIORITIES": ["NOSUCHDEVICE", "CPU"]}),
+    ],
+)
+def test_priorities_choose_the_device(
+    core: aioinfer.Core, device: str, config: dict[str, object]
+) -> None:
+    compiled = core.compile_model(mlp_model(), device, config)
+    assert compiled.get_property("EXECUTION_DEVICES") == ("CPU",)
+
+
+def test_priorities_set_on_the_core() -> None:
+    core = aioinfer.Core()
+    core.set_property("AUTO", {"DEVICE_PRIORITIES": "CPU"})
+    assert core.compile_model(mlp_model()).get_property("EXECUTION_DEVICES") == ("CPU",)
+
+
+def test_unsupported_operator_falls_back_to_the_next_device(core: aioinfer.Core) -> None:
+    """CPU first, but it has no com.microsoft Gelu (its query_model says so): ORT runs it."""
+    model = gelu_model()
+    compiled = core.compile_model(model, "AUTO:CPU,ORT")
+    assert compiled.get_property("EXECUTION_DEVICES") == ("ORT",)
+    x = np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 4)
+    y = compiled.create_infer_request().infer_sync({"x": x})[0]
+    erf = np.vectorize(__import__("math").erf)
+    np.testing.assert_allclose(y, 0.5 * x * (1 + erf(x / np.sqrt(2))), rtol=1e-5, atol=1e-6)
+
+
+def test_a_property_only_one_device_takes_chooses_it(core: aioinfer.Core) -> None:
+    """INFERENCE_PRECISION_HINT is OPENVINO's: ORT refuses the config, OPENVINO is next."""
+    compiled = core.compile_model(mlp_model(), "AUTO", {"INFERENCE_PRECISION_HINT": "f32"})
+    assert compiled.get_property("EXECUTION_DEVICES") == ("OPENVINO",)
+
+
+def test_no_device_can_run_the_model(core: aioinfer.Core) -> None:
+    with pytest.raises(UnsupportedOperatorError) as caught:
+        core.compile_model(nobody_model(), "AUTO:ORT,CPU")
+    message = str(caught.value)
+    assert "ORT: " in message and "CPU: " in message and "Frobnicate" in message
+
+
+def test_a_property_no_device_declares(core: aioinfer.Core) -> None:
+    with pytest.raises(UnknownPropertyError, match="'NO_SUCH_PROPERTY'"):
+        core.compile_model(mlp_model(), "AUTO", {"NO_SUCH_PROPERTY": 1})
+
+
+def test_auto_cannot_list_itself(core: aioinfer.Core) -> None:
+    with pytest.raises(aioinfer.InvalidPropertyValueError, match="AUTO cannot be one"):
+        core.compile_model(mlp_model(), "AUTO", {"DEVICE_PRIORITIES": "AUTO,CPU"})
+
+
+def test_properties_reach_the_chosen_device(core: aioinfer.Core) -> None:
+    compiled = core.compile_model(
+        mlp_model(),
+        "AUTO",
+        {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2, "ALLOW_AUTO_BATCHING": False},
+    )
+    assert compiled.get_property("EXECUTION_DEVICES") == ("ORT",)
+    assert compiled.get_property("PERFORMANCE_HINT") == "THROUGHPUT"
+    assert compiled.get_property("NUM_STREAMS") == 2
+    assert compiled.max_batch_size() is None  # not batched: ALLOW_AUTO_BATCHING is NO
+
+
+def test_throughput_batches_a_batchable_model_on_the_chosen_device(core: aioinfer.Core) -> None:
+    compiled = core.compile_model(mlp_model(), config={"PERFORMANCE_HINT": "THROUGHPUT"})
+    assert compiled.get_property("DEVICE_NAME") == "BATCH:AUTO"
+    assert compiled.get_property("EXECUTION_DEVICES") == ("ORT",)
+    assert compiled.max_batch_size() is not None
+
+
+def test_stateful_through_auto(core: aioinfer.Core) -> None:
+    """STATEFUL goes to the chosen device: each step adds x to the request's state."""
+    compiled = core.compile_model(accumulator_model(), "AUTO", {"STATEFUL": {"past": "present"}})
+    assert compiled.get_property("EXECUTION_DEVICES") == ("ORT",)
+    request = compiled.create_infer_request()
+    x = np.arange(4, dtype=np.int64).reshape(1, 4)
+    request.infer_sync({"x": x})
+    np.testing.assert_array_equal(request.infer_sync({"x": x})["y"], 2 * x)
+
+
+def test_cache_dir_through_auto(tmp_path: Path) -> None:
+    """CACHE_DIR reaches a chosen device that caches (the second compile loads)."""
+    core = aioinfer.Core()
+    config = {"CACHE_DIR": str(tmp_path)}
+    first = core.compile_model(mlp_model(), "AUTO:CPU", config)
+    second = core.compile_model(mlp_model(), "AUTO:CPU", config)
+    assert (first.get_property("LOADED_FROM_CACHE"), second.get_property("LOADED_FROM_CACHE")) == (
+        False,
+        True,
+    )
+
+
+def test_auto_is_not_a_device_that_runs_models(core: aioinfer.Core) -> None:
+    assert "AUTO" in core.available_devices
+    assert "AUTO" not in core.get_available_devices()
+
+
+@pytest.mark.anyio
+async def test_batch_and_process_over_auto(core: aioinfer.Core) -> None:
+    model = mlp_model()
+    x = np.ones((1, 4), np.float32)
+    expected = reference_outputs(model, {"x": x})[0]
+    batched = core.compile_model(model, "BATCH:AUTO")
+    assert batched.get_property("EXECUTION_DEVICES") == ("ORT",)
+    np.testing.assert_allclose((await batched.infer({"x": x}))[0], expected, rtol=1e-5)
+    await batched.close()
+    async with core.compile_model(model, "PROCESS:AUTO", {"DEVICE_PRIORITIES": "CPU"}) as worker:
+        assert worker.get_property("EXECUTION_DEVICES") == ("CPU",)
+        np.testing.assert_allclose((await worker.infer({"x": x}))[0], expected, rtol=1e-5)
+
+
+BLOCKED = """
+import sys
+sys.modules["onnxruntime"] = None  # import onnxruntime now raises ImportError
+sys.modules["openvino"] = None
+"""
+
+
+def run_without_engines(code: str) -> str:
+    """Run ``code`` in a fresh interpreter where onnxruntime and openvino cannot be
+    imported (as when they are not installed); return its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_without_engines_auto_falls_back_to_cpu(tmp_path: Path) -> None:
+    onnx.save(mlp_model(), tmp_path / "mlp.onnx")
+    out = run_without_engines(
+        f"""
+        import numpy as np
+        import aioinfer
+        compiled = aioinfer.compile_model({str(tmp_path / "mlp.onnx")!r})
+        print(compiled.get_property("EXECUTION_DEVICES"))
+        print(compiled.create_infer_request().infer_sync({{"x": np.ones((1, 4), np.float32)}})[1])
+        print(sorted(m for m in sys.modules if m.startswith(("onnxruntime", "openvino"))))
+        """
+    )
+    devices, _, imported = out.strip().splitlines()
+    assert devices == "('CPU',)"
+    assert imported == "['onnxruntime', 'openvino']"  # only the blocking entries
+
+
+def test_info_says_which_devices_are_available() -> None:
+    out = run_without_engines(
+        """
+        from aioinfer.cli import main
+        main(["info"])
+        """
+    )
+    lines = [line for line in out.splitlines() if not line.startswith(" ")]
+    assert "CPU" in lines and "AUTO" in lines
+    ort = next(line for line in lines if line.startswith("ORT "))
+    assert ort.startswith("ORT (not available: ") and "onnxruntime" in ort
+    openvino = next(line for line in lines if line.startswith("OPENVINO "))
+    assert openvino.startswith("OPENVINO (not available: ") and "openvino" in openvino
+    available = lines[-1].removeprefix("available here: ").split(", ")
+    assert "CPU" in available and "ORT" not in available and "OPENVINO" not in available
+
+
+def test_run_logs_the_chosen_device(capsys: pytest.CaptureFixture[str]) -> None:
+    from aioinfer.cli import main
+
+    assert main(["run"]) == 0
+    assert "device:       AUTO (on ORT)" in capsys.readouterr().out
+    assert main(["run", "--device", "AUTO:CPU"]) == 0
+    assert "device:       AUTO:CPU (on CPU, compiled as AUTO)" in capsys.readouterr().out
