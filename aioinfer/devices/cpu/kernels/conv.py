@@ -9,6 +9,7 @@ The padding and window helpers are shared with the pooling kernels.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -141,11 +142,8 @@ class _ConvPlan:
     out_shape: tuple[int, ...]
     pointwise: bool
     """1x1 kernel, stride 1, no padding: the input already is the column matrix."""
-
-    @property
-    def pixels(self) -> int:
-        """Output positions per image and channel."""
-        return int(np.prod(self.out_shape))
+    pixels: int
+    """Output positions per image and channel."""
 
 
 ConvCompute = Callable[
@@ -198,7 +196,14 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             raise ValueError(f"Conv: input {x_shape} is smaller than the kernel {kshape}")
         pointwise = all(k == 1 for k in kshape) and not any(begins) and not any(ends)
         return _ConvPlan(
-            kshape, strides, dilations, tuple(begins), tuple(ends), tuple(out), pointwise
+            kshape,
+            strides,
+            dilations,
+            tuple(begins),
+            tuple(ends),
+            tuple(out),
+            pointwise,
+            math.prod(out),
         )
 
     def weight_matrix(w: np.ndarray) -> np.ndarray:
@@ -311,7 +316,7 @@ def _im2col(local: threading.local, plan: _ConvPlan, x: np.ndarray) -> np.ndarra
         np.copyto(columns.interior, x)
         np.copyto(columns.cols, columns.view)
         return columns.cols
-    entries = x.shape[0] * x.shape[1] * int(np.prod(plan.kernel_shape)) * plan.pixels
+    entries = x.shape[0] * x.shape[1] * math.prod(plan.kernel_shape) * plan.pixels
     if entries * x.dtype.itemsize <= KEPT_COLUMNS_BYTES:
         if len(kept) >= PLAN_CACHE_SIZE:
             kept.clear()
