@@ -3,15 +3,15 @@ the event loop's own thread.
 
 The hop to a compute thread and back (two thread wake-ups, and the GIL handed between
 the loop and the compute thread around every numpy call) cost 100-150 us per inference
-on a loaded 2-core machine, as much as the bundled tiny CNN's whole plan (160 us). A
+on a loaded 2-core machine, as much as the bundled tiny CNN's whole plan (125-160 us). A
 plan holds the GIL for most of such a short run anyway, so a second stream adds little
-parallelism; running it inline adds no hop. A run whose last run on inputs of the same
-shapes took less than ``CPU_INLINE_RUN_US`` of its thread's CPU time on average (not
-wall time, which a loaded machine stretches) runs inline while no run of the model
-computes on a thread: the loop is held for about that long,
-with a cancellation checkpoint before and a yield after (a task inferring in a loop
-must not starve the others). Anything else, and the first run of new input shapes,
-goes to the task executor.
+parallelism; running it inline adds no hop. A run on input shapes whose runs took less
+than ``CPU_INLINE_RUN_US`` of their thread's CPU time on average (not wall time, which
+a loaded machine stretches) runs inline, whatever else runs: the requests of a queue
+would otherwise keep one another on threads. The loop is held for about that long, with
+a cancellation checkpoint before and a yield after (a task inferring in a loop must not
+starve the others). Anything else, and the first run of new input shapes, goes to the
+task executor.
 """
 
 from __future__ import annotations
@@ -45,13 +45,11 @@ machine's load does not send the next ones to a thread."""
 
 
 class RunTimes:
-    """A compiled model's run times (CPU seconds, a running average per input shapes)
-    and its runs in flight on the task executor (changed on the event loop only)."""
+    """A compiled model's run times: CPU seconds, a running average per input shapes."""
 
     def __init__(self, budget_seconds: float) -> None:
         self.budget = budget_seconds
         self.seconds: dict[Any, float] = {}
-        self.in_flight = 0
 
     def record(self, shapes: Any, seconds: float) -> None:
         """Note how long a run on inputs of ``shapes`` took (any thread)."""
@@ -63,9 +61,8 @@ class RunTimes:
         self.seconds[shapes] = average + WEIGHT * (seconds - average)
 
     def short(self, shapes: Any) -> bool:
-        """Whether a run on ``shapes`` may run inline now: it is short, and no run of
-        the model computes on a thread (the loop's thread would fight it for the GIL)."""
-        return self.in_flight == 0 and self.seconds.get(shapes, self.budget) < self.budget
+        """Whether a run on ``shapes`` may run inline."""
+        return self.seconds.get(shapes, self.budget) < self.budget
 
 
 class RunExecutor(Executor):
@@ -92,8 +89,4 @@ class RunExecutor(Executor):
             value = stage()
             await anyio.lowlevel.checkpoint()
             return value, 0.0
-        self._times.in_flight += 1
-        try:
-            return await self._threads.run_timed(stage, on_cancel)
-        finally:
-            self._times.in_flight -= 1
+        return await self._threads.run_timed(stage, on_cancel)
