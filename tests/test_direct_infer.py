@@ -528,13 +528,13 @@ async def test_compiled_model_infer_starts_a_stateful_model_from_its_initial_sta
 
 async def test_infer_timed_on_any_device_reports_its_queue_wait(core, exact_plain) -> None:
     """The server calls ``infer_timed`` on every compiled model: a pooled request on the
-    CPU (a free task thread takes it at once: well under the batch timeout), the batch
-    queue on BATCH (the timeout)."""
+    CPU (a free task thread takes it at once, or the loop runs the short plan inline:
+    well under the batch timeout), the batch queue on BATCH (the timeout)."""
     (feed,) = single_rows(1)
     want = exact_plain.create_infer_request().infer_sync(feed)
     start = time.perf_counter()
     results, queued = await exact_plain.infer_timed(feed)
-    assert 0.0 < queued <= time.perf_counter() - start
+    assert 0.0 <= queued <= time.perf_counter() - start
     np.testing.assert_array_equal(results[0], want[0])
     batched = batch_model(core, MAX_BATCH_SIZE=8, BATCH_TIMEOUT_MS=20)
     start = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -331,3 +332,29 @@ def test_conv_transpose_rejects_inconsistent_shapes(
     node = oh.make_node("ConvTranspose", ["x", "w"], ["y"], **attrs)
     with pytest.raises(ValueError):
         run_aioinfer(node, [_random(*x_shape), _random(*w_shape)], 11)
+
+
+@pytest.mark.parametrize("size", [8, 48], ids=["kept-columns", "thread-scratch"])
+def test_conv_columns_are_per_thread(size: int) -> None:
+    """One Conv kernel (as requests share it) called from several threads at once, on
+    the small shapes whose im2col buffers it keeps and on larger ones that use a thread's
+    scratch buffer: every call gives its own input's result, and earlier results stay."""
+    node = oh.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], strides=[1, 1])
+    w, b = _random(8, 4, 3, 3), _random(8)
+    inputs = [_random(1, 4, size, size) for _ in range(4)]
+    want = [run_reference(node, [x, w, b], 18)[0] for x in inputs]
+    ir_node = ir.from_proto(node)
+    run = find_kernel("", "Conv", 18).factory(make_spec(ir_node, 18))
+    results: dict[int, list[np.ndarray]] = {}
+
+    def work(index: int) -> None:
+        results[index] = [run(inputs[index], w, b)[0] for _ in range(20)]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, expected in enumerate(want):
+        for got in results[index]:
+            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)

@@ -77,10 +77,14 @@ class Plan:
 
     def initial_slots(self) -> list[Any]:
         """A fresh slot list with the shared constants in place."""
+        return list(self._initial_slots)
+
+    @functools.cached_property
+    def _initial_slots(self) -> tuple[Any, ...]:
         slots: list[Any] = [None] * self.num_slots
         for slot, array in self.constants:
             slots[slot] = array
-        return slots
+        return tuple(slots)
 
     @functools.cached_property
     def kernels(self) -> tuple[Kernel, ...]:
@@ -124,6 +128,9 @@ class Plan:
         started = next_yield = perf_counter()
         next_yield += GIL_YIELD_SECONDS
         offer_gil = threading.current_thread() is not threading.main_thread()
+        # Neither an observer nor GIL offers: no clock readings (the event loop's thread
+        # runs short plans inline, see inline.py).
+        timed = observe is not None or offer_gil
         for step, kernel in zip(self.steps, kernels):
             if cancel.requested:
                 raise InferCancelledError("the inference was cancelled")
@@ -139,6 +146,8 @@ class Plan:
                 slots[slot] = value
             for slot in step.release:
                 slots[slot] = None
+            if not timed:
+                continue
             now = perf_counter()
             if observe is not None:
                 observe(step, produced, now - started)

@@ -12,6 +12,7 @@ import onnx_ir as ir
 from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.devices.cpu import kernels  # noqa: F401  (registers every kernel)
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
+from aioinfer.devices.cpu.inline import CPU_INLINE_RUN_US, RunExecutor, RunTimes
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
 from aioinfer.devices.cpu.kernels.registry import find_kernel
 from aioinfer.devices.cpu.request import CPUInferRequest
@@ -24,10 +25,11 @@ from aioinfer.model import Model, Port
 from aioinfer.opsets import MAX_ONNX_OPSET, check_onnx_opset, node_opset
 from aioinfer.plugin.blob import ExportedModel
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.executors import ThreadExecutor, streams_for
+from aioinfer.plugin.executors import Executor, ThreadExecutor, streams_for
 from aioinfer.plugin.onnx_payload import onnx_payload, read_onnx_payload
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.state import split_ports
+from aioinfer.plugin.sync_request import SyncInferRequest
 from aioinfer.properties import (
     CACHE_DIR,
     DEVICE_NAME,
@@ -75,6 +77,7 @@ class CPUPlugin(Plugin):
         STATEFUL,
         PERF_COUNT,
         CACHE_DIR,
+        CPU_INLINE_RUN_US,
         ACTIVATION_MEMORY_BYTES,
         LOADED_FROM_CACHE,
         NETWORK_NAME,
@@ -186,6 +189,8 @@ class CPUCompiledModel(CompiledModel):
         config = {**config, "STATEFUL": dict(made)}
         self.streams = streams_for(config, num_cores())
         self.threads_per_stream = _configure_blas(config, self.streams)
+        self.run_times = RunTimes(int(config["CPU_INLINE_RUN_US"]) / 1e6)
+        """The last run times that decide where a plan runs (see :mod:`.inline`)."""
         self._sync_requests: weakref.WeakSet[CPUInferRequest] = weakref.WeakSet()
         super().__init__(plugin, ir_model.graph.name or "model", inputs, outputs, config)
         self.graph = ir_model.graph
@@ -215,6 +220,18 @@ class CPUCompiledModel(CompiledModel):
         request = CPUInferRequest(self)
         self._sync_requests.add(request)
         return request
+
+    def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
+        """The default pipeline, but the plan runs through a :class:`RunExecutor`:
+        inline on the loop when its last run was short, else on the task executor."""
+        assert isinstance(request, CPUInferRequest)
+        run = RunExecutor(self.task_executor, self.run_times, request.input_shapes)
+        return [
+            (self.loop_executor, request.infer_preprocess),
+            (run, request.start_pipeline),
+            (self.loop_executor, request.wait_pipeline),
+            (self.loop_executor, request.infer_postprocess),
+        ]
 
     def read_only_property(self, name: str) -> Any:
         if name == "INFERENCE_NUM_THREADS":

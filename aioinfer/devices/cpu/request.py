@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,6 +31,8 @@ class CPUInferRequest(SyncInferRequest):
         self._plan = compiled_model.plan
         self._variables = VariableStore(compiled_model.variables, self._state_sizes)
         self._feed: list[Any] = []
+        self._key: tuple[Any, ...] = ()
+        self._run_times = compiled_model.run_times
         self._produced: list[Any] = []
         self._profiling = bool(compiled_model.config.get("PERF_COUNT", False))
         self.memory = RequestMemory(self._plan)
@@ -49,10 +52,22 @@ class CPUInferRequest(SyncInferRequest):
         super().infer_preprocess()
         self._produced = []
         self._feed = [*self._inputs, *self._variables.feed()]
+        self._key = shapes_key(self._feed)
+
+    def input_shapes(self) -> tuple[Any, ...]:
+        """The shapes (and dtypes) of the inputs of the inference being run."""
+        return self._key
 
     def start_pipeline(self) -> None:
+        started = time.thread_time()
+        try:
+            self._run_plan()
+        finally:
+            self._run_times.record(self._key, time.thread_time() - started)
+
+    def _run_plan(self) -> None:
         feed, self._feed = self._feed, []
-        key = shapes_key(feed)
+        key = self._key
         kernels = self.memory.kernels(key)
         if kernels is not None and not self._profiling:
             self._produced = self._plan.run(feed, self.cancel_token, kernels)

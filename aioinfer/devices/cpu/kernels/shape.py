@@ -8,6 +8,7 @@ constant operand is normalised once in the factory. Resize and Upsample live in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal, cast
 
@@ -87,9 +88,8 @@ def _flatten(spec: NodeSpec) -> Kernel:
         if not -rank <= axis <= rank:
             raise ValueError(f"Flatten: axis {axis} is out of range for rank {rank}")
         split = axis + rank if axis < 0 else axis
-        outer = int(np.prod(data.shape[:split], dtype=np.int64))
-        inner = int(np.prod(data.shape[split:], dtype=np.int64))
-        return (data.reshape(outer, inner),)
+        shape = data.shape  # math.prod: np.prod costs 2 us per call
+        return (data.reshape(math.prod(shape[:split]), math.prod(shape[split:])),)
 
     return run
 

@@ -1,0 +1,103 @@
+"""The CPU device runs short plans on the event loop's thread (``CPU_INLINE_RUN_US``)."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+
+import aioinfer as ai
+from tests import helpers
+
+pytestmark = pytest.mark.anyio
+
+WIDTH = 8
+
+
+def _compiled(steps: int, width: int = WIDTH, **config: object) -> ai.CompiledModel:
+    return ai.Core().compile_model(helpers.chain_model(steps, width), "CPU", config)
+
+
+def _input(width: int = WIDTH) -> np.ndarray:
+    return np.random.default_rng(3).standard_normal((2, width)).astype(np.float32)
+
+
+async def test_a_short_plan_runs_inline_once_its_run_time_is_known() -> None:
+    """The first run of new input shapes goes to a compute thread (its time unknown):
+    ``queued_seconds`` is the wait for that thread, never exactly 0. Once a run was
+    short, the next ones run inline: they waited for no thread at all."""
+    compiled = _compiled(2)
+    request = compiled.create_infer_request()
+    x = _input()
+    first = await request.infer({"x": x})
+    assert request.queued_seconds > 0.0
+    waits = []
+    for _ in range(5):
+        results = await request.infer({"x": x})
+        waits.append(request.queued_seconds)
+        np.testing.assert_array_equal(results["y"], first["y"])
+    assert waits == [0.0] * 5
+    await compiled.close()
+
+
+async def test_inline_runs_can_be_turned_off_and_long_plans_use_threads() -> None:
+    """``CPU_INLINE_RUN_US=0`` sends every run to a thread; so does a plan whose runs
+    take longer than the budget."""
+    for compiled, x in (
+        (_compiled(2, CPU_INLINE_RUN_US=0), _input()),
+        (_compiled(2, CPU_INLINE_RUN_US=1), _input()),  # no plan runs in 1 us
+    ):
+        assert compiled.get_property("CPU_INLINE_RUN_US") in (0, 1)
+        request = compiled.create_infer_request()
+        for _ in range(4):
+            await request.infer({"x": x})
+            assert request.queued_seconds > 0.0
+        await compiled.close()
+
+
+async def test_inline_runs_let_other_tasks_run_between_them() -> None:
+    """A task that infers in a loop on a short model yields to the event loop after each
+    inline run: another task keeps running meanwhile."""
+    compiled = _compiled(2)
+    request = compiled.create_infer_request()
+    x = _input()
+    for _ in range(2):
+        await request.infer({"x": x})
+    ticks = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await anyio.sleep(0)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(ticker)
+        await anyio.sleep(0)
+        start = ticks
+        for _ in range(50):
+            await request.infer({"x": x})
+            assert request.queued_seconds == 0.0
+        done = True
+    assert ticks - start >= 40
+    await compiled.close()
+
+
+async def test_an_inline_run_cancelled_before_it_starts_never_runs() -> None:
+    """Cancelling the awaiting task before its inline run raises the cancellation; the
+    request stays idle, its results those of the last completed inference."""
+    compiled = _compiled(2)
+    request = compiled.create_infer_request()
+    x = _input()
+    for _ in range(2):
+        last = await request.infer({"x": x})
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await request.infer({"x": 2 * x})
+    assert scope.cancelled_caught
+    assert request.state is ai.RequestState.IDLE
+    np.testing.assert_array_equal(request.results["y"], last["y"])
+    again = await request.infer({"x": x})
+    np.testing.assert_array_equal(again["y"], last["y"])
+    await compiled.close()
