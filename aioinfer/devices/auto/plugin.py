@@ -12,7 +12,7 @@ every other property, every request and every inference is the chosen device's o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from aioinfer.devices.auto.properties import DEVICE_PRIORITIES, EXECUTION_DEVICES
 from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
@@ -26,11 +26,15 @@ from aioinfer.errors import (
 )
 from aioinfer.model import Model
 from aioinfer.plugin.async_request import AsyncInferRequest
+from aioinfer.plugin.blob import ExportedModel, load
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import VirtualPlugin
 from aioinfer.properties import (
+    CACHE_DIR,
     DEVICE_NAME,
+    LOADED_FROM_CACHE,
     NUM_CORES,
+    OPTIMIZATION_CAPABILITIES,
     SUPPORTED_PROPERTIES,
     declare,
     parse_config,
@@ -73,10 +77,16 @@ class AutoPlugin(VirtualPlugin):
 
     device_name = "AUTO"
     handles_state = True  # STATEFUL goes to the chosen device through the Core
+    optimization_capabilities = ("EXPORT_IMPORT",)
+    """A blob of AUTO holds the chosen device's blob (and imports on that device); the
+    Core's model cache then keeps AUTO's choice too."""
     properties = declare(
         DEVICE_PRIORITIES,
         ALLOW_AUTO_BATCHING,
         EXECUTION_DEVICES,
+        CACHE_DIR,
+        LOADED_FROM_CACHE,
+        OPTIMIZATION_CAPABILITIES,
         SUPPORTED_PROPERTIES,
         DEVICE_NAME,
         NUM_CORES,
@@ -126,7 +136,8 @@ class AutoPlugin(VirtualPlugin):
                 device was passed over, when none can run the model.
         """
         parsed = self.parse_config(config)
-        own = {name: parsed[name] for name in ("DEVICE_PRIORITIES", "ALLOW_AUTO_BATCHING")}
+        # CACHE_DIR is AUTO's own: the Core caches AUTO's blob, which holds the choice.
+        own = {n: parsed[n] for n in ("DEVICE_PRIORITIES", "ALLOW_AUTO_BATCHING", "CACHE_DIR")}
         rest = {name: value for name, value in parsed.items() if name not in own}
         failures: list[tuple[str, AioinferError]] = []
         for device in own["DEVICE_PRIORITIES"]:
@@ -171,6 +182,20 @@ class AutoPlugin(VirtualPlugin):
         if not missing:
             return None
         return UnsupportedOperatorError(f"no kernel for {', '.join(missing)}")
+
+    def import_payload(self, exported: ExportedModel, config: dict[str, Any]) -> CompiledModel:
+        """The chosen device's blob inside AUTO's, imported on that device (``config``'s
+        names that are not AUTO's go to it).
+
+        Raises:
+            InvalidBlobError, BlobVersionError: the inner blob, as :func:`load` says.
+        """
+        inner = bytes(exported.payload)
+        device = load(inner, None).device
+        own, rest = self._split(config)
+        own.pop("CACHE_DIR", None)
+        target = self.core.import_model(inner, device, rest)
+        return AutoCompiledModel(self, target, device, own)
 
     def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         """Each node any device of the list can run, mapped to the first such device."""
@@ -238,9 +263,13 @@ class AutoCompiledModel(CompiledModel):
         for executor in self._executors:
             executor.close()
 
-    def export_model(self, stream: BinaryIO | None = None) -> bytes:
-        """The chosen device's blob: import it on that device (``EXECUTION_DEVICES``)."""
-        return self.target.export_model(stream)
+    def export_payload(self) -> bytes:
+        """The chosen device's blob (AUTO's import imports it on that device).
+
+        Raises:
+            ExportError: the chosen device does not export.
+        """
+        return self.target.export_model()
 
     def source_ports(self) -> tuple[list[Port], list[Port]]:
         return self.target.source_ports()
@@ -263,6 +292,10 @@ class AutoCompiledModel(CompiledModel):
             return self.config[name]
         if name == "EXECUTION_DEVICES":
             return (self.execution_device,)
+        if name == "LOADED_FROM_CACHE":
+            return self._loaded_from_cache
+        if name == "OPTIMIZATION_CAPABILITIES":
+            return self.plugin.optimization_capabilities
         if name == "SUPPORTED_PROPERTIES":
             return self.supported_properties()
         if name == "DEVICE_NAME":
