@@ -162,6 +162,14 @@ def find_port(ports: Sequence[Port], key: str | int | Port, kind: str) -> Port:
     raise UnknownInputError(f"the model has no {kind} named {key!r}; its {kind}s are {names}")
 
 
+def takes_strings(node: ir.Node) -> bool:
+    """Whether ``node`` takes or gives a string tensor (whose type is known): the engines
+    whose strings are text (or that have none) leave such nodes to devices that carry
+    any bytes."""
+    values = [*node.inputs, *node.outputs]
+    return any(v is not None and v.dtype == ir.DataType.STRING for v in values)
+
+
 def batch_problem(inputs: Sequence[Port], outputs: Sequence[Port]) -> str | None:
     """Why a model with these ports cannot be batched along its first axis (None: it can).
 

@@ -372,6 +372,7 @@ class RayIngressService(InferenceService):
                     version: RemoteModel(name, version, ports, description.config, handle)
                     for version, ports in description.versions.items()
                 }
+        self.started = True
 
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -384,6 +385,7 @@ class RayIngressService(InferenceService):
             with anyio.CancelScope(shield=True):
                 await self.drain()
             self.models.clear()
+            self.started = False
 
     def start(self, name: str, version: str | None) -> InferCall:
         """As :meth:`InferenceService.start`; the call forwards to a replica."""

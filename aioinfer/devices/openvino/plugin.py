@@ -28,7 +28,7 @@ from aioinfer.errors import (
     UnknownPropertyError,
     UnsupportedOperatorError,
 )
-from aioinfer.model import Model
+from aioinfer.model import Model, takes_strings
 from aioinfer.plugin.blob import ExportedModel
 from aioinfer.plugin.onnx_payload import read_onnx_payload
 from aioinfer.plugin.plugin import Plugin
@@ -179,6 +179,14 @@ class OpenVINOPlugin(Plugin):
         from .compiled_model import OpenVINOCompiledModel, SourceModel
 
         parsed = self.parse_config(config)
+        strings = [
+            p.name for p in (*model.inputs, *model.outputs) if p.element_type == ir.DataType.STRING
+        ]
+        if strings:
+            raise UnsupportedOperatorError(
+                f"OPENVINO: the string tensors {', '.join(map(repr, strings))} cannot pass "
+                "OpenVINO's Python binding; run the model on CPU"
+            )
         pairs = stateful_pairs(model.ir.graph, parsed["STATEFUL"])
         source = SourceModel.of(model, state_shapes(model.ir, list(pairs)) if pairs else {})
         ov_model = self._read(model)
@@ -310,7 +318,8 @@ class OpenVINOPlugin(Plugin):
         return {
             node.name or f"{node.op_type}_{index}": self.device_name
             for index, node in enumerate(model.ir.graph)
-            if whole or all(value.name in supported for value in node.outputs)
+            if (whole or all(value.name in supported for value in node.outputs))
+            and not takes_strings(node)  # the binding has no string tensors
         }
 
     # -- helpers --------------------------------------------------------------------------

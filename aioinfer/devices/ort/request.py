@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnxruntime as ort
 
 from aioinfer.devices.ort.profile import RunProfile
 from aioinfer.devices.ort.session import TERMINATED, ort_message
-from aioinfer.errors import InferCancelledError, InferenceError
+from aioinfer.errors import InferCancelledError, InferenceError, InputTypeError
 from aioinfer.plugin.sync_request import SyncInferRequest
 
 if TYPE_CHECKING:
@@ -50,7 +51,9 @@ class ORTInferRequest(SyncInferRequest):
         is not fed."""
         super().infer_preprocess()
         self._feed = {
-            name: value for name, value in zip(self._input_names, self._inputs) if value is not None
+            name: _as_text(name, value) if _is_strings(value) else value
+            for name, value in zip(self._input_names, self._inputs)
+            if value is not None
         }
         self._shapes = tuple(getattr(value, "shape", None) for value in self._inputs)
 
@@ -89,9 +92,44 @@ class ORTInferRequest(SyncInferRequest):
     def infer_postprocess(self) -> None:
         """Publish the arrays of the run."""
         outputs, self._outputs = self._outputs, []
-        self.set_results(outputs)
+        self.set_results([_as_bytes(v) if _is_strings(v) else v for v in outputs])
 
     def cancel(self) -> None:
         """Stop the running inference before onnxruntime's next kernel (any thread)."""
         super().cancel()
         self._run_options.terminate = True
+
+
+def _is_strings(value: object) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind == "O"
+
+
+def _as_text(name: str, value: np.ndarray) -> np.ndarray:
+    """A string tensor as onnxruntime takes it: ``str`` elements (bytes decoded as UTF-8).
+
+    Raises:
+        InputTypeError: an element is bytes that are not UTF-8 text.
+    """
+    flat = value.ravel()
+    texts = np.empty(flat.shape, dtype=object)
+    for index, element in enumerate(flat):
+        if isinstance(element, bytes):
+            try:
+                element = element.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputTypeError(
+                    f"input {name!r}: element {index} is not UTF-8 text ({exc.reason} at byte "
+                    f"{exc.start}); onnxruntime's strings are text: run such bytes on CPU"
+                ) from None
+        texts[index] = element
+    return texts.reshape(value.shape)
+
+
+def _as_bytes(value: np.ndarray) -> np.ndarray:
+    """A string tensor of onnxruntime's (``str`` elements) as the other devices give it:
+    UTF-8 ``bytes`` elements."""
+    flat = value.ravel()
+    data = np.empty(flat.shape, dtype=object)
+    for index, element in enumerate(flat):
+        data[index] = element.encode("utf-8") if isinstance(element, str) else element
+    return data.reshape(value.shape)

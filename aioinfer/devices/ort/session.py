@@ -30,7 +30,7 @@ from aioinfer.errors import (
     InvalidPropertyValueError,
     UnsupportedOperatorError,
 )
-from aioinfer.model import Model
+from aioinfer.model import Model, takes_strings
 from aioinfer.plugin.executors import lower_thread_priority
 
 T = TypeVar("T")
@@ -209,7 +209,9 @@ def ort_message(exc: BaseException) -> str:
 
 def supported_nodes(model: Model, device_name: str) -> dict[str, str]:
     """The nodes of ``model``'s main graph whose operator (domain, type and version) has
-    a kernel in this onnxruntime build; element types are not checked."""
+    a kernel in this onnxruntime build, and that take and give no string tensor
+    (onnxruntime's strings are text: bytes that are not UTF-8 cannot pass, where the
+    other devices carry any bytes); other element types are not checked."""
     from onnx.defs import SchemaError, get_schema
     from onnxruntime.capi.onnxruntime_pybind11_state import get_all_opkernel_def
 
@@ -224,7 +226,7 @@ def supported_nodes(model: Model, device_name: str) -> dict[str, str]:
     for index, node in enumerate(model.ir.graph):
         domain = "" if node.domain == "ai.onnx" else node.domain
         ranges = kernels.get((domain, node.op_type))
-        if not ranges:
+        if not ranges or takes_strings(node):
             continue
         opset = node_opset(node, opsets)
         try:  # the version of the operator's definition the node uses
