@@ -115,6 +115,7 @@ def write_triton_repository(repo: Path) -> Path:
     write_model(repo, "simple", 1, simple_model())
     write_config(repo, "simple", {"batching": SIMPLE_BATCHING})
     write_model(repo, "simple_string", 1, simple_string_model())
+    write_config(repo, "simple_string", {"batching": False})  # the unbatched model's case
     write_model(repo, "simple_identity", 1, simple_identity_model())
     write_model(repo, "simple_sequence", 1, simple_sequence_model())
     write_config(
