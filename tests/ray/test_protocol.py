@@ -139,4 +139,4 @@ def test_tritonclient_sees_the_same_errors(client, local):
             target.infer("mlp", [tensor], model_version="9")
         messages.append((caught.value.status(), caught.value.message()))
     assert messages[0] == messages[1]
-    assert messages[0][0] == "404" and "no version '9'" in messages[0][1]
+    assert messages[0][0] == "404" and "'mlp' version 9 is not found" in messages[0][1]
