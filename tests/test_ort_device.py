@@ -415,8 +415,11 @@ def _nice_values() -> dict[int, int]:
     """Native thread id -> nice value, for every thread of this process (Linux)."""
     values = {}
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/stat") as stat:
-            values[int(tid)] = int(stat.read().rsplit(")", 1)[1].split()[16])
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                values[int(tid)] = int(stat.read().rsplit(")", 1)[1].split()[16])
+        except FileNotFoundError:  # the thread ended since the listing
+            continue
     return values
 
 
