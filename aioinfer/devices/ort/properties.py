@@ -49,7 +49,7 @@ ORT_INLINE_RUN_US = Property(
     "ORT device with one stream: a run whose last run on inputs of the same shapes "
     "took less than this many microseconds runs on the event loop's thread when no "
     "other run is in flight, saving the hop to a compute thread (0: never).",
-    default=200,
+    default=500,
     parse=non_negative_int,
     mutable=True,
 )
