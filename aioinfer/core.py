@@ -16,6 +16,7 @@ from aioinfer.cache import compile_cached
 from aioinfer.errors import UnknownDeviceError, UnknownPropertyError
 from aioinfer.frontend import ModelSource, read_ir_model, read_stream
 from aioinfer.model import Model, batch_problem
+from aioinfer.plugin.blob import load as load_blob
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.stateful import compile_stateful
@@ -424,12 +425,13 @@ class Core:
     def import_model(
         self,
         blob: bytes | bytearray | memoryview | IO[bytes],
-        device: str = "CPU",
+        device: str | None = None,
         config: Mapping[str, Any] | None = None,
     ) -> CompiledModel:
         """A compiled model from the blob of ``compiled.export_model()`` (bytes, or a
-        binary stream to read it from), without running the passes again. ``config`` may
-        change run-time properties (``PERFORMANCE_HINT``, ``NUM_STREAMS``, ...).
+        binary stream to read it from), without running the passes again, on ``device``
+        (None: the device the blob names). ``config`` may change run-time properties
+        (``PERFORMANCE_HINT``, ``NUM_STREAMS``, ...).
 
         A stream is read from its current position to its end, so a blob stored after
         other data is found; a seekable stream with nothing left to read is read from its
@@ -442,13 +444,15 @@ class Core:
             BlobDeviceError: exported for another device.
             ImportModelError: the device does not import models.
         """
-        data = read_stream(blob, "import_model") if hasattr(blob, "read") else blob
-        return self.get_plugin(device).import_model(bytes(data), dict(config or {}))
+        data = bytes(read_stream(blob, "import_model") if hasattr(blob, "read") else blob)
+        if device is None:
+            device = load_blob(data, None).device
+        return self.get_plugin(device).import_model(data, dict(config or {}))
 
     async def import_model_async(
         self,
         blob: bytes | bytearray | memoryview | IO[bytes],
-        device: str = "CPU",
+        device: str | None = None,
         config: Mapping[str, Any] | None = None,
     ) -> CompiledModel:
         """:meth:`import_model` on a worker thread (a stream is read there too); the event

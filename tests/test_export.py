@@ -201,3 +201,14 @@ async def test_import_model_async() -> None:
     async with imported.create_infer_request() as request:
         result = await request.infer({"x": X})
     np.testing.assert_array_equal(result[0], _run(compiled))
+
+
+@pytest.mark.parametrize("device", ["CPU", "ORT", "AUTO"])
+def test_import_without_a_device_uses_the_one_the_blob_names(device: str) -> None:
+    core = ai.Core()
+    compiled = core.compile_model(_cnn(), device, {"PERFORMANCE_HINT": "LATENCY"})
+    imported = core.import_model(compiled.export_model())
+    assert imported.get_property("DEVICE_NAME") == device
+    np.testing.assert_allclose(_run(imported), _run(compiled), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ai.InvalidBlobError):
+        core.import_model(b"not a blob")
