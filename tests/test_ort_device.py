@@ -32,6 +32,7 @@ import pytest
 import tritonclient.http as httpclient
 
 import aioinfer as ai
+from aioinfer.devices.ort.plugin import MULTI_STREAM_INLINE_S
 from aioinfer.models import default_model_path
 from aioinfer.plugin.blob import dump, load
 from aioinfer.properties import num_cores
@@ -699,11 +700,25 @@ async def test_short_runs_of_an_idle_stream_run_on_the_loop(core):
     await request.infer({"x": x})
     assert _ran_on(request) != loop_thread
     await long_request.wait()
-    for other in ({"NUM_STREAMS": 2}, {"ORT_INLINE_RUN_US": 0}):
-        never = core.compile_model(model, "ORT", {**config, **other}).create_infer_request()
-        for _ in range(3):
-            await never.infer({"x": x})
-            assert _ran_on(never) != loop_thread
+    never = core.compile_model(model, "ORT", {**config, "ORT_INLINE_RUN_US": 0})
+    never_request = never.create_infer_request()
+    for _ in range(3):
+        await never_request.infer({"x": x})
+        assert _ran_on(never_request) != loop_thread
+    # Several streams: only runs shorter than a hop go inline (MULTI_STREAM_INLINE_S),
+    # whatever the budget; a run of milliseconds keeps to the threads.
+    streams = core.compile_model(model, "ORT", {**config, "NUM_STREAMS": 2})
+    assert streams.run_times.budget <= MULTI_STREAM_INLINE_S
+    tiny = streams.create_infer_request()
+    await tiny.infer({"x": x})  # new shapes: measured on a thread
+    if streams.run_times.seconds.get((x.shape,), 1.0) < MULTI_STREAM_INLINE_S:
+        await tiny.infer({"x": x})  # a run shorter than the hop, nothing else runs
+        assert _ran_on(tiny) == loop_thread
+    big = {"x": rows(20000, width=64)}
+    long_runs = streams.create_infer_request()
+    for _ in range(3):
+        await long_runs.infer(big)
+        assert _ran_on(long_runs) != loop_thread
 
 
 @pytest.mark.anyio

@@ -117,6 +117,12 @@ class ORTPlugin(Plugin):
         return supported_nodes(model, self.device_name)
 
 
+MULTI_STREAM_INLINE_S = 50e-6
+"""With several streams, a run inline takes the loop's thread while the other streams'
+threads could compute: worth it only for runs shorter than the hop to a thread and back
+(tens of microseconds here), which the loop then saves."""
+
+
 class ORTCompiledModel(CompiledModel):
     """One onnxruntime session shared by all requests; up to ``NUM_STREAMS`` of them run
     at once, each on a thread of the task executor with ``intra_op_num_threads``
@@ -161,7 +167,9 @@ class ORTCompiledModel(CompiledModel):
         if self.profiler is not None:
             weakref.finalize(self, self.profiler.close)
         config = {**config, "ORT_PROVIDERS": tuple(self.session.get_providers())}
-        budget = int(config["ORT_INLINE_RUN_US"]) / 1e6 if streams == 1 else 0.0
+        budget = int(config["ORT_INLINE_RUN_US"]) / 1e6
+        if streams > 1:  # inline runs are one at a time: only those shorter than the hop
+            budget = min(budget, MULTI_STREAM_INLINE_S)
         self.run_times = RunTimes(budget)
         """The last run times that decide where a run goes (see :mod:`.executor`)."""
         # The session holds the weights: the IR graph (and its weights) is not kept, only
