@@ -743,3 +743,32 @@ async def test_runs_on_the_loop_still_let_other_tasks_run(core):
             await request.infer({"x": x})
         done = True
     assert ticks >= 190, ticks  # one per inference
+
+
+def _text_identity() -> onnx.ModelProto:
+    text = onnx.TensorProto.STRING
+    graph = oh.make_graph(
+        [oh.make_node("Identity", ["x"], ["y"])],
+        "text",
+        [oh.make_tensor_value_info("x", text, [None])],
+        [oh.make_tensor_value_info("y", text, [None])],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_string_tensors_are_utf8_bytes_in_and_out(core):
+    request = core.compile_model(_text_identity(), "ORT").create_infer_request()
+    words = np.array([b"alpha", "\u00e9t\u00e9".encode(), b""], dtype=object)
+    assert list(request.infer_sync({"x": words})["y"]) == list(words)  # bytes, not "b'...'"
+    with pytest.raises(ai.InputTypeError, match=r"input 'x': element 1 is not UTF-8"):
+        request.infer_sync({"x": np.array([b"ok", b"\x00\xff"], dtype=object)})
+    assert list(request.infer_sync({"x": words[:1]})["y"]) == [b"alpha"]  # still usable
+
+
+def test_auto_runs_string_models_where_any_bytes_pass(core):
+    compiled = core.compile_model(_text_identity(), "AUTO")
+    assert compiled.get_property("EXECUTION_DEVICES") == ("CPU",)
+    raw = np.array([b"\x00\xff raw"], dtype=object)
+    assert list(compiled.create_infer_request().infer_sync({"x": raw})["y"]) == [b"\x00\xff raw"]
+    with pytest.raises(ai.UnsupportedOperatorError, match="string tensors 'x', 'y'"):
+        core.compile_model(_text_identity(), "OPENVINO")

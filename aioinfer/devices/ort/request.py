@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnx_ir as ir
 import onnxruntime as ort
 
 from aioinfer.devices.ort.profile import RunProfile
@@ -17,6 +18,7 @@ from aioinfer.plugin.sync_request import SyncInferRequest
 
 if TYPE_CHECKING:
     from aioinfer.devices.ort.plugin import ORTCompiledModel
+    from aioinfer.model import Port
 
 
 class ORTInferRequest(SyncInferRequest):
@@ -38,6 +40,9 @@ class ORTInferRequest(SyncInferRequest):
         self._run_options.log_severity_level = 4
         self._input_names = [port.name for port in self._input_ports]
         self._output_names = [port.name for port in self._output_ports]
+        # onnxruntime's strings are text: these ports are converted (decided once here).
+        self._text_inputs = frozenset(p.name for p in self._input_ports if _is_text(p))
+        self._text_outputs = [_is_text(port) for port in self._output_ports]
         self._feed: dict[str, Any] = {}
         self._shapes: tuple[object, ...] = ()
         self._times = compiled_model.run_times
@@ -51,7 +56,7 @@ class ORTInferRequest(SyncInferRequest):
         is not fed."""
         super().infer_preprocess()
         self._feed = {
-            name: _as_text(name, value) if _is_strings(value) else value
+            name: _as_text(name, value) if name in self._text_inputs else value
             for name, value in zip(self._input_names, self._inputs)
             if value is not None
         }
@@ -92,7 +97,9 @@ class ORTInferRequest(SyncInferRequest):
     def infer_postprocess(self) -> None:
         """Publish the arrays of the run."""
         outputs, self._outputs = self._outputs, []
-        self.set_results([_as_bytes(v) if _is_strings(v) else v for v in outputs])
+        if any(self._text_outputs):
+            outputs = [_as_bytes(v) if text else v for v, text in zip(outputs, self._text_outputs)]
+        self.set_results(outputs)
 
     def cancel(self) -> None:
         """Stop the running inference before onnxruntime's next kernel (any thread)."""
@@ -100,8 +107,8 @@ class ORTInferRequest(SyncInferRequest):
         self._run_options.terminate = True
 
 
-def _is_strings(value: object) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind == "O"
+def _is_text(port: Port) -> bool:
+    return port.element_type == ir.DataType.STRING
 
 
 def _as_text(name: str, value: np.ndarray) -> np.ndarray:
