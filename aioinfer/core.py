@@ -445,8 +445,9 @@ class Core:
             ImportModelError: the device does not import models.
         """
         data = bytes(read_stream(blob, "import_model") if hasattr(blob, "read") else blob)
-        if device is None:
-            device = load_blob(data, None).device
+        if device is None:  # the blob names it: checked once, imported on that device
+            exported = load_blob(data, None)
+            return self.get_plugin(exported.device).import_exported(exported, config)
         return self.get_plugin(device).import_model(data, dict(config or {}))
 
     async def import_model_async(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-from aioinfer.plugin.blob import MAGIC, is_blob, load
+from aioinfer.plugin.blob import MAGIC, is_blob
 
 if TYPE_CHECKING:
     from aioinfer.core import Core
@@ -90,7 +90,4 @@ async def load_model_file(
 def _import_file(
     core: Core, path: Path, device: str | None, config: dict[str, Any]
 ) -> CompiledModel:
-    data = path.read_bytes()
-    if device is None:
-        device = load(data, None).device
-    return core.import_model(data, device, config)
+    return core.import_model(path.read_bytes(), device, config)

@@ -26,7 +26,7 @@ from aioinfer.errors import (
 )
 from aioinfer.model import Model
 from aioinfer.plugin.async_request import AsyncInferRequest
-from aioinfer.plugin.blob import ExportedModel, load
+from aioinfer.plugin.blob import ExportedModel
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import VirtualPlugin
 from aioinfer.properties import (
@@ -47,10 +47,6 @@ if TYPE_CHECKING:
     from aioinfer.plugin.executors import Executor
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
     from aioinfer.results import InferResults
-
-_OPTIONAL = ("CACHE_DIR",)
-"""Properties left out for a device that does not declare them (an optimization the
-device lacks is no reason to run the model on a slower one)."""
 
 _PASSED_OVER = (CompileError, PropertyError, UnknownDeviceError)
 """What a device's compile may raise that makes AUTO try the next device (a model that
@@ -146,10 +142,8 @@ class AutoPlugin(VirtualPlugin):
                 UnknownDeviceError(reason) if reason else self._unsupported(model, device)
             )
             if failure is None:
-                declared = self.core.get_plugin(device).properties
-                given = {k: v for k, v in rest.items() if k not in _OPTIONAL or k in declared}
                 try:
-                    target = self.core.compile_model(model, device, given, auto_batching=False)
+                    target = self.core.compile_model(model, device, rest, auto_batching=False)
                 except _PASSED_OVER as exc:
                     failure = exc
                 else:
@@ -190,12 +184,10 @@ class AutoPlugin(VirtualPlugin):
         Raises:
             InvalidBlobError, BlobVersionError: the inner blob, as :func:`load` says.
         """
-        inner = bytes(exported.payload)
-        device = load(inner, None).device
         own, rest = self._split(config)
         own.pop("CACHE_DIR", None)
-        target = self.core.import_model(inner, device, rest)
-        return AutoCompiledModel(self, target, device, own)
+        target = self.core.import_model(bytes(exported.payload), None, rest)  # on its device
+        return AutoCompiledModel(self, target, str(target.get_property("DEVICE_NAME")), own)
 
     def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         """Each node any device of the list can run, mapped to the first such device."""
