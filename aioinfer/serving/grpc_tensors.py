@@ -15,7 +15,6 @@ reads the same refusal on either transport.
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +32,12 @@ from aioinfer.serving.messages import (
     SharedMemoryRef,
     datatype,
 )
-from aioinfer.serving.protocol import MAX_ELEMENTS, MAX_RANK
+from aioinfer.serving.protocol import (
+    MAX_ELEMENTS,
+    MAX_RANK,
+    tensor_from_bytes,
+    tensor_to_bytes,
+)
 
 ModelInferRequest = service_pb2.ModelInferRequest
 ModelInferResponse = service_pb2.ModelInferResponse
@@ -55,8 +59,6 @@ CONTENTS_FIELDS: dict[str, str] = {
 }
 """The field of ``InferTensorContents`` that holds each datatype's values (FP16 has
 none: it comes in ``raw_input_contents`` only)."""
-
-_LITTLE_ENDIAN = {name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items()}
 
 
 def decode_infer_request(message: Any, inputs: Mapping[str, str]) -> InferenceRequest:
@@ -103,7 +105,7 @@ def decode_infer_request(message: Any, inputs: Mapping[str, str]) -> InferenceRe
             shared_inputs[name] = SharedInput(region, expected, tuple(shape))
             continue
         if raw:
-            flat = _from_raw(name, next(raw_entries), expected, count)
+            flat = tensor_from_bytes(name, next(raw_entries), expected, count)
         else:
             flat = _from_contents(name, tensor.contents, expected, count)
         arrays[name] = flat.reshape(shape)
@@ -131,7 +133,7 @@ def encode_infer_response(response: InferenceResponse) -> Any:
         output = _OutputTensor(name=name, datatype=datatype(array.dtype), shape=array.shape)
         region = shared.get(name) if shared else None
         if region is None:
-            contents.append(_to_bytes(array))
+            contents.append(tensor_to_bytes(array))
         else:  # in its region: an empty entry keeps the others at their output's index
             _set_region(output.parameters, region, array)
             contents.append(b"")
@@ -167,35 +169,6 @@ def _shape(name: str, dims: Any) -> tuple[list[int], int]:
     if count > MAX_ELEMENTS or (not count and math.prod([d or 1 for d in shape]) > MAX_ELEMENTS):
         raise ProtocolError(f"input {name!r}: 'shape' {shape} is too large")
     return shape, count
-
-
-def _from_raw(name: str, chunk: bytes, kind: str, count: int) -> np.ndarray:
-    if kind == "BYTES":
-        items = _unpack_bytes(name, chunk)
-        if len(items) != count:
-            raise ProtocolError(f"input {name!r}: {len(items)} strings for {count} elements")
-        return object_array(items)
-    dtype = _LITTLE_ENDIAN[kind]
-    if len(chunk) != count * dtype.itemsize:
-        raise ProtocolError(
-            f"input {name!r}: {len(chunk)} binary bytes, the shape needs "
-            f"{count} x {dtype.itemsize} = {count * dtype.itemsize}"
-        )
-    return np.frombuffer(chunk, dtype).astype(DATATYPES[kind], copy=False)
-
-
-def _unpack_bytes(name: str, chunk: bytes) -> list[bytes]:
-    items, offset = [], 0
-    while offset < len(chunk):
-        if offset + 4 > len(chunk):
-            raise ProtocolError(f"input {name!r}: truncated BYTES element length")
-        (length,) = struct.unpack_from("<I", chunk, offset)
-        offset += 4
-        if offset + length > len(chunk):
-            raise ProtocolError(f"input {name!r}: truncated BYTES element")
-        items.append(chunk[offset : offset + length])
-        offset += length
-    return items
 
 
 def _from_contents(name: str, contents: Any, kind: str, count: int) -> np.ndarray:
@@ -238,20 +211,8 @@ def _parameters(parameters: Any) -> dict[str, Any]:
 
 def _set_region(parameters: Any, region: SharedMemoryRef, array: np.ndarray) -> None:
     """Name the region an output was written to in its parameters, as REST does."""
-    size = len(_to_bytes(array)) if array.dtype.kind in "OSU" else array.nbytes
+    size = len(tensor_to_bytes(array)) if array.dtype.kind in "OSU" else array.nbytes
     parameters["shared_memory_region"].string_param = region.region
     parameters["shared_memory_byte_size"].int64_param = size
     if region.offset:
         parameters["shared_memory_offset"].int64_param = region.offset
-
-
-def _to_bytes(array: np.ndarray) -> bytes:
-    if array.dtype.kind in "OSU":  # BYTES
-        parts = []
-        for item in array.reshape(-1):
-            raw = item if isinstance(item, bytes) else str(item).encode()
-            parts.append(struct.pack("<I", len(raw)) + raw)
-        return b"".join(parts)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return array.tobytes()

@@ -281,7 +281,7 @@ def _decode_input(
                 f"{len(binary) - offset} binary bytes left"
             )
         chunk = binary[offset : offset + size]
-        array = _from_bytes(name, chunk, expected, count)
+        array = tensor_from_bytes(name, chunk, expected, count)
         offset += size
     elif "data" in spec:
         array = from_json(name, spec["data"], expected, count)
@@ -290,7 +290,14 @@ def _decode_input(
     return name, array.reshape(shape), offset
 
 
-def _from_bytes(name: str, chunk: bytes, kind: str, count: int) -> np.ndarray:
+def tensor_from_bytes(name: str, chunk: bytes, kind: str, count: int) -> np.ndarray:
+    """The ``count`` elements of input ``name`` (datatype ``kind``) in the binary
+    little-endian layout of the protocol (BYTES: a 4-byte length before each element);
+    both transports read tensors with it.
+
+    Raises:
+        ProtocolError: the bytes do not hold ``count`` elements of ``kind``.
+    """
     if kind == "BYTES":
         items = _unpack_bytes(name, chunk)
         if len(items) != count:
@@ -342,7 +349,7 @@ def encode_infer_response(
         and not shared
         and all([binary and array.dtype.kind not in "OSU" for _, array, binary in outputs])
     ):
-        chunks = [_to_bytes(array) for _, array, _ in outputs]
+        chunks = [tensor_to_bytes(array) for _, array, _ in outputs]
         layout = tuple(
             [
                 (name, array.dtype, array.shape, len(chunk))
@@ -364,7 +371,7 @@ def encode_infer_response(
         if region is not None:
             entry["parameters"] = _region_parameters(region, array)
         elif binary:
-            chunk = _to_bytes(array)
+            chunk = tensor_to_bytes(array)
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
         else:
@@ -391,7 +398,7 @@ def encode_infer_response(
 
 
 def _region_parameters(region: SharedMemoryRef, array: np.ndarray) -> dict[str, Any]:
-    size = len(_to_bytes(array)) if array.dtype.kind in "OSU" else array.nbytes
+    size = len(tensor_to_bytes(array)) if array.dtype.kind in "OSU" else array.nbytes
     parameters: dict[str, Any] = {
         "shared_memory_region": region.region,
         "shared_memory_byte_size": size,
@@ -425,7 +432,9 @@ def _binary_header(
     return _ENCODER.encode(response).encode()
 
 
-def _to_bytes(array: np.ndarray) -> bytes:
+def tensor_to_bytes(array: np.ndarray) -> bytes:
+    """``array`` in the binary little-endian layout of the protocol (BYTES: a 4-byte
+    length before each element)."""
     if array.dtype.kind in "OSU":  # BYTES
         parts = []
         for item in array.reshape(-1):
