@@ -29,13 +29,13 @@ from starlette.types import Receive, Scope, Send
 
 from aioinfer.core import Core
 from aioinfer.errors import (
-    ClientDisconnectedError,
     ErrorKind,
     ProtocolError,
     ServiceError,
     SharedMemoryError,
 )
 from aioinfer.serving.auth import HEALTH_PATHS, ApiKeyCheck
+from aioinfer.serving.body import read_body
 from aioinfer.serving.compression import (
     compress,
     decompress,
@@ -191,7 +191,7 @@ class RestAdapter:
         try:
             length, json_length, coding, accepted = _headers(scope)
             limit = service.max_request_bytes
-            raw = await _read_body(receive, length, limit)
+            raw = await read_body(receive, length, limit)
             if coding is not None:
                 inline = len(raw) <= _INLINE_BYTES // _INFLATION
                 raw = await _off_loop(inline, decompress, raw, coding, limit)
@@ -260,30 +260,6 @@ def _parameters_of(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(parameters, dict):
         raise ProtocolError("the request's 'parameters' must be a JSON object")
     return parameters
-
-
-async def _read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:
-    """The request body, refused (TOO_LARGE) as soon as it is known to exceed ``limit``
-    bytes: by its ``Content-Length``, or else as its parts arrive."""
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ProtocolError(
-            f"the request body has {int(declared)} bytes; the limit is {limit}",
-            ErrorKind.TOO_LARGE,
-        )
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnectedError("the client disconnected while sending")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise ProtocolError(
-                f"the request body exceeds the limit of {limit} bytes", ErrorKind.TOO_LARGE
-            )
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)  # of one part: that part itself, not a copy
 
 
 _JSON = [(b"content-type", b"application/json")]

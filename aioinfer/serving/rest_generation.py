@@ -27,7 +27,8 @@ import anyio
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from aioinfer.errors import ClientDisconnectedError, ErrorKind, ProtocolError, ServiceError
+from aioinfer.errors import ErrorKind, ProtocolError, ServiceError
+from aioinfer.serving.body import read_body
 from aioinfer.serving.generation import GeneratedToken, GenerateRequest
 from aioinfer.serving.service import InferenceService
 
@@ -68,7 +69,8 @@ class _Generate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = scope["path_params"]
         try:
-            body = await _read_body(receive, self.service.max_request_bytes)
+            length = dict(scope["headers"]).get(b"content-length")
+            body = await read_body(receive, length, self.service.max_request_bytes)
             request = _decode(body)
         except ServiceError as exc:
             await _respond(send, self.status[exc.kind], {"error": str(exc)})
@@ -159,23 +161,6 @@ def _decode(body: bytes) -> GenerateRequest:
     if not isinstance(parameters, dict):
         raise ProtocolError(f"'parameters' must be a JSON object, got {parameters!r:.80}")
     return GenerateRequest(input_ids, text, parameters)
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnectedError("the client disconnected while sending")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise ProtocolError(
-                f"the request body exceeds the limit of {limit} bytes", ErrorKind.TOO_LARGE
-            )
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _event(token: GeneratedToken) -> bytes:
