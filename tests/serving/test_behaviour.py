@@ -91,8 +91,12 @@ def test_a_full_queue_answers_503(server: LiveServer):
     busy_before = metric(server.url, "aioinfer_inference_failures_total", reason="busy")
     statuses: list[int] = []
 
+    # Four times the usual rows (seconds of compute): the running request cannot finish
+    # between "two in flight" and the third request, even on a loaded machine.
+    long_input = np.concatenate([slow_input()] * 4)
+
     def post() -> None:
-        body, headers = binary_body({"x": slow_input()})
+        body, headers = binary_body({"x": long_input})
         url = f"http://{server.url}/v2/models/slow/infer"
         statuses.append(httpx.post(url, content=body, headers=headers, timeout=60).status_code)
 
