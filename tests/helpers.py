@@ -6,9 +6,10 @@ The models the conformance suite runs too are built in :mod:`aioinfer.testing.mo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
+import anyio
 import httpx
 import numpy as np
 import onnx
@@ -300,3 +301,36 @@ def write_tokenizer(path: Path) -> None:
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(path))
+
+
+async def assert_inline_runs_share_the_loop(
+    infer: Callable[[], Awaitable[object]], budget: float, runs: int = 500
+) -> None:
+    """Infer ``runs`` times in a loop (every run inline) next to a task that counts its
+    turns, and check that the loop was given a turn whenever it last had one ``budget``
+    seconds or more ago (see aioinfer.plugin.inline). Against the inferring task's own
+    clock: over a span ``T`` whose longest gap between two inferences is ``g``, the other
+    task must have run at least ``T / (budget + g) - 1`` times, and at least once; a
+    loop that never yielded would give it no turn."""
+    turns = 0
+    done = False
+
+    async def other() -> None:
+        nonlocal turns
+        while not done:
+            turns += 1
+            await anyio.sleep(0)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(other)
+        await anyio.sleep(0)
+        start = turns
+        began = last = time.perf_counter()
+        gap = 0.0
+        for _ in range(runs):
+            await infer()
+            now = time.perf_counter()
+            gap, last = max(gap, now - last), now
+        done = True
+    span, turns = last - began, turns - start
+    assert turns > 0 and turns >= span / (budget + gap) - 1, (turns, span, gap)

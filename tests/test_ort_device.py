@@ -37,6 +37,7 @@ from aioinfer.models import default_model_path
 from aioinfer.plugin.blob import dump, load
 from aioinfer.properties import num_cores
 from tests.helpers import (
+    assert_inline_runs_share_the_loop,
     chain_model,
     make_model,
     mlp_model,
@@ -723,26 +724,19 @@ async def test_short_runs_of_an_idle_stream_run_on_the_loop(core):
 
 @pytest.mark.anyio
 async def test_runs_on_the_loop_still_let_other_tasks_run(core):
-    # A budget no run exceeds: every run after the first is on the loop.
-    config = {"ORT_INLINE_RUN_US": 10**6}
-    request = core.compile_model(chain_model(3, 64), "ORT", config).create_infer_request()
+    """Inline runs give the loop a turn whenever it last had one ``ORT_INLINE_RUN_US``
+    or more ago (see tests.helpers.assert_inline_runs_share_the_loop)."""
+    compiled = core.compile_model(chain_model(3, 64), "ORT")
+    budget = compiled.get_property("ORT_INLINE_RUN_US") / 1e6
+    request = compiled.create_infer_request()
     x = rows(1, width=64)
-    ticks = 0
-    done = False
+    await request.infer({"x": x})  # its run time is known from now on
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
+    async def infer() -> None:
+        await request.infer({"x": x})
+        assert request.queued_seconds == 0.0  # inline
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(ticker)
-        await anyio.lowlevel.checkpoint()
-        for _ in range(200):
-            await request.infer({"x": x})
-        done = True
-    assert ticks >= 190, ticks  # one per inference
+    await assert_inline_runs_share_the_loop(infer, budget)
 
 
 def _text_identity() -> onnx.ModelProto:

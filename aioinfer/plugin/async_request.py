@@ -67,6 +67,12 @@ class AsyncInferRequest:
         self._request = request
         self._pipeline = list(pipeline)
         self._names = _stage_names(self._pipeline)
+        last = len(self._pipeline) - 1
+        self._steps = [
+            # (name, executor, stage, whether it is the commit point: a lone stage is not)
+            (name, executor, stage, index == last and last > 0)
+            for index, (name, (executor, stage)) in enumerate(zip(self._names, self._pipeline))
+        ]
         self._callback_executor = callback_executor
         self._state = RequestState.IDLE
         self._started = False
@@ -409,15 +415,15 @@ class AsyncInferRequest:
 
     async def _run_stages(self) -> None:
         request = self._request
-        last = len(self._pipeline) - 1
-        for index, (name, (executor, stage)) in enumerate(zip(self._names, self._pipeline)):
-            if request.cancel_token.requested:
+        token = request.cancel_token
+        durations = request.stage_durations
+        start = time.perf_counter()
+        for name, executor, stage, committing in self._steps:
+            if token.requested:
                 raise InferCancelledError("the inference was cancelled")
-            start = time.perf_counter()
             try:
                 # The commit point: the last stage commits the state and publishes the
                 # results, so from there on the step completes.
-                committing = index == last and last > 0  # (a lone stage is cancellable)
                 self._committed = committing
                 if executor.inline:
                     # Called here: awaiting the executor would cost a coroutine per stage
@@ -431,7 +437,10 @@ class AsyncInferRequest:
                         _, waited = await executor.run_timed(stage)
                     request.queued_seconds += waited
             finally:
-                request.stage_durations[name] = time.perf_counter() - start
+                # One clock read per stage: a stage ends when the next starts.
+                end = time.perf_counter()
+                durations[name] = end - start
+                start = end
 
     async def _run_detached(self) -> None:
         try:

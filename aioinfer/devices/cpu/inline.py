@@ -8,23 +8,18 @@ plan holds the GIL for most of such a short run anyway, so a second stream adds 
 parallelism; running it inline adds no hop. A run on input shapes whose runs took less
 than ``CPU_INLINE_RUN_US`` of their thread's CPU time on average (not wall time, which
 a loaded machine stretches) runs inline, whatever else runs: the requests of a queue
-would otherwise keep one another on threads. The loop is held for about that long, with
-a cancellation checkpoint before and a yield after (a task inferring in a loop must not
-starve the others). Anything else, and the first run of new input shapes, goes to the
-task executor.
+would otherwise keep one another on threads. Anything else, and the first run of new
+input shapes, goes to the task executor. The executor, and how inline runs share the
+loop, are the plugin API's (:mod:`aioinfer.plugin.inline`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
-import anyio.lowlevel
-
-from aioinfer.plugin.executors import Executor
+from aioinfer.plugin.inline import RunTimes
 from aioinfer.properties import Property, non_negative_int
-
-T = TypeVar("T")
 
 CPU_INLINE_RUN_US = Property(
     "CPU_INLINE_RUN_US",
@@ -35,58 +30,12 @@ CPU_INLINE_RUN_US = Property(
     parse=non_negative_int,
 )
 
-MAX_SHAPES = 64
-"""Input shapes whose last run time is remembered (beyond: forgotten, measured again)."""
-
-
 WEIGHT = 0.25
 """Weight of the latest run in the running average of run times: one run slowed by the
 machine's load does not send the next ones to a thread."""
 
 
-class RunTimes:
-    """A compiled model's run times: CPU seconds, a running average per input shapes."""
-
-    def __init__(self, budget_seconds: float) -> None:
-        self.budget = budget_seconds
-        self.seconds: dict[Any, float] = {}
-
-    def record(self, shapes: Any, seconds: float) -> None:
-        """Note how long a run on inputs of ``shapes`` took (any thread)."""
-        average = self.seconds.get(shapes)
-        if average is None:
-            if len(self.seconds) >= MAX_SHAPES:
-                self.seconds.clear()
-            average = seconds
-        self.seconds[shapes] = average + WEIGHT * (seconds - average)
-
-    def short(self, shapes: Any) -> bool:
-        """Whether a run on ``shapes`` may run inline."""
-        return self.seconds.get(shapes, self.budget) < self.budget
-
-
-class RunExecutor(Executor):
-    """The executor of one request's plan: inline when :class:`RunTimes` says the run
-    is short, else ``threads`` (the task executor)."""
-
-    name = "cpu-run"
-
-    def __init__(self, threads: Executor, times: RunTimes, shapes: Callable[[], Any]) -> None:
-        self._threads = threads
-        self._times = times
-        self._shapes = shapes
-
-    async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
-        return (await self.run_timed(stage, on_cancel))[0]
-
-    async def run_timed(
-        self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None
-    ) -> tuple[T, float]:
-        if self._times.short(self._shapes()):
-            # A cancel already asked for stops the run before it starts (once inline,
-            # nothing can interrupt it).
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            value = stage()
-            await anyio.lowlevel.checkpoint()
-            return value, 0.0
-        return await self._threads.run_timed(stage, on_cancel)
+def cpu_run_times(config: Mapping[str, Any]) -> RunTimes:
+    """The run times of a CPU compiled model: CPU seconds, a running average per input
+    shapes, inline whatever else runs (see the module)."""
+    return RunTimes(int(config["CPU_INLINE_RUN_US"]) / 1e6, weight=WEIGHT)

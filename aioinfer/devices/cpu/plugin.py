@@ -12,7 +12,7 @@ import onnx_ir as ir
 from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.devices.cpu import kernels  # noqa: F401  (registers every kernel)
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
-from aioinfer.devices.cpu.inline import CPU_INLINE_RUN_US, RunExecutor, RunTimes
+from aioinfer.devices.cpu.inline import CPU_INLINE_RUN_US, cpu_run_times
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
 from aioinfer.devices.cpu.kernels.registry import find_kernel
 from aioinfer.devices.cpu.request import CPUInferRequest
@@ -26,6 +26,7 @@ from aioinfer.opsets import MAX_ONNX_OPSET, check_onnx_opset, node_opset
 from aioinfer.plugin.blob import ExportedModel
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.executors import Executor, ThreadExecutor, streams_for
+from aioinfer.plugin.inline import RunExecutor
 from aioinfer.plugin.onnx_payload import onnx_payload, read_onnx_payload
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.state import split_ports
@@ -189,7 +190,7 @@ class CPUCompiledModel(CompiledModel):
         config = {**config, "STATEFUL": dict(made)}
         self.streams = streams_for(config, num_cores())
         self.threads_per_stream = _configure_blas(config, self.streams)
-        self.run_times = RunTimes(int(config["CPU_INLINE_RUN_US"]) / 1e6)
+        self.run_times = cpu_run_times(config)
         """The last run times that decide where a plan runs (see :mod:`.inline`)."""
         self._sync_requests: weakref.WeakSet[CPUInferRequest] = weakref.WeakSet()
         super().__init__(plugin, ir_model.graph.name or "model", inputs, outputs, config)

@@ -9,7 +9,6 @@ from typing import Any
 
 import onnxruntime as ort
 
-from aioinfer.devices.ort.executor import RunExecutor, RunTimes
 from aioinfer.devices.ort.export import ort_payload, read_ort_payload
 from aioinfer.devices.ort.profile import SessionProfiler, profile_directory
 from aioinfer.devices.ort.properties import (
@@ -25,6 +24,7 @@ from aioinfer.model import Model, Port
 from aioinfer.plugin.blob import ExportedModel
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.executors import Executor, ThreadExecutor, streams_for
+from aioinfer.plugin.inline import RunExecutor, RunTimes
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.sync_request import SyncInferRequest
 from aioinfer.properties import (
@@ -170,8 +170,8 @@ class ORTCompiledModel(CompiledModel):
         budget = int(config["ORT_INLINE_RUN_US"]) / 1e6
         if streams > 1:  # inline runs are one at a time: only those shorter than the hop
             budget = min(budget, MULTI_STREAM_INLINE_S)
-        self.run_times = RunTimes(budget)
-        """The last run times that decide where a run goes (see :mod:`.executor`)."""
+        self.run_times = RunTimes(budget, exclusive=True)
+        """The last run times that decide where a run goes (see :mod:`aioinfer.plugin.inline`)."""
         # The session holds the weights: the IR graph (and its weights) is not kept, only
         # the serialized model (to export it).
         self.streams = streams

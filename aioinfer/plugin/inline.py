@@ -1,0 +1,117 @@
+"""Short runs inline: a device's compute stage that is known to be short runs on the
+event loop's own thread instead of hopping to a compute thread.
+
+The hop to a compute thread and back costs two thread wake-ups: tens of microseconds on
+a quiet machine, over a hundred on a loaded one, as much as a small model's whole run.
+A device measures each run (:meth:`RunTimes.record`, with the clock it trusts) and runs
+its compute stage through a :class:`RunExecutor`: a run whose input shapes last ran for
+less than the budget runs inline; the first run of new shapes, a long one, and (for an
+``exclusive`` device) any run while another of the same compiled model is on a thread,
+go to the device's task executor.
+
+Inline runs hold the loop, so they yield to it on a time budget rather than per run: a
+task that infers in a loop lets the other tasks run at least every ``budget`` seconds
+(plus one run), and before each inline run a cancellation already requested (an anyio
+or trio cancel scope) is delivered. A yield is a loop iteration; yielding around every
+run of a small model cost about a third of aioinfer's own time per inference (profiled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio.lowlevel
+
+from aioinfer.plugin.executors import Executor, asyncio_loop
+
+T = TypeVar("T")
+
+MAX_SHAPES = 64
+"""Input shapes whose run time is remembered (beyond: forgotten, measured again)."""
+
+
+class RunTimes:
+    """A compiled model's run times per input shapes, which decide where a run goes.
+
+    ``weight`` is the weight of the latest run in the running average kept per shapes
+    (1: the last run alone; less, and one run slowed by the machine's load does not send
+    the next ones to a thread). ``exclusive``: a run goes inline only while no run of the
+    compiled model is in flight on a thread (for an engine whose one stream computes one
+    run at a time: an inline run next to a threaded one would be a second stream).
+    """
+
+    def __init__(self, budget_seconds: float, *, weight: float = 1.0, exclusive: bool = False):
+        self.budget = budget_seconds
+        self.weight = weight
+        self.exclusive = exclusive
+        self.seconds: dict[Any, float] = {}
+        self.in_flight = 0
+        """Runs on the task executor now (changed on the event loop only)."""
+
+    def record(self, shapes: Any, seconds: float) -> None:
+        """Note how long a run on inputs of ``shapes`` took (any thread)."""
+        average = self.seconds.get(shapes)
+        if average is None:
+            if len(self.seconds) >= MAX_SHAPES:
+                self.seconds.clear()
+            self.seconds[shapes] = seconds
+        else:
+            self.seconds[shapes] = average + self.weight * (seconds - average)
+
+    def short(self, shapes: Any) -> bool:
+        """Whether a run on ``shapes`` may run inline now."""
+        if self.exclusive and self.in_flight:
+            return False
+        return self.seconds.get(shapes, self.budget) < self.budget
+
+
+class _LoopTurn(threading.local):
+    """When the event loop of this thread last had a turn, as far as inline runs know."""
+
+    at = 0.0
+
+
+_turn = _LoopTurn()
+
+
+class RunExecutor(Executor):
+    """The executor of one request's compute stage: inline when :class:`RunTimes` says
+    the run is short, else ``threads`` (the device's task executor)."""
+
+    name = "run"
+
+    def __init__(self, threads: Executor, times: RunTimes, shapes: Callable[[], Any]) -> None:
+        self._threads = threads
+        self._times = times
+        self._shapes = shapes
+
+    async def run(self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
+        return (await self.run_timed(stage, on_cancel))[0]
+
+    async def run_timed(
+        self, stage: Callable[[], T], on_cancel: Callable[[], None] | None = None
+    ) -> tuple[T, float]:
+        times = self._times
+        if times.short(self._shapes()):
+            # Once inline, nothing can interrupt the run: before it, yield to the loop
+            # when it last had a turn a budget or more ago, else deliver a cancellation
+            # already requested (see the module).
+            if time.perf_counter() - _turn.at >= times.budget:
+                if asyncio_loop() is not None:
+                    await asyncio.sleep(0)  # anyio's checkpoint finds the backend first
+                else:
+                    await anyio.lowlevel.checkpoint()
+                _turn.at = time.perf_counter()
+            else:
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            return stage(), 0.0
+        times.in_flight += 1
+        try:
+            return await self._threads.run_timed(stage, on_cancel)
+        finally:
+            times.in_flight -= 1
+            _turn.at = time.perf_counter()  # the loop ran other work meanwhile
