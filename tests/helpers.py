@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -334,3 +335,10 @@ async def assert_inline_runs_share_the_loop(
         done = True
     span, turns = last - began, turns - start
     assert turns > 0 and turns >= span / (budget + gap) - 1, (turns, span, gap)
+
+
+def replace_compute_stage(request: Any, stage: Callable[[], None]) -> None:
+    """Make ``stage`` the compute stage (the second) of an AsyncInferRequest's pipeline,
+    for tests that watch or interrupt the compute."""
+    name, executor, _, committing = request._steps[1]
+    request._steps[1] = (name, executor, stage, committing)

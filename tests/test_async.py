@@ -14,6 +14,7 @@ import pytest
 
 import aioinfer as ai
 from aioinfer.testing.models import SIZE, chain_model, inputs, reference
+from tests.helpers import replace_compute_stage
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +39,7 @@ async def test_cancel_before_compute_skips_it(small):
     ran = []
     original = request._request.start_pipeline
     request._request.start_pipeline = lambda: (ran.append(1), original())  # type: ignore[method-assign]
-    request._pipeline[1] = (request._pipeline[1][0], request._request.start_pipeline)
+    replace_compute_stage(request, request._request.start_pipeline)
     request.start_async({"x": inputs(1)})
     request.cancel()
     with pytest.raises(ai.InferCancelledError):

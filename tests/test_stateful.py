@@ -21,7 +21,7 @@ import pytest
 
 import aioinfer as ai
 from examples.models.decoder import build_decoder
-from tests.helpers import make_model, reference_outputs, tensor_info
+from tests.helpers import make_model, reference_outputs, replace_compute_stage, tensor_info
 from tests.test_async import chain_model
 
 pytestmark = pytest.mark.anyio
@@ -368,7 +368,7 @@ def hold_mid_plan(request: ai.InferRequest) -> tuple[threading.Event, list[type 
             raise
         outcome.append(None)
 
-    request._pipeline[1] = (request._pipeline[1][0], start_pipeline)
+    replace_compute_stage(request, start_pipeline)
     return reached, outcome
 
 
@@ -419,7 +419,7 @@ async def test_a_step_cancelled_after_its_plan_completed_commits_nothing(
         original()
         inner.cancel()  # arrives after the last kernel, before the results are published
 
-    request._pipeline[1] = (request._pipeline[1][0], compute_then_cancel)
+    replace_compute_stage(request, compute_then_cancel)
     with pytest.raises(ai.InferCancelledError):
         await request.infer({"x": rows(2)})
     assert_same_state(request, before)
