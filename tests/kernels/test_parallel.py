@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
+import onnx.helper as oh
 import pytest
 from threadpoolctl import threadpool_info
 
+import aioinfer as ai
 from aioinfer.devices.cpu.kernels import parallel
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d, matmul_into, stacked_matmul
 from aioinfer.devices.cpu.kernels.parallel import (
@@ -17,6 +20,7 @@ from aioinfer.devices.cpu.kernels.parallel import (
     run_parallel,
     set_intra_op_threads,
 )
+from tests.helpers import make_model, tensor_info
 
 
 @pytest.fixture
@@ -137,3 +141,47 @@ def test_gemm_2d_small_and_large(m: int, k: int, n: int) -> None:
     assert gemm_2d(a, b, out) is out
     np.testing.assert_array_equal(out, a @ b)
     assert _blas_threads() == {1}
+
+
+def _other_threads_share(compiled: ai.CompiledModel, x: np.ndarray, runs: int = 5) -> list[float]:
+    """Per run of the plan (on this thread): CPU time the process's other threads spent,
+    as a share of this thread's."""
+    request = compiled.create_infer_request()
+    request.infer_sync({"x": x})
+    shares = []
+    for _ in range(runs):
+        own, total = time.thread_time(), time.process_time()
+        request.infer_sync({"x": x})
+        own, total = time.thread_time() - own, time.process_time() - total
+        shares.append((total - own) / own)
+    return shares
+
+
+def test_each_compiled_model_keeps_its_own_intra_op_threads() -> None:
+    """A model compiled for 2 intra-op threads splits its large product between two
+    threads even after a model with 1 was compiled (the count was process-wide, so the
+    model compiled last set it for every model), and the one-thread model does not
+    split. Seen in CPU time: while a plan splits, another thread computes about as much
+    as the calling one; while it does not, the other threads stay idle."""
+    width = 512
+    weight = np.random.default_rng(0).standard_normal((width, width)).astype(np.float32)
+    model = make_model(
+        [oh.make_node("MatMul", ["x", "w"], ["y"])],
+        [tensor_info("x", np.float32, ["n", width])],
+        [tensor_info("y", np.float32, ["n", width])],
+        {"w": weight},
+    )
+    core = ai.Core()
+    two = core.compile_model(
+        model, "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 2}
+    )
+    one = core.compile_model(
+        model, "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1}
+    )
+    x = np.random.default_rng(1).standard_normal((1024, width)).astype(np.float32)
+    np.testing.assert_allclose(
+        two.create_infer_request().infer_sync({"x": x})["y"], x @ weight, rtol=1e-4, atol=1e-3
+    )
+    split, alone = _other_threads_share(two, x), _other_threads_share(one, x)
+    assert max(split) > 0.3, split
+    assert min(alone) < 0.1, alone

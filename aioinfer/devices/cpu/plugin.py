@@ -245,9 +245,9 @@ class CPUCompiledModel(CompiledModel):
 def _configure_blas(config: Mapping[str, Any], streams: int) -> int:
     """Split the compute threads between the streams; return the threads per stream.
 
-    Kernels split their work between that many intra-op threads, BLAS runs on one (see
-    :mod:`aioinfer.devices.cpu.kernels.parallel`). Like BLAS settings this is
-    process-wide, so the most recently compiled model sets it.
+    Kernels split their work between that many intra-op threads (the request sets them
+    for each run of the plan), BLAS runs on one (see
+    :mod:`aioinfer.devices.cpu.kernels.parallel`).
     """
     total = int(config["INFERENCE_NUM_THREADS"]) or num_cores()
     per_stream = max(1, total // streams)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from aioinfer.devices.cpu.kernels.parallel import use_intra_op_threads
 from aioinfer.devices.cpu.memory import RequestMemory, shapes_key
 from aioinfer.devices.cpu.plan import Step
 from aioinfer.plugin.state import VariableState, VariableStore, dimension_sizes
@@ -33,6 +34,7 @@ class CPUInferRequest(SyncInferRequest):
         self._feed: list[Any] = []
         self._key: tuple[Any, ...] = ()
         self._run_times = compiled_model.run_times
+        self._threads = compiled_model.threads_per_stream
         self._produced: list[Any] = []
         self._profiling = bool(compiled_model.config.get("PERF_COUNT", False))
         self.memory = RequestMemory(self._plan)
@@ -59,6 +61,7 @@ class CPUInferRequest(SyncInferRequest):
         return self._key
 
     def start_pipeline(self) -> None:
+        use_intra_op_threads(self._threads)  # this compiled model's, on this thread
         started = time.thread_time()
         try:
             self._run_plan()

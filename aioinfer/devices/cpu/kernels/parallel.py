@@ -1,7 +1,8 @@
 """Intra-op parallelism: the CPU device's threads inside one kernel.
 
-Each compiled model has *intra-op threads* per stream (all cores with the LATENCY hint,
-one with THROUGHPUT, where the streams already use the cores). BLAS always runs on one
+Each compiled model has its own *intra-op threads* per stream (all cores with the
+LATENCY hint, one with THROUGHPUT, where the streams already use the cores), set for the
+thread that runs its plan at each run (:func:`use_intra_op_threads`). BLAS always runs on one
 thread; work with enough independent parts (column blocks of a large matrix product,
 matrices of a stack, chunks of an elementwise pass, rows of a normalisation, input
 channels of im2col) is split with :func:`run_parallel` between Python threads. numpy
@@ -37,14 +38,22 @@ MIN_PARALLEL_ELEMENTS = 1 << 16
 saves; kernels run such work in the calling thread."""
 
 
+class _ThreadState(threading.local):
+    active = False
+    """The thread runs a part of a split (which never splits again)."""
+    threads = 0
+    """Intra-op threads of the plan this thread runs (0: the process default)."""
+
+
 class _Pool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._workers = 0
-        self._inside = threading.local()
+        self._inside = _ThreadState()
         self._blas: list[Any] | None = None
         self.threads = 1
+        """The process default, for kernels run outside a compiled model's plan."""
 
     def blas(self) -> list[Any]:
         if self._blas is None:
@@ -96,21 +105,28 @@ class _Pool:
             self._inside.active = False
 
     def available(self) -> int:
-        return 1 if getattr(self._inside, "active", False) else self.threads
+        inside = self._inside
+        return 1 if inside.active else inside.threads or self.threads
 
 
 _POOL = _Pool()
 
 
 def set_intra_op_threads(threads: int) -> None:
-    """Let kernels split their work between ``threads`` threads, and make BLAS
-    single-threaded. Process-wide, like BLAS settings: the model compiled last sets it.
-
-    (Per-compiled-model thread counts need the plugin to pass them at compile time and
-    the kernels to read them from their plan; today the plugin calls this.)"""
+    """Make BLAS single-threaded, and let kernels run outside a compiled model's plan
+    (constant folding at compile time) split their work between ``threads`` threads.
+    A plan's run uses its compiled model's own count (:func:`use_intra_op_threads`)."""
     for lib in _POOL.blas():
         lib.set_num_threads(1)
     _POOL.threads = max(1, threads)
+
+
+def use_intra_op_threads(threads: int) -> None:
+    """Let the kernels the calling thread runs from now on split their work between
+    ``threads`` threads: a compiled model's request calls it before each run of its
+    plan, so every compiled model keeps its own count (two models compiled with
+    different hints or ``INFERENCE_NUM_THREADS`` do not change each other's)."""
+    _POOL._inside.threads = max(1, threads)
 
 
 def intra_op_threads() -> int:
