@@ -1,7 +1,7 @@
 """The ORT device against onnxruntime used directly, in one process.
 
     python -m benchmarks.ort_device [--rounds 4] [--seconds 1.0] [--trials 30]
-                                    [--backend asyncio|trio] [--sections 1,2,3,4,5]
+                                    [--backend asyncio|trio] [--sections 1,2,3,4,5,6]
 
 (1) Latency: ``await request.infer()`` on ORT against ``session.run`` on the same session
     (the compiled model's, LATENCY hint: one stream, intra-op threads = cores), over
@@ -20,6 +20,9 @@
     of a run, against the full run, one kernel's time (PERF_COUNT) and the thread hop.
 (5) onnxruntime's intra-op spinning off (the default) and on: latency, and the CPU time
     each inference costs the process when inferences arrive 1 ms apart.
+(6) aioinfer's own time per call: ``await request.infer()``, ``infer_sync`` and
+    ``session.run`` on a one-Relu model, fastest of 30 interleaved blocks (robust to
+    load: a block that other processes disturbed is never the fastest).
 
 Every comparison alternates its sides in blocks (ABBA within each round), each block
 starting with untimed warm-up runs, so that onnxruntime's spinning threads or a burst of
@@ -501,6 +504,60 @@ async def cpu_per_inference(request: ai.AsyncInferRequest, feed: Feed, count: in
     return (time.process_time() - start) / count
 
 
+def relu_model(width: int = 16) -> onnx.ModelProto:
+    """One Relu on ``[1, width]``: a run of a few microseconds, so that what surrounds
+    it is most of a call's time."""
+    import onnx.helper as oh
+
+    shape = [1, width]
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, shape)],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", models.OPSET)])
+
+
+async def own_time(core: ai.Core, blocks: int, calls: int = 2000) -> None:
+    """aioinfer's own time per call: the fastest block of each side on a one-Relu
+    model, whose run is a few microseconds. The fastest of many short blocks is the
+    least disturbed by other processes, so this holds on a loaded machine too."""
+    print()
+    print("(6) aioinfer's own time per call (ORT, one Relu on [1, 16], LATENCY): fastest")
+    print(f"    of {blocks} interleaved blocks of {calls} calls per side")
+    compiled = core.compile_model(relu_model(), "ORT", {"PERFORMANCE_HINT": "LATENCY"})
+    request = compiled.create_infer_request()
+    session = compiled.session  # type: ignore[attr-defined]
+    feed = {"x": np.ones((1, 16), np.float32)}
+
+    async def awaited() -> None:
+        for _ in range(calls):
+            await request.infer(feed)
+
+    async def synchronous() -> None:
+        for _ in range(calls):
+            request.infer_sync(feed)
+
+    async def direct() -> None:
+        for _ in range(calls):
+            session.run(None, feed)
+
+    sides = {"await request.infer()": awaited, "infer_sync": synchronous, "session.run": direct}
+    best = dict.fromkeys(sides, float("inf"))
+    for _ in range(blocks):
+        for label, side in sides.items():
+            start = time.perf_counter()
+            await side()
+            best[label] = min(best[label], (time.perf_counter() - start) / calls)
+    base = best["session.run"]
+    print("| call | us per call | over session.run, us |")
+    print("|---|---:|---:|")
+    for label, seconds in best.items():
+        print(f"| {label} | {seconds * 1e6:.2f} | {(seconds - base) * 1e6:.2f} |")
+    await compiled.close()
+
+
 async def main(args: argparse.Namespace) -> None:
     print(machine())
     print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), f"backend {args.backend}")
@@ -511,6 +568,7 @@ async def main(args: argparse.Namespace) -> None:
         "3": lambda: loop_lag(core, args.rounds, args.seconds),
         "4": lambda: cancellation(core, args.trials),
         "5": lambda: spinning(core, args.rounds, args.seconds),
+        "6": lambda: own_time(core, blocks=30),
     }
     for number in args.sections.split(","):
         await sections[number.strip()]()
@@ -522,7 +580,7 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="seconds per block")
     parser.add_argument("--trials", type=int, default=30, help="cancellations per model")
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
-    parser.add_argument("--sections", default="1,2,3,4,5", help="which to run, e.g. 1,4")
+    parser.add_argument("--sections", default="1,2,3,4,5,6", help="which to run, e.g. 1,4")
     args = parser.parse_args(argv)
     anyio.run(main, args, backend=args.backend)
 
