@@ -1,9 +1,24 @@
 """The batcher: coalesces queued inferences along the first axis and runs them as one.
 
-Policy (the dynamic batcher of the established servers): while every stream of the target
-is busy, items queue up; when a stream is free, the batcher waits until the rows queued
-for one input signature fill ``max_batch_size`` or the oldest item has waited ``timeout``
-seconds, then runs them as one batch and splits the outputs back.
+Policy (the dynamic batcher of the established servers, with a bounded queue delay):
+while every stream of the target is busy, items queue up; when a stream is free, the
+batcher runs the head's batch as soon as one of these holds, and splits the outputs back:
+
+- the rows queued for the head's input signature fill ``max_batch_size``;
+- nobody else can join: every open infer request of the compiled model (its *members*,
+  a closed population such as an ``AsyncInferQueue``) already has its rows in the
+  batcher, and no direct call (``infer_timed``, an open population) is in it;
+- waiting cannot pay any more: no further arrival is expected before the head's
+  deadline. The batcher keeps the mean gap ``g`` between arrivals (an exponential
+  average, weight 1/4, of the last gaps, each counted up to four timeouts) and starts
+  the batch at ``enqueued + timeout - g``: under steady traffic the head waits the
+  timeout less one gap, and after a quiet spell of four timeouts a lone arrival runs at
+  once. A new compiled model starts from ``g = 0`` (it waits the whole timeout);
+- the head has waited ``timeout`` seconds (the bound of every wait).
+
+Measured on a 2-core machine, an ``AsyncInferQueue`` of 4 requests on the bundled tiny
+CNN: the fixed 1 ms wait ran 1,650 inferences/s, starting each batch once its members are
+all in ran 4,100-4,500/s (every batch full in both).
 
 A target whose ``OPTIMAL_NUMBER_OF_INFER_REQUESTS`` exceeds its streams queues work of its
 own (the PROCESS worker does): full batches, and only those, are then handed to it while
@@ -22,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections import Counter, deque
 from collections.abc import Sequence
 from enum import Enum
@@ -92,6 +108,7 @@ class BatchItem:
         "error",
         "inputs",
         "loop",
+        "member",
         "outputs",
         "rows",
         "signature",
@@ -99,8 +116,10 @@ class BatchItem:
         "token",
     )
 
-    def __init__(self, inputs: Sequence[np.ndarray]) -> None:
+    def __init__(self, inputs: Sequence[np.ndarray], member: bool = False) -> None:
         self.inputs = list(inputs)
+        self.member = member
+        """Submitted by a member infer request (else by a direct call)."""
         self.rows = int(self.inputs[0].shape[0])
         # Only inputs that agree past the first axis can be joined.
         self.signature = tuple([array.shape[1:] for array in self.inputs])
@@ -127,12 +146,15 @@ class BatchItem:
         self.batch_size = 0
         """Number of inferences in that batch."""
 
-    def resolve(self, outputs: list[np.ndarray] | None, error: BaseException | None) -> None:
-        """Hand the outputs (or the error) to the waiting inference, unless it left."""
-        if self.state is not ItemState.WITHDRAWN:
-            self.state = ItemState.DONE
-            self.outputs, self.error = outputs, error
-            self.done.set()
+    def resolve(self, outputs: list[np.ndarray] | None, error: BaseException | None) -> bool:
+        """Hand the outputs (or the error) to the waiting inference, unless it left;
+        True when the item was still queued or running (it leaves the batcher now)."""
+        if self.state is ItemState.WITHDRAWN or self.state is ItemState.DONE:
+            return False
+        self.state = ItemState.DONE
+        self.outputs, self.error = outputs, error
+        self.done.set()
+        return True
 
 
 class Batcher:
@@ -140,7 +162,8 @@ class Batcher:
 
     ``target`` is the compiled model that runs the batches; up to ``target.streams``
     batches run at once, each on one of the target's infer requests, and full batches
-    more wait in the target up to its ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
+    more wait in the target up to its ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``. The compiled
+    model's infer requests register with :meth:`add_member`.
     """
 
     def __init__(self, target: CompiledModel, max_batch_size: int, timeout: float) -> None:
@@ -161,20 +184,58 @@ class Batcher:
         self._changed: anyio.Event | None = None
         self._dispatcher: object | None = None
         """Identifies the dispatcher task that forms batches (None: none does)."""
+        self._members: weakref.WeakSet[object] = weakref.WeakSet()
+        self._members_in = 0
+        """Items of members queued or running."""
+        self._direct_in = 0
+        """Items of direct calls queued or running."""
+        self._gap = 0.0
+        """The mean gap between arrivals (seconds; see the module's docstring)."""
+        self._last_arrival: float | None = None
+
+    def add_member(self, request: object) -> None:
+        """Count ``request`` (an infer request of the compiled model) among those whose
+        next inference may join a batch, for as long as it is alive."""
+        self._members.add(request)
 
     # -- the side of the waiting inferences -----------------------------------------------
 
-    def submit(self, inputs: Sequence[np.ndarray]) -> BatchItem:
-        """Queue the (validated) inputs of one inference; await ``item.done`` for it."""
-        item = BatchItem(inputs)
+    def submit(self, inputs: Sequence[np.ndarray], member: bool = False) -> BatchItem:
+        """Queue the (validated) inputs of one inference; await ``item.done`` for it.
+        ``member``: submitted by a member request (see :meth:`add_member`)."""
+        item = BatchItem(inputs, member)
         self._queue.append(item)
         self._queued_rows += item.rows
+        if member:
+            self._members_in += 1
+        else:
+            self._direct_in += 1
+        if self._last_arrival is not None:
+            gap = min(item.enqueued - self._last_arrival, 4 * self.timeout)
+            self._gap += (gap - self._gap) / 4
+        self._last_arrival = item.enqueued
         if self._dispatcher is None:
             self._dispatcher = dispatcher = object()
             spawn_detached(lambda: self._dispatch(dispatcher))
-        elif self._queued_rows >= self.max_batch_size:
+        elif self._queued_rows >= self.max_batch_size or (member and self._all_in()):
             self._notify()
         return item
+
+    def _all_in(self) -> bool:
+        """Whether nobody else can join: every member is in, and no direct call."""
+        return self._direct_in == 0 and self._members_in >= len(self._members)
+
+    def _leave(self, item: BatchItem) -> None:
+        if item.member:
+            self._members_in -= 1
+        else:
+            self._direct_in -= 1
+
+    def _resolve(
+        self, item: BatchItem, outputs: list[np.ndarray] | None, error: BaseException | None
+    ) -> None:
+        if item.resolve(outputs, error):
+            self._leave(item)
 
     def withdraw(self, item: BatchItem) -> None:
         """Take ``item`` out: out of the queue, or out of its running batch (whose compute
@@ -182,11 +243,14 @@ class Batcher:
         if item.state is ItemState.QUEUED:
             self._queue.remove(item)
             self._queued_rows -= item.rows
+            self._leave(item)
             self._notify()
-        elif item.state is ItemState.RUNNING and item.batch is not None:
-            item.batch.live -= 1
-            if item.batch.live == 0:
-                item.batch.request.cancel()
+        elif item.state is ItemState.RUNNING:
+            self._leave(item)
+            if item.batch is not None:
+                item.batch.live -= 1
+                if item.batch.live == 0:
+                    item.batch.request.cancel()
         item.state = ItemState.WITHDRAWN
 
     def cancel(self, item: BatchItem) -> None:
@@ -226,7 +290,7 @@ class Batcher:
                         request = self._request()
                     except RequestClosedError as exc:  # the target was closed under us
                         for item in self._queue:
-                            item.resolve(None, RequestClosedError(str(exc)))
+                            self._resolve(item, None, RequestClosedError(str(exc)))
                         self._queue.clear()
                         self._queued_rows = 0
                         break
@@ -248,8 +312,9 @@ class Batcher:
 
     async def _until_ready(self) -> bool:
         """Wait until the head's batch may start: it is full and fewer than ``depth``
-        batches are in the target, or a stream is free and the batch is full or its head
-        waited ``timeout``. False when the queue ran empty."""
+        batches are in the target, or a stream is free and the batch is full, holds
+        everyone who could join, or waiting cannot pay any more (see the module's
+        docstring). False when the queue ran empty."""
         streams = self.target.streams
         while self._queue:
             head = self._queue[0]
@@ -258,12 +323,19 @@ class Batcher:
             if self._running >= streams:
                 await self._changes()  # a batch ends, or the queue fills a batch
                 continue
-            remaining = head.enqueued + self.timeout - time.perf_counter()
+            if self._all_in():
+                return True
+            remaining = self._start_at(head) - time.perf_counter()
             if remaining <= 0:
                 return True
             with anyio.move_on_after(remaining):
                 await self._changes()
         return False
+
+    def _start_at(self, head: BatchItem) -> float:
+        """When the head's batch starts unless something happens first: its deadline,
+        less the expected wait for the next arrival (the mean gap)."""
+        return head.enqueued + self.timeout - self._gap
 
     def _rows_like(self, head: BatchItem) -> int:
         if self._queued_rows < self.max_batch_size:
@@ -319,7 +391,7 @@ class Batcher:
                 return  # every item was withdrawn; each has its answer already
             except Exception as exc:
                 if len(live) == 1:
-                    live[0].resolve(None, exc)
+                    self._resolve(live[0], None, exc)
                 else:
                     # One bad item must not fail the others: run each on its own.
                     await self._run_alone(live, request)
@@ -333,10 +405,10 @@ class Batcher:
             release()
             await anyio.lowlevel.cancel_shielded_checkpoint()
             if len(live) == 1:
-                live[0].resolve(list(outputs), None)
+                self._resolve(live[0], list(outputs), None)
                 return
             for item, parts in zip(live, _split(outputs, [i.rows for i in live])):
-                item.resolve(*parts)
+                self._resolve(item, *parts)
         finally:
             release()
 
@@ -351,9 +423,9 @@ class Batcher:
             except InferCancelledError:
                 continue
             except Exception as exc:
-                item.resolve(None, exc)
+                self._resolve(item, None, exc)
             else:
-                item.resolve(list(results.to_tuple()), None)
+                self._resolve(item, list(results.to_tuple()), None)
 
 
 def _join(inputs: list[list[np.ndarray]]) -> list[np.ndarray]:

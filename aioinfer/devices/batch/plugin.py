@@ -111,7 +111,11 @@ class BatchCompiledModel(CompiledModel):
         """The items of :meth:`infer_timed` calls in progress."""
 
     def create_sync_infer_request(self) -> BatchInferRequest:
-        return BatchInferRequest(self)
+        """A new request; while it lives, the batcher counts it among those whose next
+        inference may join a batch (a batch whose members are all in starts at once)."""
+        request = BatchInferRequest(self)
+        self.batcher.add_member(request)
+        return request
 
     def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
         """Validate on the loop, join the batch queue, await the batch, take the rows."""

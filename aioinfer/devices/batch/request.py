@@ -35,7 +35,7 @@ class BatchInferRequest(SyncInferRequest):
 
     def enqueue(self) -> None:
         """Join the batch queue with this inference's inputs (runs on the loop)."""
-        self._item = self._batcher.submit(self._inputs)  # type: ignore[arg-type]
+        self._item = self._batcher.submit(self._inputs, member=True)  # type: ignore[arg-type]
 
     async def wait_batch(self) -> None:
         """Wait until the batch holding this inference's rows has run.
