@@ -8,6 +8,12 @@ batcher runs the head's batch as soon as one of these holds, and splits the outp
 - nobody else can join: every open infer request of the compiled model (its *members*,
   a closed population such as an ``AsyncInferQueue``) already has its rows in the
   batcher, and no direct call (``infer_timed``, an open population) is in it;
+- the batch holds its share of the members: ``ceil(members / depth)`` inferences, where
+  ``depth`` is the number of batches that keep the target busy (its
+  ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``, two per stream on the CPU). The members then
+  cycle in that many batches: some compute while the loop answers and resubmits the
+  others, instead of one batch of everyone that leaves the device idle while the loop
+  answers it. Such a batch counts as full (below);
 - waiting cannot pay any more: no further arrival is expected before the head's
   deadline. The batcher keeps the mean gap ``g`` between arrivals (an exponential
   average, weight 1/4, of the last gaps, each counted up to four timeouts) and starts
@@ -20,13 +26,13 @@ Measured on a 2-core machine, an ``AsyncInferQueue`` of 4 requests on the bundle
 CNN: the fixed 1 ms wait ran 1,650 inferences/s, starting each batch once its members are
 all in ran 4,100-4,500/s (every batch full in both).
 
-A target whose ``OPTIMAL_NUMBER_OF_INFER_REQUESTS`` exceeds its streams queues work of its
-own (the PROCESS worker does): full batches, and only those, are then handed to it while
-its streams are busy, up to that many batches in all, so that the next batch starts the
-moment a stream frees up instead of after the event loop has noticed and dispatched it.
-Partial batches still wait for a free stream: under load they would only run smaller
-batches sooner. An item's queue time includes the time its batch waited in the target
-(the target request's ``queued_seconds``).
+A target whose ``OPTIMAL_NUMBER_OF_INFER_REQUESTS`` exceeds its streams queues work of
+its own (the PROCESS worker does, and the CPU's task executor): full batches, and only
+those, are then handed to it while its streams are busy, up to that many batches in all,
+so that the next batch starts the moment a stream frees up instead of after the event
+loop has noticed and dispatched it. Partial batches still wait for a free stream: under
+load they would only run smaller batches sooner. An item's queue time includes the time
+its batch waited in the target (the target request's ``queued_seconds``).
 
 Everything here runs on the event loop's thread, except :meth:`Batcher.cancel`, which may
 be called from any thread.
@@ -217,13 +223,22 @@ class Batcher:
         if self._dispatcher is None:
             self._dispatcher = dispatcher = object()
             spawn_detached(lambda: self._dispatch(dispatcher))
-        elif self._queued_rows >= self.max_batch_size or (member and self._all_in()):
+        elif self._queued_rows >= self.max_batch_size or (
+            member and (self._all_in() or 0 < self._share() <= len(self._queue))
+        ):
             self._notify()
         return item
 
     def _all_in(self) -> bool:
         """Whether nobody else can join: every member is in, and no direct call."""
         return self._direct_in == 0 and self._members_in >= len(self._members)
+
+    def _share(self) -> int:
+        """The inferences a batch of members holds (0: no members, or a direct call is
+        in; see the module's docstring)."""
+        if self._direct_in or not self._members:
+            return 0
+        return -(-len(self._members) // self.depth)
 
     def _leave(self, item: BatchItem) -> None:
         if item.member:
@@ -318,7 +333,7 @@ class Batcher:
         streams = self.target.streams
         while self._queue:
             head = self._queue[0]
-            if self._running < self.depth and self._rows_like(head) >= self.max_batch_size:
+            if self._running < self.depth and self._full(head):
                 return True
             if self._running >= streams:
                 await self._changes()  # a batch ends, or the queue fills a batch
@@ -337,17 +352,32 @@ class Batcher:
         less the expected wait for the next arrival (the mean gap)."""
         return head.enqueued + self.timeout - self._gap
 
+    def _full(self, head: BatchItem) -> bool:
+        """Whether the head's batch is full: ``max_batch_size`` rows, or the members'
+        share of inferences."""
+        share = self._share()
+        if share and len(self._queue) >= share:
+            return True
+        return self._rows_like(head) >= self.max_batch_size
+
     def _rows_like(self, head: BatchItem) -> int:
         if self._queued_rows < self.max_batch_size:
             return self._queued_rows
         return sum(item.rows for item in self._queue if item.signature == head.signature)
 
     def _take(self, request: AsyncInferRequest) -> list[BatchItem]:
-        """Take the head and the items behind it that fit into its batch."""
+        """Take the head and the items behind it that fit into its batch (up to the
+        members' share of inferences while only members are in)."""
         head = self._queue[0]
-        taken, kept, rows = [], deque[BatchItem](), 0
+        taken: list[BatchItem] = []
+        kept, rows = deque[BatchItem](), 0
+        most = self._share() or len(self._queue)
         for item in self._queue:
-            fits = item.signature == head.signature and rows + item.rows <= self.max_batch_size
+            fits = (
+                item.signature == head.signature
+                and rows + item.rows <= self.max_batch_size
+                and len(taken) < most
+            )
             if item is head or fits:
                 taken.append(item)
                 rows += item.rows

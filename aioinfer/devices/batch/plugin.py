@@ -33,6 +33,11 @@ from aioinfer.results import InferResults
 if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
 
+PREFERRED_BATCH_ROWS = 8
+"""The rows per batch that ``OPTIMAL_NUMBER_OF_INFER_REQUESTS`` provides for (capped by
+``MAX_BATCH_SIZE``): on the numpy CPU device a 4x1024 MLP computes a row in a batch of 8
+in about a third of its time alone, a small CNN in about two thirds."""
+
 
 class BatchPlugin(VirtualPlugin):
     """The ``"BATCH"`` device; ``"BATCH:CPU"`` names its target device.
@@ -185,7 +190,16 @@ class BatchCompiledModel(CompiledModel):
             return self.supported_properties()
         if name == "DEVICE_NAME":
             return f"{self.plugin.device_name}:{self.target.get_property('DEVICE_NAME')}"
+        if name == "OPTIMAL_NUMBER_OF_INFER_REQUESTS":
+            return self.optimal_number_of_infer_requests()
         return self.target.get_property(name)
+
+    def optimal_number_of_infer_requests(self) -> int:
+        """The target's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS`` (the batches in flight that
+        keep it busy) times ``min(MAX_BATCH_SIZE, PREFERRED_BATCH_ROWS)``: enough
+        single-row requests for each of those batches to hold several rows."""
+        rows = min(self.max_batch_size(), PREFERRED_BATCH_ROWS)
+        return self.batcher.depth * rows
 
     def release_memory(self) -> None:
         """Free this model's idle memory, then the target's (the batches in flight keep
