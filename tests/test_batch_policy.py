@@ -160,3 +160,24 @@ async def test_a_queue_cycles_in_as_many_batches_as_keep_the_target_busy(core):
         assert_results(results[index], feed)
     assert compiled.batch_statistics() == {2: 3 * depth}
     await compiled.close()
+
+
+async def test_a_closed_request_is_not_waited_for(core):
+    """Requests of a closed queue, still referenced, no longer count: the next queue's
+    batches start as soon as its own requests are in."""
+    compiled = core.compile_model(
+        mlp_model(), "BATCH:CPU", {"MAX_BATCH_SIZE": 8, "BATCH_TIMEOUT_MS": MINUTE_MS}
+    )
+    feeds = rows(8, seed=5)
+    queues = []
+    with anyio.fail_after(30):
+        for _ in range(2):
+            async with ai.AsyncInferQueue(compiled, 4) as queue:
+                for feed in feeds:
+                    await queue.start_async(feed)
+                await queue.wait_all()
+            queues.append(queue)  # its requests stay alive, closed
+        alone = compiled.create_infer_request()
+        assert_results(await alone.infer(feeds[0]), feeds[0])
+    assert compiled.batch_statistics() == {4: 4, 1: 1}
+    await compiled.close()

@@ -169,7 +169,7 @@ class Batcher:
     ``target`` is the compiled model that runs the batches; up to ``target.streams``
     batches run at once, each on one of the target's infer requests, and full batches
     more wait in the target up to its ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``. The compiled
-    model's infer requests register with :meth:`add_member`.
+    model's infer requests register with :meth:`add_member` while they are open.
     """
 
     def __init__(self, target: CompiledModel, max_batch_size: int, timeout: float) -> None:
@@ -201,8 +201,14 @@ class Batcher:
 
     def add_member(self, request: object) -> None:
         """Count ``request`` (an infer request of the compiled model) among those whose
-        next inference may join a batch, for as long as it is alive."""
+        next inference may join a batch, until :meth:`remove_member` (or until it is
+        garbage-collected)."""
         self._members.add(request)
+
+    def remove_member(self, request: object) -> None:
+        """Stop counting ``request`` (it was closed)."""
+        self._members.discard(request)
+        self._notify()  # the others may be all in now
 
     # -- the side of the waiting inferences -----------------------------------------------
 

@@ -15,7 +15,7 @@ import anyio
 
 from aioinfer.devices.batch.batcher import Batcher, BatchItem
 from aioinfer.devices.batch.properties import BATCH_TIMEOUT_MS, MAX_BATCH_SIZE
-from aioinfer.devices.batch.request import BatchInferRequest
+from aioinfer.devices.batch.request import BatchAsyncInferRequest, BatchInferRequest
 from aioinfer.errors import NotBatchableError, RequestClosedError, UnknownDeviceError
 from aioinfer.model import Model, batch_problem
 from aioinfer.plugin.compiled_model import CompiledModel
@@ -116,11 +116,23 @@ class BatchCompiledModel(CompiledModel):
         """The items of :meth:`infer_timed` calls in progress."""
 
     def create_sync_infer_request(self) -> BatchInferRequest:
-        """A new request; while it lives, the batcher counts it among those whose next
-        inference may join a batch (a batch whose members are all in starts at once)."""
-        request = BatchInferRequest(self)
-        self.batcher.add_member(request)
-        return request
+        return BatchInferRequest(self)
+
+    def create_infer_request(self) -> BatchAsyncInferRequest:
+        """A new infer request; until it is closed, the batcher counts it among those
+        whose next inference may join a batch (a batch that holds all of them starts at
+        once).
+
+        Raises:
+            RequestClosedError: the compiled model is closed.
+        """
+        if self._closed:
+            raise RequestClosedError("this compiled model is closed")
+        request = self.create_sync_infer_request()
+        wrapper = BatchAsyncInferRequest(request, self.pipeline(request), self.callback_executor)
+        self._requests.add(wrapper)
+        self.batcher.add_member(wrapper)
+        return wrapper
 
     def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
         """Validate on the loop, join the batch queue, await the batch, take the rows."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import numpy as np
 
+from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.sync_request import SyncInferRequest
 
 if TYPE_CHECKING:
@@ -98,3 +99,14 @@ class BatchInferRequest(SyncInferRequest):
                 }
             )
         return info
+
+
+class BatchAsyncInferRequest(AsyncInferRequest):
+    """The awaitable request of a BATCH model: one of the batcher's members (the requests
+    whose next inference may join a batch) until it is closed."""
+
+    async def close(self) -> None:
+        """Close the request (see :meth:`AsyncInferRequest.close`); the batcher stops
+        waiting for it."""
+        await super().close()
+        self.compiled_model.batcher.remove_member(self)
