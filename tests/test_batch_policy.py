@@ -124,16 +124,16 @@ async def test_a_direct_call_in_the_queue_keeps_the_batch_open(core):
 
 async def test_the_optimal_number_of_requests_fills_batches(core):
     """``OPTIMAL_NUMBER_OF_INFER_REQUESTS`` of a BATCH model provides rows for every batch
-    that keeps the target busy: the target's optimal number times 8 (or the
+    that keeps the target busy: the target's optimal number times 16 (or the
     ``MAX_BATCH_SIZE`` if smaller)."""
     config = {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2}
     plain = core.compile_model(mlp_model(), "CPU", {**config, "ALLOW_AUTO_BATCHING": "NO"})
     target = plain.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")
     batched = core.compile_model(mlp_model(), "BATCH:CPU", config)
-    assert batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") == target * 8
+    assert batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") == target * 16
     small = core.compile_model(mlp_model(), "BATCH:CPU", {**config, "MAX_BATCH_SIZE": 3})
     assert small.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") == target * 3
-    assert len(ai.AsyncInferQueue(batched)) == target * 8
+    assert len(ai.AsyncInferQueue(batched)) == target * 16
     for compiled in (plain, batched, small):
         await compiled.close()
 
@@ -143,7 +143,7 @@ async def test_a_queue_cycles_in_as_many_batches_as_keep_the_target_busy(core):
     takes two of them (not everyone at once), without waiting for the minute."""
     config = {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2, "BATCH_TIMEOUT_MS": MINUTE_MS}
     compiled = core.compile_model(mlp_model(), "BATCH:CPU", config)
-    depth = compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") // 8
+    depth = compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") // 16
     feeds = rows(6 * depth, seed=4)
     results: dict[int, ai.InferResults] = {}
 
