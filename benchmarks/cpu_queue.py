@@ -5,12 +5,14 @@ driven by a thread pool of the same size, in alternating rounds.
 
 aioinfer: ``PERFORMANCE_HINT=THROUGHPUT`` (the Core's auto-batching on, as by default,
 and off), ``AsyncInferQueue(compiled)`` with ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``
-requests kept busy. onnxruntime: one session (intra-op threads: the cores divided by
-aioinfer's streams, spinning off) called through ``anyio.to_thread.run_sync`` by as many
-concurrent callers, on a capacity limiter of that size. Each round runs every runtime
-once; the table gives medians and the median of the per-round ratios, and the process
-CPU time per inference (what a shared machine's load does not stretch as it stretches
-wall time).
+requests kept busy (more with auto-batching: enough to fill the batches). onnxruntime:
+one session (intra-op threads: the cores divided by aioinfer's streams, spinning off)
+called through ``anyio.to_thread.run_sync`` by as many concurrent callers as each
+aioinfer configuration keeps requests, on a capacity limiter of that size. Each round
+runs every runtime once; the table gives medians and the median of the per-round
+ratios (each configuration against onnxruntime with the same number of callers), and
+the process CPU time per inference (what a shared machine's load does not stretch as it
+stretches wall time).
 """
 
 from __future__ import annotations
@@ -129,29 +131,33 @@ async def run(names: list[str], seconds: float, rounds: int, extra: dict[str, An
         }
         plain = variants["aioinfer THROUGHPUT, no auto-batching"]
         streams = int(plain.get_property("NUM_STREAMS"))
-        jobs = int(plain.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        jobs = {
+            k: int(c.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")) for k, c in variants.items()
+        }
         session = ort_session(model, streams)
-        figures: dict[str, list[tuple[float, float]]] = {k: [] for k in [*variants, "ort"]}
+        ort = {n: f"onnxruntime, {n} to_thread callers" for n in sorted(set(jobs.values()))}
+        figures: dict[str, list[tuple[float, float]]] = {k: [] for k in [*variants, *ort.values()]}
         for _ in range(rounds):
             for label, compiled in variants.items():
                 figures[label].append(await aioinfer_rate(compiled, feed, seconds))
-            figures["ort"].append(await onnxruntime_rate(session, feed, jobs, seconds))
-        theirs = [rate for rate, _ in figures["ort"]]
+            for n, label in ort.items():
+                figures[label].append(await onnxruntime_rate(session, feed, n, seconds))
         for label, measured in figures.items():
             rates = [rate for rate, _ in measured]
             cpu = statistics.median(c for _, c in measured)
-            if label == "ort":
-                runtime, ratio = f"onnxruntime, {jobs} to_thread callers", ""
-            else:
-                runtime = label
+            if label in jobs:
+                theirs = [rate for rate, _ in figures[ort[jobs[label]]]]
                 ratios = [ours / other for ours, other in zip(rates, theirs, strict=True)]
                 ratio = (
                     f"**{statistics.median(ratios):.2f}** ("
                     + ", ".join(f"{r:.2f}" for r in ratios)
                     + ")"
                 )
+                requests = jobs[label]
+            else:
+                ratio, requests = "", next(n for n, name in ort.items() if name == label)
             print(
-                f"| {LABELS[name]} | {runtime} | {jobs} | {statistics.median(rates):,.0f} | "
+                f"| {LABELS[name]} | {label} | {requests} | {statistics.median(rates):,.0f} | "
                 f"{cpu:,.0f} | {ratio} |"
             )
         for compiled in variants.values():

@@ -59,7 +59,12 @@ def test_properties_follow_the_hint():
     assert latency.get_property("NUM_STREAMS") == 1
     assert latency.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") == 1
     assert throughput.get_property("NUM_STREAMS") == cores
-    assert throughput.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") == 2 * cores
+    # Auto-batched (BATCH:CPU): rows for 16-row batches in each of the CPU's 2 x cores.
+    assert throughput.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") == 2 * cores * 16
+    plain = core.compile_model(
+        chain_model(1), "CPU", {"PERFORMANCE_HINT": "THROUGHPUT", "ALLOW_AUTO_BATCHING": "NO"}
+    )
+    assert plain.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") == 2 * cores
     explicit = core.compile_model(chain_model(1), "CPU", {"NUM_STREAMS": 3})
     assert explicit.get_property("NUM_STREAMS") == 3
     assert explicit.task_executor.workers == 3

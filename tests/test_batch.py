@@ -357,10 +357,12 @@ async def test_close_cancels_waiting_requests(core):
         exact_model(), "BATCH:CPU", {"MAX_BATCH_SIZE": 8, "BATCH_TIMEOUT_MS": 60_000}
     )
     request = compiled.create_infer_request()
+    idle = compiled.create_infer_request()  # it could join: the batch waits for it
     request.start_async(exact_feeds(1)[0])
     with anyio.fail_after(30):
         await anyio.wait_all_tasks_blocked()
         await compiled.close()
+    assert idle.state is ai.RequestState.CLOSED
     assert request.state is ai.RequestState.CLOSED
     assert isinstance(request.error, ai.InferCancelledError)
     with pytest.raises(ai.RequestClosedError):

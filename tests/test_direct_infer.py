@@ -340,6 +340,7 @@ async def test_queued_seconds_is_the_wait_for_the_batch_and_0_elsewhere(core, ex
     timeout = 0.06
     compiled = batch_model(core, MAX_BATCH_SIZE=8, BATCH_TIMEOUT_MS=timeout * 1000)
     request = compiled.create_infer_request()
+    other = compiled.create_infer_request()  # it could join: the batch waits for it
     assert request.queued_seconds == 0.0  # before any inference
     feed = single_rows(1)[0]
     start = time.perf_counter()
@@ -351,6 +352,7 @@ async def test_queued_seconds_is_the_wait_for_the_batch_and_0_elsewhere(core, ex
     # infer_sync runs alone on the target: no queue.
     request.infer_sync(feed)
     assert request.queued_seconds == 0.0
+    await other.close()
     # The CPU computes at once when a task thread is free.
     plain = exact_plain.create_infer_request()
     start = time.perf_counter()

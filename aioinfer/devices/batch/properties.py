@@ -13,8 +13,9 @@ MAX_BATCH_SIZE = Property(
 )
 BATCH_TIMEOUT_MS = Property(
     "BATCH_TIMEOUT_MS",
-    "BATCH device: how long the oldest waiting request may wait (ms) for its batch "
-    "to fill once the device is free (0: run what is queued at once).",
+    "BATCH device: the longest the oldest waiting request waits (ms) for its batch "
+    "to fill once the device is free; a batch starts sooner when no other request can "
+    "join it or none is expected in time (0: run what is queued at once).",
     default=1.0,
     parse=non_negative_float,
 )

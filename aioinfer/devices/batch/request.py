@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import numpy as np
 
+from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.sync_request import SyncInferRequest
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class BatchInferRequest(SyncInferRequest):
 
     def enqueue(self) -> None:
         """Join the batch queue with this inference's inputs (runs on the loop)."""
-        self._item = self._batcher.submit(self._inputs)  # type: ignore[arg-type]
+        self._item = self._batcher.submit(self._inputs, member=True)  # type: ignore[arg-type]
 
     async def wait_batch(self) -> None:
         """Wait until the batch holding this inference's rows has run.
@@ -98,3 +99,14 @@ class BatchInferRequest(SyncInferRequest):
                 }
             )
         return info
+
+
+class BatchAsyncInferRequest(AsyncInferRequest):
+    """The awaitable request of a BATCH model: one of the batcher's members (the requests
+    whose next inference may join a batch) until it is closed."""
+
+    async def close(self) -> None:
+        """Close the request (see :meth:`AsyncInferRequest.close`); the batcher stops
+        waiting for it."""
+        await super().close()
+        self.compiled_model.batcher.remove_member(self)
