@@ -19,6 +19,7 @@ from aioinfer.transforms.fuse_layernorm import FuseLayerNormPass
 from aioinfer.transforms.make_stateful import MakeStatefulPass, SizeStatesPass
 from aioinfer.transforms.matmul_add import FuseMatMulAddPass
 from aioinfer.transforms.prepack_weights import PrepackWeightsPass
+from aioinfer.transforms.subgraphs import SubgraphsPass
 
 
 def compile_passes(
@@ -29,15 +30,12 @@ def compile_passes(
     ``stateful``: validated ``{input name: output name}`` pairs that become variables
     (see :func:`aioinfer.transforms.make_stateful.stateful_pairs`).
     """
-    return ir.passes.PassManager(
-        [
-            common.InlinePass(),
-            common.RemoveUnusedFunctionsPass(),
-            common.TopologicalSortPass(),
-            SizeStatesPass(stateful or {}),  # before folding and fusions hide what feeds what
+
+    def graph_passes(infer_shapes: bool) -> list[ir.passes.PassBase]:
+        return [
             ConstantFoldingPass(evaluate),
             FoldQuantizedWeightsPass(evaluate),
-            FoldShapesPass(),
+            FoldShapesPass(infer_shapes),
             ConstantFoldingPass(evaluate),  # the Gathers/Concats of the folded shapes
             common.RemoveUnusedNodesPass(),
             # Fusions: the larger patterns first, then what remains of matmuls and convs.
@@ -49,6 +47,17 @@ def compile_passes(
             FuseMatMulAddPass(),
             FuseActivationPass(),
             PrepackWeightsPass(),  # after the fusions, which match weights as exported
+        ]
+
+    return ir.passes.PassManager(
+        [
+            common.InlinePass(),
+            common.RemoveUnusedFunctionsPass(),
+            common.TopologicalSortPass(),
+            SizeStatesPass(stateful or {}),  # before folding and fusions hide what feeds what
+            *graph_passes(infer_shapes=True),
+            # The bodies of If/Loop/Scan, with the shapes the main graph's inference gave.
+            SubgraphsPass(graph_passes(infer_shapes=False)),
             common.RemoveUnusedNodesPass(),
             MakeStatefulPass(stateful or {}),  # after unused-node removal: Assign is a sink
             common.TopologicalSortPass(),
