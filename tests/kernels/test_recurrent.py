@@ -413,3 +413,25 @@ def test_sequence_lens_out_of_range_fail_clearly() -> None:
     inputs = _inputs("RNN", lengths=[5, 6, 1])
     with pytest.raises(ValueError, match=r"sequence_lens must hold 3 lengths in \[0, 5\]"):
         run_aioinfer(_node("RNN", inputs, 2), inputs, 14)
+
+
+def test_bidirectional_lstm_default_activations_run_as_written_out() -> None:
+    """A bidirectional LSTM without ``activations`` has the defaults for both directions:
+    it runs the same computation (bit for bit) as one that names them, and agrees with
+    onnx.reference (float32: rtol 1e-5, atol 1e-6)."""
+    inputs = _inputs("LSTM", 2, initial=True)
+    names = [n if x is not None else "" for n, x in zip(INPUT_NAMES, inputs)]
+    outputs = ["Y", "Y_h", "Y_c"]
+    common: dict[str, Any] = {"hidden_size": HIDDEN, "direction": "bidirectional"}
+    implicit = oh.make_node("LSTM", names, outputs, **common)
+    named = oh.make_node(
+        "LSTM",
+        names,
+        outputs,
+        activations=["Sigmoid", "Tanh", "Tanh"] * 2,
+        **common,
+    )
+    got = run_aioinfer(implicit, inputs, 18)
+    for g, w in zip(got, run_aioinfer(named, inputs, 18)):
+        np.testing.assert_array_equal(g, w)
+    check_node(implicit, inputs, rtol=1e-5, atol=1e-6)

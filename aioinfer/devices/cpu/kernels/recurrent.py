@@ -489,7 +489,10 @@ def lstm(spec: NodeSpec) -> Kernel:
     attrs = _common_attrs(spec, ["Sigmoid", "Tanh", "Tanh"])
     input_forget = bool(spec.attr("input_forget", 0))
     outputs = spec.num_outputs
-    names = [str(n).lower() for n in spec.attr("activations", ["Sigmoid", "Tanh", "Tanh"])]
+    # The default activations hold for every direction (a bidirectional node without
+    # the attribute has the defaults twice).
+    default_names = ["Sigmoid", "Tanh", "Tanh"] * attrs.directions
+    names = [str(n).lower() for n in spec.attr("activations", default_names)]
     fast = (
         attrs.clip is None
         and not input_forget
