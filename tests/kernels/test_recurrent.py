@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 
 import aioinfer
+from aioinfer.devices.cpu.kernels.recurrent import BOTH_DIRECTIONS_MAX_HIDDEN
 from tests.helpers import make_model, tensor_info
 from tests.kernels._check import check_node, run_aioinfer
 
@@ -435,3 +436,30 @@ def test_bidirectional_lstm_default_activations_run_as_written_out() -> None:
     for g, w in zip(got, run_aioinfer(named, inputs, 18)):
         np.testing.assert_array_equal(g, w)
     check_node(implicit, inputs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hidden", [BOTH_DIRECTIONS_MAX_HIDDEN, BOTH_DIRECTIONS_MAX_HIDDEN + 1])
+def test_bidirectional_lstm_both_directions_in_one_loop_match_reference(hidden: int) -> None:
+    """Up to BOTH_DIRECTIONS_MAX_HIDDEN the two directions share one loop (a
+    block-diagonal R); past it they run one after the other. Both agree with
+    onnx.reference, initial states included (float32: rtol 1e-5, atol 1e-5)."""
+    rng = np.random.default_rng(11)
+    seq, batch, features = 7, 2, 5
+
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    inputs: list[np.ndarray | None] = [
+        normal(seq, batch, features),
+        normal(2, 4 * hidden, features, scale=0.3),
+        normal(2, 4 * hidden, hidden, scale=0.3),
+        normal(2, 8 * hidden, scale=0.3),
+        None,
+        normal(2, batch, hidden),
+        normal(2, batch, hidden),
+    ]
+    names = [n if x is not None else "" for n, x in zip(INPUT_NAMES, inputs)]
+    node = oh.make_node(
+        "LSTM", names, ["Y", "Y_h", "Y_c"], hidden_size=hidden, direction="bidirectional"
+    )
+    check_node(node, inputs, rtol=1e-5, atol=1e-5)
