@@ -12,7 +12,8 @@ put in place of several ONNX nodes (see :mod:`aioinfer.transforms`).
 - ``Gelu(X)``: ``x/2 * (1 + erf(x / sqrt 2))``.
 
 Activations are named by the ``activation`` attribute (``Relu``, ``LeakyRelu``, ``Clip``,
-``Sigmoid``, ``Tanh``, ``Gelu``, ``HardSigmoid``, ``HardSwish``; empty for none) with their
+``Sigmoid``, ``Tanh``, ``Gelu``, ``HardSigmoid``, ``HardSwish``, ``Swish`` (``x * sigmoid(x)``,
+SiLU); empty for none) with their
 parameters in ``activation_params`` (LeakyRelu: alpha; Clip: min, max; HardSigmoid:
 alpha, beta). Every kernel here is
 registered with the execution type ``"fused"`` (profiling shows it) and has an out form
@@ -66,6 +67,15 @@ def _hard_sigmoid(y: np.ndarray, alpha: float, beta: float) -> None:
     y *= alpha
     y += beta
     np.clip(y, 0.0, 1.0, out=y)
+
+
+def _swish(y: np.ndarray) -> None:
+    """``y * sigmoid(y)`` = ``y / (1 + exp(-y))`` (SiLU), with one temporary."""
+    gate = np.negative(y)
+    with np.errstate(over="ignore"):  # exp overflows to inf: y / inf is the exact -0
+        np.exp(gate, out=gate)
+    gate += 1
+    np.divide(y, gate, out=y)
 
 
 def _hard_swish(y: np.ndarray) -> None:
@@ -165,6 +175,8 @@ def activation(spec: NodeSpec) -> InPlace | None:
         return lambda y: _hard_sigmoid(y, alpha, beta)
     if name == "HardSwish" and not params:
         return _hard_swish
+    if name == "Swish" and not params:
+        return _swish
     raise ValueError(f"{spec.op_type}: unsupported activation {name!r} with parameters {params}")
 
 
