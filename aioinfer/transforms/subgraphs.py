@@ -19,6 +19,11 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
+SUBGRAPH_KEY = "aioinfer.subgraph"
+"""Set (True) in ``graph.meta`` while the passes run on a subgraph as if it were a main
+graph: a pass that must not touch a main graph's named outputs may touch a subgraph's,
+which are positional."""
+
 
 class SubgraphsPass(ir.passes.InPlacePass):
     """Apply ``passes`` (in order) to every subgraph of the model, outer ones first."""
@@ -32,6 +37,7 @@ class SubgraphsPass(ir.passes.InPlacePass):
         for graph in list(model.graph.subgraphs()):
             own = dict(graph.opset_imports)
             graph.opset_imports.update(model.opset_imports)
+            graph.meta[SUBGRAPH_KEY] = True
             body = ir.Model(graph, ir_version=model.ir_version)
             try:
                 for graph_pass in self.passes:
@@ -41,4 +47,5 @@ class SubgraphsPass(ir.passes.InPlacePass):
                     model.opset_imports.setdefault(domain, version)
                 graph.opset_imports.clear()
                 graph.opset_imports.update(own)
+                del graph.meta[SUBGRAPH_KEY]
         return ir.passes.PassResult(model, modified=modified)

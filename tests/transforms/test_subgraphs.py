@@ -119,8 +119,58 @@ def test_loop_body_constants_fold() -> None:
     )
     compiled = ai.Core().compile_model(model, "CPU")
     loop = next(n for n in compiled.graph if n.op_type == "Loop")
-    assert [n.op_type for n in loop.attributes["body"].as_graph()] == ["Add", "Identity"]
+    # (the Identity goes too: the body's condition output is its input)
+    assert [n.op_type for n in loop.attributes["body"].as_graph()] == ["Add"]
     feeds = {"n": np.array(4, np.int64), "go": np.array(True), "acc": np.array([1.0], np.float32)}
     want = run_reference(model, feeds)
     assert_close(want, [np.array([25.0], np.float32)], rtol=0, atol=0)
     assert_close(run_compiled(model, feeds), want, rtol=0, atol=0)
+
+
+def test_weights_a_loop_carries_unchanged_are_constants_in_its_body() -> None:
+    """paddle2onnx's Loops carry their weights as pass-through variables: the body reads
+    the initial value (an initializer) instead, so its MatMul gets constant, prepacked
+    weights; the results equal onnx.reference's (float32: rtol 1e-5, atol 1e-5)."""
+    body = oh.make_graph(
+        [
+            oh.make_node("MatMul", ["h_in", "w_in"], ["p"]),
+            oh.make_node("Tanh", ["p"], ["h_out"]),
+            oh.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [
+            tensor_info("i", np.int64, []),
+            tensor_info("cond_in", np.bool_, []),
+            tensor_info("h_in", np.float32, [1, 8]),
+            tensor_info("w_in", np.float32, [8, 8]),
+        ],
+        [
+            tensor_info("cond_out", np.bool_, []),
+            tensor_info("h_out", np.float32, [1, 8]),
+            tensor_info("w_in", np.float32, [8, 8]),  # carried through unchanged
+        ],
+    )
+    model = make_model(
+        [oh.make_node("Loop", ["n", "go", "h", "w"], ["h_last", "w_last"], body=body)],
+        [
+            tensor_info("n", np.int64, []),
+            tensor_info("go", np.bool_, []),
+            tensor_info("h", np.float32, [1, 8]),
+        ],
+        [tensor_info("h_last", np.float32, [1, 8])],
+        {"w": (RNG.standard_normal((8, 8)) * 0.5).astype(np.float32)},
+    )
+    compiled = ai.Core().compile_model(model, "CPU")
+    loop = next(n for n in compiled.graph if n.op_type == "Loop")
+    products = [
+        n
+        for n in loop.attributes["body"].as_graph()
+        if n.op_type in ("MatMul", "Gemm", "FusedMatMul", "FusedGemm")
+    ]
+    assert len(products) == 1 and products[0].inputs[1].const_value is not None
+    feeds = {
+        "n": np.array(5, np.int64),
+        "go": np.array(True),
+        "h": RNG.standard_normal((1, 8)).astype(np.float32),
+    }
+    assert_close(run_compiled(model, feeds), run_reference(model, feeds), rtol=1e-5, atol=1e-5)
