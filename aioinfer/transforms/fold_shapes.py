@@ -36,10 +36,20 @@ def _shape_slice(node: ir.Node, dims: list[int]) -> list[int]:
 
 
 class FoldShapesPass(ir.passes.InPlacePass):
-    """Infer shapes, then replace Shape/Size of statically shaped values by constants."""
+    """Infer shapes, then replace Shape/Size of statically shaped values by constants.
+
+    ``infer=False`` skips the inference and uses the shapes the values already carry (a
+    subgraph, whose shapes the main graph's inference filled in, cannot be inferred on
+    its own: it reads values of the enclosing graph).
+    """
+
+    def __init__(self, infer: bool = True) -> None:
+        super().__init__()
+        self.infer = infer
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        ShapeInferencePass(check_type=False, strict_mode=False)(model)
+        if self.infer:
+            ShapeInferencePass(check_type=False, strict_mode=False)(model)
         graph = model.graph
         modified = False
         for node in list(graph):

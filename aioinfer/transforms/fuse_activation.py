@@ -4,10 +4,17 @@
   ``[1, C, 1, ...]``) moves ``b`` into the Conv's bias.
 - ``Add(Conv(...), z)`` (a residual connection, as in ResNets; also a two-input ``Sum``)
   becomes ``ai.aioinfer::FusedConv(x, W, B, z)``: the sum is added in place.
+- ``Mul(Conv(x, W, B), s)`` with a constant scalar ``s`` scales W and B; with
+  ``Add(..., t)`` for a constant scalar ``t`` after it, ``t`` joins the bias (PP-OCRv4's
+  learnable affine after each convolution).
 - ``Relu``/``LeakyRelu``/``Clip``/``Sigmoid``/``Tanh``/``Gelu``/``HardSigmoid``/``HardSwish``
-  (also ``x * HardSigmoid(x)`` with HardSwish's constants) after a Conv, Gemm or
-  MatMul (or their fused forms) becomes the ``activation`` attribute of
-  ``FusedConv``/``FusedGemm``/``FusedMatMul``, applied in place on the product.
+  after a Conv, Gemm or MatMul (or their fused forms) becomes the ``activation``
+  attribute of ``FusedConv``/``FusedGemm``/``FusedMatMul``, applied in place on the
+  product. So do the decomposed forms exporters write: HardSwish as
+  ``x * HardSigmoid(x)`` (its constants) or as ``x * Clip(x + 3, 0, 6) / 6`` (Paddle's
+  four nodes, also with ``* (1/6)``), and SiLU ``x * Sigmoid(x)`` (as ``Swish``; YOLO
+  exports). Unfused, each of these is two to four full passes over a convolution's
+  output: on PicoDet's layout model 52 of 437 ms.
 """
 
 from __future__ import annotations
@@ -82,6 +89,17 @@ def _fusable(node: ir.Node | None) -> bool:
     )
 
 
+def _only_source(x: ir.Value, readers: set[int]) -> ir.Node | None:
+    """The fusable product that computes ``x``, when exactly the nodes ``readers`` (by id)
+    read ``x`` and it is no graph output; else None."""
+    source = x.producer()
+    if not _fusable(source) or x.is_graph_output():
+        return None
+    if {id(user) for user, _ in x.uses()} != readers:
+        return None
+    return source
+
+
 def _fused_node(source: ir.Node, inputs: list[ir.Value | None], extra: list[ir.Attr]) -> ir.Node:
     op_type = _FUSED_OF.get(source.op_type, source.op_type)
     attrs = {a.name: a for a in source.attributes.values()}
@@ -98,7 +116,14 @@ class FuseActivationPass(RewritePass):
         if is_op(node, "Add", "Sum") and len(node.inputs) == 2:
             return self._add(graph, node)
         if is_op(node, "Mul") and len(node.inputs) == 2:
-            return self._hard_swish(graph, node)
+            return (
+                self._hard_swish(graph, node)
+                or self._swish(graph, node)
+                or self._scaled_conv(graph, node)
+                or self._hard_swish_clipped(graph, node)
+            )
+        if is_op(node, "Div") and len(node.inputs) == 2:
+            return self._hard_swish_clipped(graph, node)
         act = _activation(node)
         if act is None:
             return False
@@ -175,6 +200,97 @@ class FuseActivationPass(RewritePass):
         return False
 
     @staticmethod
+    def _swish(graph: ir.Graph, node: ir.Node) -> bool:
+        """``Mul(x, Sigmoid(x))`` with ``x`` from a fusable product: a Swish epilogue."""
+        for index in (0, 1):
+            x, gate = node.inputs[index], node.inputs[1 - index]
+            sigmoid = producer(gate, "Sigmoid")
+            if sigmoid is None or sigmoid.inputs[0] is not x or not single_use(gate):
+                continue
+            assert x is not None
+            source = _only_source(x, {id(sigmoid), id(node)})
+            if source is None:
+                continue
+            fused = _fused_node(source, list(source.inputs), [ir.AttrString("activation", "Swish")])
+            replace(graph, [source, sigmoid, node], fused, node.outputs[0])
+            return True
+        return False
+
+    @staticmethod
+    def _hard_swish_clipped(graph: ir.Graph, node: ir.Node) -> bool:
+        """``Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)`` (or ``Mul(..., 1/6)``), operands in
+        either order, with ``x`` from a fusable product: a HardSwish epilogue."""
+        if is_op(node, "Div"):
+            candidates = [(node.inputs[0], node.inputs[1], 6.0)]
+        else:
+            candidates = [(node.inputs[i], node.inputs[1 - i], 1 / 6) for i in (0, 1)]
+        for product, divisor, wanted in candidates:
+            factor = scalar(divisor)
+            mul = producer(product, "Mul")
+            if factor is None or not np.isclose(factor, wanted, rtol=1e-6, atol=0):
+                continue
+            if mul is None or not single_use(product):
+                continue
+            for index in (0, 1):
+                x, gate = mul.inputs[index], mul.inputs[1 - index]
+                clip = producer(gate, "Clip")
+                if clip is None or not single_use(gate) or _activation(clip) != ("Clip", [0, 6]):
+                    continue
+                shifted = clip.inputs[0]
+                add = producer(shifted, "Add")
+                if add is None or not single_use(shifted) or x not in add.inputs:
+                    continue
+                three = add.inputs[1] if add.inputs[0] is x else add.inputs[0]
+                if scalar(three) != 3.0 or x is None:
+                    continue
+                source = _only_source(x, {id(add), id(mul)})
+                if source is None:
+                    continue
+                fused = _fused_node(
+                    source, list(source.inputs), [ir.AttrString("activation", "HardSwish")]
+                )
+                replace(graph, [source, add, clip, mul, node], fused, node.outputs[0])
+                return True
+        return False
+
+    @staticmethod
+    def _scaled_conv(graph: ir.Graph, node: ir.Node) -> bool:
+        """``Mul(Conv(x, W, B), s)`` with constant W (and B) and a constant scalar ``s``:
+        the Conv with ``s * W`` and ``s * B``."""
+        for index in (0, 1):
+            value, factor_value = node.inputs[index], node.inputs[1 - index]
+            conv = producer(value, "Conv")
+            factor_array = constant(factor_value)
+            if conv is None or factor_array is None or not single_use(value):
+                continue
+            if factor_array.size != 1 or factor_array.ndim > 1 or factor_array.dtype.kind != "f":
+                continue
+            factor = float(factor_array.reshape(()))
+            weight = constant(conv.inputs[1])
+            bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+            bias_values = None if bias is None else constant(bias)
+            if (
+                weight is None
+                or weight.dtype.kind != "f"
+                or (bias is not None and bias_values is None)
+            ):
+                continue
+            name = conv.name or "conv"
+            inputs = [
+                conv.inputs[0],
+                initializer(graph, f"{name}.scaled_weight", (weight * factor).astype(weight.dtype)),
+            ]
+            if bias_values is not None:
+                scaled = (bias_values * factor).astype(bias_values.dtype)
+                inputs.append(initializer(graph, f"{name}.scaled_bias", scaled))
+            fused = ir.Node(
+                "", "Conv", inputs, list(conv.attributes.values()), num_outputs=1, name=conv.name
+            )
+            replace(graph, [conv, node], fused, node.outputs[0])
+            return True
+        return False
+
+    @staticmethod
     def _channel_bias(
         graph: ir.Graph, conv: ir.Node, old: ir.Value | None, added: ir.Value | None
     ) -> ir.Value | None:
@@ -186,12 +302,15 @@ class FuseActivationPass(RewritePass):
         rank = weight.ndim  # the output's rank equals the weight's rank
         shape = values.shape
         per_channel = (
-            len(shape) == rank - 1 and shape[0] == channels and values.size == channels
-        ) or (len(shape) == rank and shape[:2] == (1, channels) and values.size == channels)
+            (len(shape) == rank - 1 and shape[0] == channels and values.size == channels)
+            or (len(shape) == rank and shape[:2] == (1, channels) and values.size == channels)
+            or (values.size == 1 and len(shape) <= rank)  # a scalar: the same for each
+        )
         if not per_channel:
             return None
         base = np.zeros(channels) if old is None else constant(old)
         if base is None:
             return None
         total = base.astype(np.float64).reshape(-1) + values.astype(np.float64).reshape(-1)
+        total = np.broadcast_to(total, (channels,))
         return initializer(graph, f"{conv.name or 'conv'}.bias", total.astype(weight.dtype))

