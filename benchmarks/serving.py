@@ -10,8 +10,9 @@ switch interval (the one ``aioinfer serve`` sets), on the MLP of ``benchmarks/mo
 
 (a) ``aioinfer serve`` on a repository whose model has no ``config.json``: the server's
     defaults (docs/serving.md: AUTO, the THROUGHPUT hint, dynamic batching);
-(b) the same app with the config of ``--config-b`` (default: the same, computed in a
-    worker process, ``BATCH:PROCESS:ORT``), to compare a choice the defaults did not make;
+(b) the same app with the config of ``--config-b`` (default: the same batches computed in
+    a worker process, ``BATCH:PROCESS:AUTO``), to compare a choice the defaults did not
+    make (they batch on the server's threads when AUTO picks an engine);
 (c) a minimal Starlette endpoint speaking the same protocol (KServe v2 infer with the
     binary tensor extension, as tritonclient sends it) that calls onnxruntime through
     ``anyio.to_thread.run_sync`` with one shared session (thread spinning off): the glue
@@ -22,7 +23,9 @@ connection) and sends 5 untimed requests; once every client has, the timed phase
 (connecting and warming up count for no server), and each sends ``--requests`` more, one
 after the other; a phase stops after ``--seconds`` at the latest. The clients run in
 this process, on uvloop when installed. Only 127.0.0.1 is contacted. Throughput is
-completed requests per second of the timed phase; latency percentiles are per request.
+completed requests per second of the timed phase; latency percentiles are per request;
+the CPU time per request is the server process's (user and system, all its threads) and,
+apart, its child processes' (a PROCESS worker's), over the timed phase.
 The servers take turns for ``--rounds`` rounds, and the medians over the rounds are
 reported, with the ratio of the medians and each round's ratio: on a shared, noisy
 machine a change of load then hits every server alike.
@@ -57,7 +60,7 @@ KINDS = {
     "b": "aioinfer, --config-b",
     "c": "Starlette + onnxruntime (to_thread)",
 }
-DEFAULT_CONFIG_B = {"device": "BATCH:PROCESS:ORT", "hint": "THROUGHPUT"}
+DEFAULT_CONFIG_B = {"device": "BATCH:PROCESS:AUTO", "hint": "THROUGHPUT"}
 
 
 # -- the servers (each runs in a child process) ---------------------------------------------
