@@ -63,8 +63,8 @@ plan): next to a busy event loop such a compute thread waits for the GIL, so the
 batches for them in a worker process (``BATCH:PROCESS:AUTO``). An engine (ORT,
 OpenVINO) computes without the GIL, and its batches run on threads of the server's
 process (``BATCH:AUTO``): measured with ``benchmarks/serving.py`` (docs/serving.md), the
-worker process cost 15-30% more CPU per request (pickling, the socket, the worker's
-threads) and served 0.74x the requests per second of ``BATCH:AUTO`` on ORT."""
+worker process cost about 10% more CPU per request (pickling, the socket, the worker's
+threads), and ``BATCH:AUTO`` on ORT served more requests per second in 11 rounds of 17."""
 """The hint of a model whose config names no device and no hint: many clients, one row
 each, is a throughput workload."""
 
