@@ -57,6 +57,8 @@ BLOB_FILE = "model.blob"
 DEFAULT_DEVICE = "AUTO"
 """The device of a model whose config names none: the best installed one."""
 DEFAULT_HINT = "THROUGHPUT"
+"""The hint of a model whose config names no device and no hint: many clients, one row
+each, is a throughput workload."""
 PYTHON_COMPUTE_DEVICES = frozenset({"CPU"})
 """Devices whose compute runs Python between its kernels (the numpy ``CPU`` device's
 plan): next to a busy event loop such a compute thread waits for the GIL, so the server
@@ -65,8 +67,6 @@ OpenVINO) computes without the GIL, and its batches run on threads of the server
 process (``BATCH:AUTO``): measured with ``benchmarks/serving.py`` (docs/serving.md), the
 worker process cost about 10% more CPU per request (pickling, the socket, the worker's
 threads), and ``BATCH:AUTO`` on ORT served more requests per second in 11 rounds of 17."""
-"""The hint of a model whose config names no device and no hint: many clients, one row
-each, is a throughput workload."""
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,12 @@ GC_THRESHOLD = 20_000
 """The garbage collector's first-generation threshold that :func:`serve` sets with
 ``freeze_gc`` (the interpreter's default: 700).
 
-Each request leaves a few hundred objects alive for a while (its task, frames, arrays,
-the batch it waits in), so with 64 requests in flight the collector ran a young
-collection every few requests, which found nothing to free: 7% of the event loop's
-CPU time in the serving benchmark. What a request leaves in reference cycles is rare
-(the watcher of a client's disconnect, once a request ran 50 ms), so the collections
-that remain find it all the same."""
+The requests in flight keep objects alive for a while (their tasks, frames, arrays, the
+batches they wait in), so with 64 of them the collector ran a young collection every
+few dozen requests (60 a second at 2,400 requests/s), which freed next to nothing: 7%
+of the event loop's CPU time in the serving benchmark. What a request leaves in
+reference cycles is rare (the watcher of a client's disconnect, once a request ran
+50 ms), so the collections that remain find it all the same."""
 
 GRPC_STOP_GRACE = 2.0
 """Seconds the gRPC server lets its calls end at shutdown, once the service has drained
@@ -86,7 +86,7 @@ def serve(
     hundred thousand objects of numpy, onnx and the models, instead of stalling the
     event loop for 30-40 ms every few thousand requests; and the collector's first
     threshold is raised to :data:`GC_THRESHOLD`, so that it stops scanning the objects
-    of the requests in flight every few requests.
+    of the requests in flight every few dozen requests.
 
     Limits (the "Limits and security" section of the serving docs): bodies over
     ``max_request_bytes`` get 413; a model opens at most ``max_sequences`` sequences
