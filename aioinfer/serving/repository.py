@@ -66,7 +66,7 @@ batches for them in a worker process (``BATCH:PROCESS:AUTO``). An engine (ORT,
 OpenVINO) computes without the GIL, and its batches run on threads of the server's
 process (``BATCH:AUTO``): measured with ``benchmarks/serving.py`` (docs/serving.md), the
 worker process cost about 10% more CPU per request (pickling, the socket, the worker's
-threads), and ``BATCH:AUTO`` on ORT served more requests per second in 11 rounds of 17."""
+threads), and ``BATCH:AUTO`` on ORT served more requests per second in 14 rounds of 20."""
 
 
 @dataclass(frozen=True)
