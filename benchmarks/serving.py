@@ -10,8 +10,9 @@ switch interval (the one ``aioinfer serve`` sets), on the MLP of ``benchmarks/mo
 
 (a) ``aioinfer serve`` on a repository whose model has no ``config.json``: the server's
     defaults (docs/serving.md: AUTO, the THROUGHPUT hint, dynamic batching);
-(b) the same app with the config of ``--config-b`` (default: the same, computed in a
-    worker process, ``BATCH:PROCESS:ORT``), to compare a choice the defaults did not make;
+(b) the same app with the config of ``--config-b`` (default: the same batches computed in
+    a worker process, ``BATCH:PROCESS:AUTO``), to compare a choice the defaults did not
+    make (they batch on the server's threads when AUTO picks an engine);
 (c) a minimal Starlette endpoint speaking the same protocol (KServe v2 infer with the
     binary tensor extension, as tritonclient sends it) that calls onnxruntime through
     ``anyio.to_thread.run_sync`` with one shared session (thread spinning off): the glue
@@ -22,7 +23,9 @@ connection) and sends 5 untimed requests; once every client has, the timed phase
 (connecting and warming up count for no server), and each sends ``--requests`` more, one
 after the other; a phase stops after ``--seconds`` at the latest. The clients run in
 this process, on uvloop when installed. Only 127.0.0.1 is contacted. Throughput is
-completed requests per second of the timed phase; latency percentiles are per request.
+completed requests per second of the timed phase; latency percentiles are per request;
+the CPU time per request is the server process's (user and system, all its threads) and,
+apart, its child processes' (a PROCESS worker's), over the timed phase.
 The servers take turns for ``--rounds`` rounds, and the medians over the rounds are
 reported, with the ratio of the medians and each round's ratio: on a shared, noisy
 machine a change of load then hits every server alike.
@@ -33,12 +36,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,7 +60,7 @@ KINDS = {
     "b": "aioinfer, --config-b",
     "c": "Starlette + onnxruntime (to_thread)",
 }
-DEFAULT_CONFIG_B = {"device": "BATCH:PROCESS:ORT", "hint": "THROUGHPUT"}
+DEFAULT_CONFIG_B = {"device": "BATCH:PROCESS:AUTO", "hint": "THROUGHPUT"}
 
 
 # -- the servers (each runs in a child process) ---------------------------------------------
@@ -117,13 +121,14 @@ def onnxruntime_app(model: Path) -> object:
 
 def run_server(kind: str, repository: Path, port: int, config_b: str) -> None:
     """Serve with the process settings of ``aioinfer serve`` (uvicorn, no access log, the
-    switch interval, a frozen garbage collector), for every server alike."""
+    switch interval, a frozen garbage collector with its raised first threshold), for
+    every server alike."""
     import gc
 
     import uvicorn
 
     from aioinfer.serving import ModelConfig, serve
-    from aioinfer.serving.server import SWITCH_INTERVAL
+    from aioinfer.serving.server import GC_THRESHOLD, SWITCH_INTERVAL
 
     if kind == "a":
         serve(repository, port=port, log_level="info")
@@ -136,6 +141,7 @@ def run_server(kind: str, repository: Path, port: int, config_b: str) -> None:
     app = onnxruntime_app(repository / MODEL / "1" / "model.onnx")
     gc.collect()
     gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)  # type: ignore[arg-type]
 
 
@@ -147,9 +153,12 @@ class Phase:
     answers, so that connecting and warming up count for no server, and it ends when
     every client has its answers, or ``seconds`` after the start."""
 
-    def __init__(self, clients: int, seconds: float) -> None:
+    def __init__(
+        self, clients: int, seconds: float, on_start: Callable[[], None] = lambda: None
+    ) -> None:
         self.clients = clients
         self.seconds = seconds
+        self.on_start = on_start
         self.warm = 0
         self.go = asyncio.Event()
         self.started = 0.0
@@ -159,6 +168,7 @@ class Phase:
         """One client is ready; wait until all are (the last one starts the clock)."""
         self.warm += 1
         if self.warm == self.clients:
+            self.on_start()
             self.started = time.perf_counter()
             self.deadline = self.started + self.seconds
             self.go.set()
@@ -195,11 +205,17 @@ async def client(
 
 
 async def load(
-    port: int, x: np.ndarray, clients: int, count: int, seconds: float
+    port: int,
+    x: np.ndarray,
+    clients: int,
+    count: int,
+    seconds: float,
+    on_start: Callable[[], None] = lambda: None,
 ) -> tuple[list[float], float]:
-    """Run the load; return each timed request's latency and the timed phase's length."""
+    """Run the load; return each timed request's latency and the timed phase's length
+    (``on_start`` is called as the timed phase starts)."""
     latencies: list[float] = []
-    phase = Phase(clients, seconds)
+    phase = Phase(clients, seconds, on_start)
     await asyncio.gather(*(client(port, x, count, phase, latencies) for _ in range(clients)))
     return latencies, time.perf_counter() - phase.started
 
@@ -219,10 +235,46 @@ async def one(port: int, x: np.ndarray) -> np.ndarray:
         await triton.close()
 
 
+class CpuTimes:
+    """CPU time (user + system, seconds) of a server process and, apart, of its child
+    processes (the PROCESS device's worker), between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self.server = psutil.Process(pid)
+        self.begin = (0.0, 0.0)
+        self.spent = (0.0, 0.0)
+
+    def _now(self) -> tuple[float, float]:
+        import psutil
+
+        def cpu(process: psutil.Process) -> float:
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                return 0.0
+            return float(times.user + times.system)
+
+        children = sum(cpu(child) for child in self.server.children(recursive=True))
+        return cpu(self.server), children
+
+    def start(self) -> None:
+        self.begin = self._now()
+
+    def stop(self) -> None:
+        server, children = self._now()
+        self.spent = (server - self.begin[0], children - self.begin[1])
+
+
+Result = tuple[float, float, float, int, float, float]
+"""requests/s, p50 and p99 (ms), requests, server and worker CPU per request (ms)."""
+
+
 def measure(
     kind: str, repository: Path, x: np.ndarray, expected: np.ndarray, args: argparse.Namespace
-) -> tuple[float, float, float, int]:
-    """Start server ``kind``, check one answer, run the load; return (req/s, p50, p99, n)."""
+) -> Result:
+    """Start server ``kind``, check one answer, run the load; return its :data:`Result`."""
     port = free_port()
     server = subprocess.Popen(
         [
@@ -241,12 +293,18 @@ def measure(
         wait_ready(port)
         y = run(one(port, x))
         np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
-        latencies, elapsed = run(load(port, x, args.clients, args.requests, args.seconds))
+        cpu = CpuTimes(server.pid)
+        latencies, elapsed = run(
+            load(port, x, args.clients, args.requests, args.seconds, cpu.start)
+        )
+        cpu.stop()
     finally:
         server.terminate()
         server.wait(60)
     p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
-    return len(latencies) / elapsed, float(p50), float(p99), len(latencies)
+    count = len(latencies)
+    server_ms, worker_ms = (spent / count * 1e3 for spent in cpu.spent)
+    return count / elapsed, float(p50), float(p99), count, server_ms, worker_ms
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
@@ -336,15 +394,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"MLP 4x{WIDTH}, {args.clients} tritonclient http.aio clients x {args.requests} "
             f"single-row requests (limit {args.seconds:g} s per server), loopback HTTP/1.1"
         )
-        runs: dict[str, list[tuple[float, float, float, int]]] = {kind: [] for kind in args.only}
+        runs: dict[str, list[Result]] = {kind: [] for kind in args.only}
         for round_ in range(1, args.rounds + 1):
             for kind in args.only:  # interleaved: a change of load hits every server alike
                 result = measure(kind, repository, x, expected, args)
                 runs[kind].append(result)
-                rate, p50, p99, count = result
+                rate, p50, p99, count, server_ms, worker_ms = result
                 print(
                     f"  round {round_} ({kind}) {KINDS[kind]:38s} {rate:8.0f} req/s   "
-                    f"p50 {p50:7.1f} ms   p99 {p99:7.1f} ms   ({count} requests)",
+                    f"p50 {p50:7.1f} ms   p99 {p99:7.1f} ms   ({count} requests; CPU per "
+                    f"request: server {server_ms:.3f} ms, worker {worker_ms:.3f} ms; "
+                    f"load average {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
             if "a" in runs and "c" in runs:
@@ -353,11 +413,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"medians of {args.rounds} rounds:")
         rates = {}
         for kind, results in runs.items():
-            rate, p50, p99 = (float(np.median([r[i] for r in results])) for i in range(3))
+            rate, p50, p99, _, server_ms, worker_ms = (
+                float(np.median([r[i] for r in results])) for i in range(6)
+            )
             rates[kind] = rate
             print(
                 f"  ({kind}) {KINDS[kind]:38s} {rate:8.0f} req/s   p50 {p50:7.1f} ms   "
-                f"p99 {p99:7.1f} ms"
+                f"p99 {p99:7.1f} ms   CPU per request: server {server_ms:.3f} ms, "
+                f"worker {worker_ms:.3f} ms"
             )
         if "a" in rates and "c" in rates:
             ratios = [a[0] / c[0] for a, c in zip(runs["a"], runs["c"])]

@@ -109,13 +109,14 @@ def onnxruntime_app(model: Path) -> object:
 
 def run_server(kind: str, model: Path, port: int) -> None:
     """Serve with the process settings of ``aioinfer serve`` (uvicorn, no access log, the
-    switch interval, a frozen garbage collector), for every server alike."""
+    switch interval, a frozen garbage collector with its raised first threshold), for
+    every server alike."""
     import gc
 
     import uvicorn
 
     from aioinfer.serving import serve
-    from aioinfer.serving.server import SWITCH_INTERVAL
+    from aioinfer.serving.server import GC_THRESHOLD, SWITCH_INTERVAL
 
     if kind != "c":
         serve(model, port=port, configs=aioinfer_configs(model, kind == "a"), log_level="warning")
@@ -124,6 +125,7 @@ def run_server(kind: str, model: Path, port: int) -> None:
     app = onnxruntime_app(model)
     gc.collect()
     gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)  # type: ignore[arg-type]
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -19,8 +22,11 @@ def test_a_small_run_reports_every_server_and_the_ratios(capsys: pytest.CaptureF
     serving.main(["--clients", "3", "--requests", "4", "--rounds", "1", "--only", "abc"])
     out = capsys.readouterr().out
     assert out.startswith("machine: ")
+    cpu = r"CPU per request: server [\d.]+ ms, worker [\d.]+ ms"
     for kind in ("(a)", "(b)", "(c)"):
-        assert re.search(rf"round 1 {re.escape(kind)} .* req/s .*\(12 requests\)", out), out
+        line = rf"round 1 {re.escape(kind)} .* req/s .*\(12 requests; {cpu}; load average [\d.]+\)"
+        assert re.search(line, out), out
+        assert re.search(rf"  {re.escape(kind)} .* req/s .* {cpu}\n", out), out
     assert "(a)/(c) throughput:" in out and "median" in out
     assert "(a)/(b) throughput:" in out
 
@@ -44,3 +50,30 @@ def test_the_phase_starts_when_every_client_has_warmed_up():
     started, phase = asyncio.run(scenario())
     assert sorted(started) == ["first", "second"]
     assert phase.deadline == pytest.approx(phase.started + 30)
+
+
+def test_cpu_times_count_the_server_and_its_worker_apart():
+    """A parent that computes for a while and a child that computes for longer: each
+    one's CPU time lands on its own side."""
+    burn = "import time\nend = time.process_time() + {}\nwhile time.process_time() < end: pass\n"
+    script = (
+        "import subprocess, sys\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {burn.format(0.6)!r}])\n"
+        + burn.format(0.2)
+        + "child.wait()\nsys.stdin.read()\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+    try:
+        cpu = serving.CpuTimes(process.pid)
+        cpu.start()
+        while not cpu.server.children() and process.poll() is None:
+            time.sleep(0.01)
+        while cpu.server.children() and process.poll() is None:
+            cpu.stop()  # while the child lives: a child that ended is no longer counted
+            time.sleep(0.05)
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(60)
+    server, worker = cpu.spent
+    assert 0.1 < server < 0.5 and worker > 0.3, cpu.spent

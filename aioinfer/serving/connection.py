@@ -112,6 +112,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         self._completed_in_chunk = False
         super().data_received(data)
+        if self._request_begun and self._header_timer is None and self._refusal is None:
+            # Armed only for headers that did not arrive in one chunk: most requests'
+            # headers do, and a timer per request costs the event loop.
+            self._arm_header_timer()
         if self._in_headers and not self._completed_in_chunk and self._refusal is None:
             self._raw_header_bytes += len(data)
             if self._raw_header_bytes > self.limits.max_header_bytes:
@@ -124,8 +128,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._in_headers = self._request_begun = True
         self._raw_header_bytes = self._parsed_header_bytes = self._header_count = 0
-        if self._header_timer is None:
-            self._arm_header_timer()
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -143,6 +145,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._in_headers = self._request_begun = False
         self._disarm_header_timer()
         super().on_headers_complete()
+        cycle = self.cycle  # its task has not started: it will write through the wrapper
+        cycle.transport = _OneWriteTransport(self.transport, cycle)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._completed_in_chunk = True
@@ -188,6 +192,50 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             message = f"the request's headers did not arrive within {seconds} s"
             self.transport.write(_response(408, message))
         self.transport.close()
+
+
+class _OneWriteTransport:
+    """The transport as one response cycle sees it: the status line and headers of a
+    response with a ``Content-Length`` wait for its body, so that the whole response
+    is one write (one system call, one TCP segment for the client to read) instead of
+    two. A streamed response (chunked) has its headers written at once, as has the
+    answer to a HEAD request."""
+
+    __slots__ = ("_cycle", "_head", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        """The cycle until it wrote its status line and headers (then None: the
+        cycle refers to this object, and a reference cycle would leave both to the
+        garbage collector)."""
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head + data)
+            return
+        cycle = self._cycle
+        # The cycle's first write once its response started is the status line and
+        # headers; "100 Continue", written earlier, goes out at once.
+        if cycle is not None and cycle.response_started:
+            self._cycle = None
+            # A HEAD response has no body write to wait for.
+            if cycle.chunked_encoding is False and cycle.scope["method"] != "HEAD":
+                self._head = data
+                return
+        self._transport.write(data)
+
+    def close(self) -> None:
+        head, self._head = self._head, None
+        if head is not None:  # the app failed after starting its response
+            self._transport.write(head)
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
 
 
 def _response(status: int, message: str) -> bytes:

@@ -59,6 +59,14 @@ DEFAULT_DEVICE = "AUTO"
 DEFAULT_HINT = "THROUGHPUT"
 """The hint of a model whose config names no device and no hint: many clients, one row
 each, is a throughput workload."""
+PYTHON_COMPUTE_DEVICES = frozenset({"CPU"})
+"""Devices whose compute runs Python between its kernels (the numpy ``CPU`` device's
+plan): next to a busy event loop such a compute thread waits for the GIL, so the server
+batches for them in a worker process (``BATCH:PROCESS:AUTO``). An engine (ORT,
+OpenVINO) computes without the GIL, and its batches run on threads of the server's
+process (``BATCH:AUTO``): measured with ``benchmarks/serving.py`` (docs/serving.md), the
+worker process cost about 10% more CPU per request (pickling, the socket, the worker's
+threads), and ``BATCH:AUTO`` on ORT served more requests per second in 14 rounds of 20."""
 
 
 @dataclass(frozen=True)
@@ -158,12 +166,12 @@ class ModelConfig:
         ``AUTO`` device (the best installed: ORT, OPENVINO, then CPU), the THROUGHPUT hint
         (streams on every core), and for a model the ``BATCH`` device can batch (a shared
         symbolic first dimension, no state) dynamic batching (up to ``MAX_BATCH_SIZE`` 32
-        rows, 1 ms: concurrent single rows run as one batch) computed in a worker process
-        (``BATCH:PROCESS:AUTO``) on a machine of two cores or more: the event loop then
-        has the server's process to itself, and no compute thread waits for its GIL.
-        Measured with ``benchmarks/serving.py`` (docs/serving.md), the worker process
-        served more requests per second than the same batches computed on threads of
-        the server's process. With one core, the batches compute in the server's process.
+        rows, 1 ms: concurrent single rows run as one batch). The batches compute on
+        threads of the server's process (``BATCH:AUTO``) when the device AUTO picks first
+        is an engine; when it is one of :data:`PYTHON_COMPUTE_DEVICES` (the numpy CPU
+        device) and the machine has two cores or more, in a worker process
+        (``BATCH:PROCESS:AUTO``), so that no compute thread waits for the event loop's
+        GIL. Both measured with ``benchmarks/serving.py`` (docs/serving.md).
 
         Raises:
             UnknownDeviceError: the config's device is unknown.
@@ -184,8 +192,9 @@ class ModelConfig:
             if problem is None:
                 decided.append("dynamic batching (BATCH)")
                 defaults = replace(defaults, batching=True)
-                if num_cores() >= 2:
-                    decided.append("a worker process (PROCESS)")
+                first = _first_usable_device(core, self.properties)
+                if first in PYTHON_COMPUTE_DEVICES and num_cores() >= 2:
+                    decided.append(f"a worker process (PROCESS: {first} computes in Python)")
                     device = f"PROCESS:{DEFAULT_DEVICE}"
             else:
                 decided.append(f"no batching: {problem}")
@@ -326,3 +335,20 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise RepositoryError(f"{path!s}: expected a JSON object")
     return values
+
+
+def _first_usable_device(core: Core, properties: Mapping[str, Any]) -> str | None:
+    """The first device of AUTO's priority list (``properties``' ``DEVICE_PRIORITIES``,
+    else AUTO's default) that can run models here, or None."""
+    from aioinfer.devices.auto.plugin import unavailable_reason
+    from aioinfer.devices.auto.properties import DEFAULT_PRIORITIES, DEVICE_PRIORITIES
+
+    given = properties.get("DEVICE_PRIORITIES")
+    try:
+        priorities = DEFAULT_PRIORITIES if given is None else DEVICE_PRIORITIES.parse(given)
+    except ValueError:  # the compile says what is wrong with it
+        return None
+    for device in priorities:
+        if unavailable_reason(core, device) is None:
+            return str(device)
+    return None

@@ -68,7 +68,9 @@ def timed_slow_infer(url: str) -> float:
 def test_a_client_that_disconnects_cancels_its_running_inference(server: LiveServer):
     full = timed_slow_infer(server.url)
     cancelled_before = metric(server.url, "aioinfer_inference_failures_total", reason="cancelled")
-    body, headers = binary_body({"x": slow_input()})
+    # Four times the rows of the timed request: on a loaded machine, seeing it in flight
+    # and waiting a tenth of `full` cannot outlast its compute.
+    body, headers = binary_body({"x": np.concatenate([slow_input()] * 4)})
     head = (
         f"POST /v2/models/slow/infer HTTP/1.1\r\nHost: {server.url}\r\n"
         f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"

@@ -10,18 +10,13 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from aioinfer.properties import num_cores
 from aioinfer.serving import create_app
 from aioinfer.serving.models import ServedModel
 from tests.helpers import accumulator_model, mlp_model, reference_outputs, two_input_model
 from tests.serving.conftest import LiveServer, write_config, write_model
 
-DEVICE, WORKER = (
-    ("BATCH:PROCESS:AUTO", ", a worker process (PROCESS)")
-    if num_cores() >= 2
-    else ("BATCH:AUTO", "")
-)
-"""A batchable model computes in a worker process on two cores or more."""
+DEVICE = "BATCH:AUTO"
+"""A batchable model batches on the server's threads when AUTO picks an engine (ORT)."""
 
 
 @pytest.fixture
@@ -84,7 +79,7 @@ def test_defaults_are_applied_and_logged(
     assert lines["model 'mlp' version 1"] == (
         f"model 'mlp' version 1: {DEVICE} on ORT, hint THROUGHPUT, 2 stream(s), "
         "batches of up to 32 rows, 128 inferences at once (server defaults: device AUTO, "
-        f"hint THROUGHPUT, dynamic batching (BATCH){WORKER})"
+        "hint THROUGHPUT, dynamic batching (BATCH))"
     )
     assert lines["model 'plain' version 1"].endswith(
         "(server defaults: device AUTO, hint THROUGHPUT, no batching: input 'scale' (scale: "

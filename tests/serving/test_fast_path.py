@@ -36,7 +36,7 @@ from aioinfer.serving import disconnect as disconnect_module
 from aioinfer.serving import rest as rest_module
 from aioinfer.serving.metrics import LATENCY_BUCKETS, Histogram
 from aioinfer.serving.rest import infer_target
-from aioinfer.serving.server import SWITCH_INTERVAL
+from aioinfer.serving.server import GC_THRESHOLD, SWITCH_INTERVAL
 from tests.helpers import mlp_model, reference_outputs, two_input_model
 from tests.serving.conftest import WIDE
 from tests.serving.test_behaviour import binary_body, json_body
@@ -603,7 +603,7 @@ def test_serve_freezes_the_collector_after_loading_and_has_no_access_log(
     events: list[Any] = []
 
     async def serve_nothing(self: uvicorn.Server, sockets: Any = None) -> None:
-        events.append(("serve", self.config.access_log))
+        events.append(("serve", self.config.access_log, gc.get_threshold()[0]))
 
     monkeypatch.setattr(uvicorn.Server, "serve", serve_nothing)
     monkeypatch.setattr(gc, "freeze", lambda: events.append("freeze"))
@@ -617,15 +617,20 @@ def test_serve_freezes_the_collector_after_loading_and_has_no_access_log(
     model = tmp_path / "model.onnx"
     onnx.save(two_input_model(), model)
     original = sys.getswitchinterval()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(700, *thresholds[1:])  # the interpreter's default
     try:
         in_thread(lambda: serve(model, port=0, log_level="warning"))
-        assert events == ["loaded", "freeze", ("serve", False)]
+        assert events == ["loaded", "freeze", ("serve", False, GC_THRESHOLD)]
+        assert gc.get_threshold() == (GC_THRESHOLD, *thresholds[1:])
         events.clear()
+        gc.set_threshold(700, *thresholds[1:])
         options = {"freeze_gc": False, "access_log": True}
         in_thread(lambda: serve(model, port=0, log_level="warning", **options))
-        assert events == ["loaded", ("serve", True)]
+        assert events == ["loaded", ("serve", True, 700)]  # the collector left as it was
     finally:
         sys.setswitchinterval(original)
+        gc.set_threshold(*thresholds)
 
 
 def test_cli_switch_interval(

@@ -69,12 +69,24 @@ def test_config_becomes_device_and_properties(config, expected) -> None:
 @pytest.mark.parametrize(
     ("config", "device", "properties", "decided"),
     [
-        (
+        (  # ORT first: an engine computes without the GIL, on the server's threads
             {},
-            "BATCH:PROCESS:AUTO" if num_cores() >= 2 else "BATCH:AUTO",
+            "BATCH:AUTO",
             {"PERFORMANCE_HINT": "THROUGHPUT"},
+            ("device AUTO", "hint THROUGHPUT", "dynamic batching (BATCH)"),
+        ),
+        (
+            {"properties": {"DEVICE_PRIORITIES": "OPENVINO,CPU"}},
+            "BATCH:AUTO",
+            {"PERFORMANCE_HINT": "THROUGHPUT", "DEVICE_PRIORITIES": "OPENVINO,CPU"},
+            ("device AUTO", "hint THROUGHPUT", "dynamic batching (BATCH)"),
+        ),
+        (  # the numpy device computes in Python: a worker process, given two cores
+            {"properties": {"DEVICE_PRIORITIES": "CPU"}},
+            "BATCH:PROCESS:AUTO" if num_cores() >= 2 else "BATCH:AUTO",
+            {"PERFORMANCE_HINT": "THROUGHPUT", "DEVICE_PRIORITIES": "CPU"},
             ("device AUTO", "hint THROUGHPUT", "dynamic batching (BATCH)")
-            + (("a worker process (PROCESS)",) if num_cores() >= 2 else ()),
+            + (("a worker process (PROCESS: CPU computes in Python)",) if num_cores() >= 2 else ()),
         ),
         (
             {"hint": "LATENCY", "batching": {"max_batch_size": 4}},
