@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import weakref
 from collections.abc import Mapping
@@ -19,6 +20,11 @@ from aioinfer.devices.ort.properties import (
 )
 from aioinfer.devices.ort.request import ORTInferRequest
 from aioinfer.devices.ort.session import ModelBytes, SessionSpec, supported_nodes
+from aioinfer.devices.ort.single import (
+    MAX_MODEL_BYTES,
+    ORT_SINGLE_THREAD_RUN_US,
+    SingleThreadRuns,
+)
 from aioinfer.errors import CompileError, InvalidBlobError
 from aioinfer.model import Model, Port
 from aioinfer.plugin.blob import ExportedModel
@@ -58,6 +64,7 @@ class ORTPlugin(Plugin):
         ORT_PROVIDERS,
         ORT_ALLOW_SPINNING,
         ORT_INLINE_RUN_US,
+        ORT_SINGLE_THREAD_RUN_US,
         ORT_THREAD_NICE,
         CACHE_DIR,
         LOADED_FROM_CACHE,
@@ -166,6 +173,18 @@ class ORTCompiledModel(CompiledModel):
             raise
         if self.profiler is not None:
             weakref.finalize(self, self.profiler.close)
+        self.single_thread: SingleThreadRuns | None = None
+        """The one-thread session for short runs (see :mod:`.single`), when it may pay."""
+        limit = int(config["ORT_SINGLE_THREAD_RUN_US"]) / 1e6
+        if (
+            limit
+            and self.plain_session is not None
+            and streams == 1
+            and self.threads_per_stream > 1
+            and len(source.model) <= MAX_MODEL_BYTES
+        ):
+            narrow = dataclasses.replace(spec, intra_op_threads=1)
+            self.single_thread = SingleThreadRuns(limit, narrow.create)
         config = {**config, "ORT_PROVIDERS": tuple(self.session.get_providers())}
         budget = int(config["ORT_INLINE_RUN_US"]) / 1e6
         if streams > 1:  # inline runs are one at a time: only those shorter than the hop

@@ -36,6 +36,8 @@ class ORTInferRequest(SyncInferRequest):
         self._name = compiled_model.name
         self._session = compiled_model.plain_session
         self._run = _raw_run(self._session)
+        self._single = compiled_model.single_thread
+        self._single_run: Callable[..., list[Any]] | None = None
         self._run_options = ort.RunOptions()
         # A failing run is raised as an InferenceError with onnxruntime's message; its
         # log line on stderr would say the same again.
@@ -89,12 +91,19 @@ class ORTInferRequest(SyncInferRequest):
         if self.cancel_token.requested:
             raise InferCancelledError("the inference was cancelled")
         feed, self._feed = self._feed, {}
+        single, on_one_thread = self._single, False
         start = time.perf_counter()
         try:
             if self._run_profile is not None:
                 self._outputs = self._run_profile.profiler.run(
                     self._output_names, feed, options, self._run_profile
                 )
+            elif single is not None and single.use_single(self._shapes):
+                if self._single_run is None:
+                    self._single_run = _raw_run(single.session)
+                assert self._single_run is not None
+                on_one_thread = True
+                self._outputs = self._single_run(self._output_names, feed, options)
             else:
                 assert self._run is not None  # there is one when nothing profiles
                 self._outputs = self._run(self._output_names, feed, options)
@@ -103,7 +112,10 @@ class ORTInferRequest(SyncInferRequest):
             if TERMINATED in message:
                 raise InferCancelledError("the inference was cancelled") from None
             raise InferenceError(f"model {self._name!r} failed in onnxruntime: {message}") from None
-        self._times.record(self._shapes, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self._times.record(self._shapes, seconds)
+        if single is not None:
+            single.record(self._shapes, seconds, on_one_thread)
 
     def infer_postprocess(self) -> None:
         """Publish the arrays of the run."""

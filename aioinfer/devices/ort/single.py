@@ -1,0 +1,116 @@
+"""Short runs on one intra-op thread.
+
+With one stream (the LATENCY hint) a session gets every core as intra-op threads, and
+splits each kernel between them. On a short run that costs more than it saves: the
+other threads must be woken for each kernel (spinning is off by default), and the
+kernels of a small model are too small to split well. On 2 cores of an AMD EPYC the
+bundled tiny CNN ran in 22 us on a one-thread session against 29-31 us on a two-thread
+one, a small LSTM in 144 against 167-173 us; a 64x64 CNN was 10-15% faster on two.
+
+So a compiled model with several intra-op threads per stream keeps a second, one-thread
+session for runs shorter than ``ORT_SINGLE_THREAD_RUN_US``, made on a thread of its own
+(never on the event loop) the first time a run is that short, and used for the input
+shapes on which it measures faster: per input shapes, a running average of the run
+time on each session; a run goes to the faster one, and one run in
+:data:`RETRY_EVERY` to the other, so that a measurement a burst of load spoiled does not
+decide for good. The two sessions compute the same graph; a
+model whose serialized size is above :data:`MAX_MODEL_BYTES` never gets the second one
+(its weights would be held twice).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import onnxruntime as ort
+
+from aioinfer.properties import Property, non_negative_int
+
+ORT_SINGLE_THREAD_RUN_US = Property(
+    "ORT_SINGLE_THREAD_RUN_US",
+    "ORT device with one stream and several intra-op threads: inferences whose runs "
+    "take less than this many microseconds may run on a second session with one "
+    "intra-op thread, for the input shapes on which it measures faster (waking the "
+    "other threads costs a short run more than they save); 0: never.",
+    default=500,
+    parse=non_negative_int,
+)
+
+MAX_MODEL_BYTES = 32 << 20
+"""A model larger than this (serialized) keeps one session: the second would hold its
+weights again."""
+
+WEIGHT = 0.25
+"""Weight of the latest run in the running averages."""
+
+RETRY_EVERY = 50
+"""One run in this many (per input shapes) goes to the slower session, to measure it
+again."""
+
+MAX_SHAPES = 64
+"""Input shapes whose averages are remembered (beyond: forgotten, measured again)."""
+
+
+class SingleThreadRuns:
+    """The one-thread session of a compiled model and which session each input shapes
+    run on (see the module). Used from any thread; the dictionaries change under the
+    GIL only, and the session is made once."""
+
+    def __init__(self, limit_seconds: float, make: Callable[[], ort.InferenceSession]) -> None:
+        self.limit = limit_seconds
+        self._make = make
+        self._lock = threading.Lock()
+        self._started = False
+        self.session: ort.InferenceSession | None = None
+        """The one-thread session, once made."""
+        self.failed: BaseException | None = None
+        """Why the session could not be made (then every run stays on the other)."""
+        self.wide: dict[Any, float] = {}
+        """Per input shapes, the average run time on the compiled model's session."""
+        self.single: dict[Any, float] = {}
+        """The same on the one-thread session."""
+        self.runs: dict[Any, int] = {}
+        """Per input shapes, the runs decided on both averages."""
+
+    def use_single(self, shapes: Any) -> bool:
+        """Whether the next run on ``shapes`` goes to the one-thread session."""
+        wide = self.wide.get(shapes)
+        if wide is None or wide >= self.limit:
+            return False
+        if self.session is None:
+            self._start()
+            return False
+        single = self.single.get(shapes)
+        if single is None:
+            return True  # measure it
+        runs = self.runs[shapes] = self.runs.get(shapes, 0) + 1
+        return (single <= wide) != (runs % RETRY_EVERY == 0)
+
+    def record(self, shapes: Any, seconds: float, single: bool) -> None:
+        """Note the time of a run on ``shapes`` on the one-thread session (``single``)
+        or the other."""
+        table = self.single if single else self.wide
+        average = table.get(shapes)
+        if average is None:
+            if len(table) >= MAX_SHAPES:
+                self.wide.clear()
+                self.single.clear()
+                self.runs.clear()
+            table[shapes] = seconds
+        else:
+            table[shapes] = average + WEIGHT * (seconds - average)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._build, name="aioinfer-ort-single", daemon=True).start()
+
+    def _build(self) -> None:
+        try:
+            self.session = self._make()
+        except Exception as exc:  # the compiled model's session loaded the same model
+            self.failed = exc
