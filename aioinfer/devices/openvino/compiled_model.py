@@ -34,6 +34,7 @@ from aioinfer.properties import check_readable, property_name
 
 from .engine import engine_message, plain
 from .inline import InlineRuns
+from .queue_engine import OpenVINOQueue
 from .request import OpenVINOInferRequest
 
 if TYPE_CHECKING:
@@ -188,6 +189,11 @@ class OpenVINOCompiledModel(CompiledModel):
 
     def create_sync_infer_request(self) -> OpenVINOInferRequest:
         return OpenVINOInferRequest(self)
+
+    def create_queue_engine(self, jobs: int) -> OpenVINOQueue | None:
+        """The OPENVINO queue engine (see :mod:`.queue_engine`); None for a stateful
+        model, whose steps commit their state on the loop (the generic queue)."""
+        return None if self.variables else OpenVINOQueue(self, jobs)
 
     def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
         """Everything on the event loop: check and set the inputs, start OpenVINO's
