@@ -57,7 +57,7 @@ Inbox = queue.SimpleQueue["_Job | None"]
 class _Job:
     """One job: its inputs until it starts, then how it ended."""
 
-    __slots__ = ("error", "inputs", "outputs", "share_inputs", "started", "userdata")
+    __slots__ = ("error", "inputs", "outputs", "refused", "share_inputs", "started", "userdata")
 
     def __init__(self, inputs: Inputs | None, userdata: Any, share_inputs: bool) -> None:
         self.inputs = inputs
@@ -65,8 +65,10 @@ class _Job:
         self.share_inputs = share_inputs
         self.started: LoopEvent | None = None
         """Set when a waiting job was started (or refused) by another thread."""
+        self.refused: BaseException | None = None
+        """Why the job was not started: its inputs, a closed queue."""
         self.error: BaseException | None = None
-        """Why the job did not start (its inputs, a closed queue), then how it ended."""
+        """How the job ended: None on success, else its exception."""
         self.outputs: list[np.ndarray] | None = None
 
 
@@ -236,7 +238,7 @@ class OpenVINOQueue:
         while it waits is not started (one started meanwhile runs to its end)."""
         self._raise_pending()
         if self._wake is None:
-            self._wake = _waker(self._on_loop)
+            self._wake = _waker(weakref.ref(self))
         job = _Job(inputs, userdata, share_inputs)
         with self._lock:
             index = self._idle.popleft() if self._idle and not self._waiting else None
@@ -244,14 +246,12 @@ class OpenVINOQueue:
                 job.started = loop_event()
                 self._waiting.append(job)
         if index is not None:
-            if not (self._prepare(index, job) and self._launch(index, job)):
+            if not self._prepare(index, job):
                 with self._lock:
                     self._idle.appendleft(index)
-                assert job.error is not None
-                raise job.error
-            self._running[index] = job
-            self.userdata[index] = userdata
-            self._inboxes[index].put(job)
+                assert job.refused is not None
+                raise job.refused
+            self._run(index, job)
             return
         assert job.started is not None
         try:
@@ -261,8 +261,8 @@ class OpenVINOQueue:
                 if job in self._waiting:
                     self._waiting.remove(job)
             raise
-        if job.error is not None:
-            raise job.error
+        if job.refused is not None:
+            raise job.refused
 
     async def wait_all(self) -> None:
         """As ``AsyncInferQueue.wait_all``."""
@@ -282,7 +282,7 @@ class OpenVINOQueue:
             if not idle:
                 sync.cancel()
         for job in waiting:
-            job.error = RequestClosedError("this AsyncInferQueue is closed")
+            job.refused = RequestClosedError("this AsyncInferQueue is closed")
             assert job.started is not None
             job.started.set()
         with anyio.CancelScope(shield=True):
@@ -295,11 +295,11 @@ class OpenVINOQueue:
 
     def _prepare(self, index: int, job: _Job) -> bool:
         """Set ``job``'s inputs on idle request ``index`` (any thread); False when they
-        were refused (``job.error``)."""
+        were refused (``job.refused``)."""
         try:
             self._syncs[index].prepare_job(job.inputs, share_inputs=job.share_inputs)
         except Exception as exc:
-            job.error = exc
+            job.refused = exc
             return False
         finally:
             job.inputs = None  # keeps no caller's array alive
@@ -307,7 +307,8 @@ class OpenVINOQueue:
 
     def _launch(self, index: int, job: _Job) -> bool:
         """Start OpenVINO on the job prepared on request ``index``; False when it could
-        not (``job.error``: cancelled by :meth:`close`)."""
+        not (``job.error``: cancelled by :meth:`close`, or OpenVINO refused it): the job
+        then ended at once."""
         try:
             self._syncs[index].launch_job()
         except Exception as exc:
@@ -382,7 +383,7 @@ class OpenVINOQueue:
                 else:
                     self._publish(index, job)
             if started is not None:
-                if started.error is None:
+                if started.refused is None:
                     self._running[index] = started
                     self.userdata[index] = started.userdata
                 assert started.started is not None
@@ -421,18 +422,26 @@ class OpenVINOQueue:
         with self._lock:
             self._held[index] = False
             started = self._next_waiting(index)
-        while started is not None:
-            ok = self._prepare(index, started) and self._launch(index, started)
-            if ok:
-                self._running[index] = started
-                self.userdata[index] = started.userdata
-                self._inboxes[index].put(started)
+        while started is not None and not self._prepare(index, started):
             assert started.started is not None
-            started.started.set()
-            if ok:
-                return
+            started.started.set()  # refused: its start_async raises
             with self._lock:
                 started = self._next_waiting(index)
+        if started is not None:
+            assert started.started is not None
+            started.started.set()
+            self._run(index, started)
+
+    def _run(self, index: int, job: _Job) -> None:
+        """On the loop: launch ``job``, prepared on request ``index``."""
+        self._running[index] = job
+        self.userdata[index] = job.userdata
+        if self._launch(index, job):
+            self._inboxes[index].put(job)
+            return
+        started = self._end(index, job)  # it ended at once
+        if started is not None:
+            self._inboxes[index].put(started)
 
     def _idle_now(self) -> list[bool]:
         with self._lock:
@@ -473,9 +482,16 @@ _NOTHING = _Job(None, None, False)
 """Stands for "no job ended" in a hand-off that only reports a refused waiting job."""
 
 
-def _waker(call: Callable[[], None]) -> Callable[[], None]:
-    """A function that schedules ``call`` on the running event loop from any thread
-    (and does nothing once the loop is gone: nobody waits any more)."""
+def _waker(owner: weakref.ref[OpenVINOQueue]) -> Callable[[], None]:
+    """A function that schedules the queue's ``_on_loop`` on the running event loop from
+    any thread (and does nothing once the loop is gone: nobody waits any more). What
+    the loop keeps of a call it ran (trio keeps the last one) does not keep the queue."""
+
+    def call() -> None:
+        engine = owner()
+        if engine is not None:
+            engine._on_loop()
+
     loop = asyncio_loop()
     if loop is not None:
         call_soon = loop.call_soon_threadsafe

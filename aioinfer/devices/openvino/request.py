@@ -290,8 +290,12 @@ class OpenVINOInferRequest(SyncInferRequest):
 
         Raises:
             InferCancelledError: :meth:`cancel` was called since it was prepared.
+            InferenceError: OpenVINO refused to start it.
         """
-        self._start(_SYNC)
+        try:
+            self._start(_SYNC)
+        except RuntimeError as exc:
+            raise self._failure(exc) from None
 
     def finish_job(self, succeeded: bool) -> list[np.ndarray]:
         """The outputs of the job that OpenVINO has ended (any thread); ``succeeded``:
