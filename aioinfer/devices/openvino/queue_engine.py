@@ -133,13 +133,14 @@ def _watch(owner: weakref.ref[OpenVINOQueue], index: int, inbox: Inbox) -> None:
     """The thread of request ``index``: :meth:`OpenVINOQueue.watch` each job started.
     Between jobs it holds no reference to the queue, so that an unclosed queue is
     collected (which ends the thread)."""
-    job = inbox.get()
+    job, launched = inbox.get(), False
     while job is not None:
         engine = owner()
         if engine is None:
             return
-        job = engine.watch(index, job)
+        job = engine.watch(index, job, launched)
         del engine
+        launched = job is not None
         if job is None:
             job = inbox.get()
 
@@ -316,9 +317,12 @@ class OpenVINOQueue:
             return False
         return True
 
-    def watch(self, index: int, job: _Job) -> _Job | None:
-        """On request ``index``'s thread: wait until ``job`` ended, hand it to the loop,
-        and start the next waiting job there; that job, or None."""
+    def watch(self, index: int, job: _Job, launched: bool) -> _Job | None:
+        """On request ``index``'s thread: launch ``job`` unless ``launched``, wait until
+        it ended, hand it to the loop, and start the next waiting job there; that job
+        (launched), or None."""
+        if not launched and not self._launch(index, job):
+            return self._end(index, job)  # it ended at once
         sync = self._syncs[index]
         ov_request = sync.ov_request
         try:
@@ -433,15 +437,12 @@ class OpenVINOQueue:
             self._run(index, started)
 
     def _run(self, index: int, job: _Job) -> None:
-        """On the loop: launch ``job``, prepared on request ``index``."""
+        """On the loop: hand ``job``, prepared on request ``index``, to the request's
+        thread, which launches it: OpenVINO's start_async() takes tens of µs under the
+        THROUGHPUT hint, and the GIL it releases meanwhile is often slow to come back."""
         self._running[index] = job
         self.userdata[index] = job.userdata
-        if self._launch(index, job):
-            self._inboxes[index].put(job)
-            return
-        started = self._end(index, job)  # it ended at once
-        if started is not None:
-            self._inboxes[index].put(started)
+        self._inboxes[index].put(job)
 
     def _idle_now(self) -> list[bool]:
         with self._lock:
