@@ -351,15 +351,18 @@ class OpenVINOQueue:
             with self._lock:
                 self._ended.append((index, _NOTHING, started))
                 started = self._next_waiting(index)
-        # The loop hears of the start before OpenVINO's start_async() (tens of µs, the
-        # GIL released): meanwhile its caller goes on and queues the next job.
+        # Launched before the loop is woken: waking it releases the GIL (a write to its
+        # socket), and the loop, once awake, would keep it from this thread for its
+        # whole turn while the stream waits for the next job.
+        launched = started is None or self._launch(index, started)
         with self._lock:
             self._ended.append((index, job, started))
             schedule, self._scheduled = not self._scheduled, True
         if schedule:
             assert self._wake is not None  # set by the start_async that started the job
             self._wake()
-        if started is not None and not self._launch(index, started):
+        if not launched:
+            assert started is not None
             return self._end(index, started)  # it ended at once
         return started
 
