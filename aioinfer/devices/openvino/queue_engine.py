@@ -24,6 +24,7 @@ Stateful models keep the generic queue (their steps commit state on the loop).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import queue
 import threading
@@ -81,7 +82,8 @@ class QueueRequest:
         self._request = request
         self._owner = owner
         self._index = len(owner)
-        self._results: InferResults | None = None
+        self._outputs: list[np.ndarray] | None = None
+        """The last job's outputs, until :attr:`results` is first read after it."""
         self.userdata: Any = None
         """The userdata of the last job."""
         self.error: BaseException | None = None
@@ -110,10 +112,15 @@ class QueueRequest:
     @property
     def results(self) -> InferResults | None:
         """The results of the last job that completed (None before the first)."""
-        return self._results
+        if self._outputs is not None:
+            # Made when read: most jobs' results are read by nobody.
+            self._request.set_results(self._outputs)
+            self._outputs = None
+        return self._request.results
 
     def get_tensor(self, key: str | int | Port) -> np.ndarray:
         """An input of the running or last job, or an output of the last completed one."""
+        self.results  # noqa: B018  (makes the last results)
         return self._request.get_tensor(key)
 
     def get_profiling_info(self) -> list[dict[str, Any]]:
@@ -125,8 +132,7 @@ class QueueRequest:
         self.userdata = job.userdata
         self.error = job.error
         if job.outputs is not None:
-            self._request.set_results(job.outputs)
-            self._results = self._request.results
+            self._outputs = job.outputs
 
 
 def _watch(owner: weakref.ref[OpenVINOQueue], index: int, inbox: Inbox) -> None:
@@ -244,7 +250,7 @@ class OpenVINOQueue:
         with self._lock:
             index = self._idle.popleft() if self._idle and not self._waiting else None
             if index is None:
-                job.started = loop_event()
+                job.started = _signal()
                 self._waiting.append(job)
         if index is not None:
             if not self._prepare(index, job):
@@ -484,6 +490,32 @@ class OpenVINOQueue:
 
 _NOTHING = _Job(None, None, False)
 """Stands for "no job ended" in a hand-off that only reports a refused waiting job."""
+
+
+class _FutureSignal:
+    """An event set once, waited for by one task: a bare future under asyncio (an
+    ``asyncio.Event`` costs a future per wait besides)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def set(self) -> None:
+        if not self.future.done():  # cancelled with the task that waited
+            self.future.set_result(None)
+
+    def is_set(self) -> bool:
+        return self.future.done()
+
+    async def wait(self) -> None:
+        await self.future
+
+
+def _signal() -> LoopEvent:
+    """A :class:`_FutureSignal` under asyncio, an anyio event elsewhere."""
+    loop = asyncio_loop()
+    return _FutureSignal(loop) if loop is not None else anyio.Event()
 
 
 def _waker(owner: weakref.ref[OpenVINOQueue]) -> Callable[[], None]:
