@@ -5,19 +5,23 @@ The generic queue runs each job as an awaited request (a task, its stages, a wai
 thread that wakes the loop, the loop that refills the request). With as many requests as
 OpenVINO has streams, a stream stays idle from the end of one job until the loop has
 started the next: on a 2-core AMD EPYC (OpenVINO 2026.4.1, THROUGHPUT hint, two
-requests) the generic queue reached 0.53x OpenVINO's own ``AsyncInferQueue`` on the tiny
-CNN and 0.64x on the LSTM; a bare asyncio loop around OpenVINO's requests, one wake-up
-per batch of completions, 0.7x and 0.85x.
+requests, alternating turns) the generic queue reached 0.36-0.53x OpenVINO's own
+``AsyncInferQueue`` on the tiny CNN and 0.53-0.77x on the LSTM; this engine 0.64-0.73x
+and 0.84-0.92x (0.87-1.2x on the small CNN).
 
 Here each request has a thread that waits in OpenVINO's ``wait()`` (the GIL released, so
 a failure or a cancel ends the wait as a success does) and, when the job ended, copies
 its outputs and, when a :meth:`~OpenVINOQueue.start_async` is waiting for a request,
 starts that job at once on the request that just became free, as OpenVINO's own queue
-does. Then it tells the loop: one call scheduled on the loop (through anyio's token, so
-asyncio and trio alike) for every batch of completions, which publishes the results, the
-errors and the started jobs in order. Callbacks run on the loop's side as in the generic
-queue (a coroutine function on the loop, a plain one on the callback executor), and a
-request with a callback becomes free only once its callback returned.
+does. Then it tells the loop: one call scheduled on the loop (``call_soon_threadsafe``,
+or the anyio token under trio) for every batch of completions, which publishes the
+results, the errors and the started jobs in order. Callbacks run on the loop's side as
+in the generic queue (a coroutine function on the loop, a plain one on the callback
+executor), and a request with a callback becomes free only once its callback returned.
+
+What is left is Python per job on two threads that take turns on the GIL (about 90 µs
+of the process's CPU per tiny-CNN job against OpenVINO's queue's 62, 5-6 context
+switches against 3), on the cores OpenVINO's streams compute on.
 
 Stateful models keep the generic queue (their steps commit state on the loop).
 """
