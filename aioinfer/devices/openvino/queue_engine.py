@@ -41,7 +41,7 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
-from aioinfer.errors import RequestClosedError
+from aioinfer.errors import InferCancelledError, RequestClosedError
 from aioinfer.plugin.async_request import RequestState, invoke_callback
 from aioinfer.plugin.executors import LoopEvent, asyncio_loop, loop_event, spawn_detached
 
@@ -321,6 +321,8 @@ class OpenVINOQueue:
         not (``job.error``: cancelled by :meth:`close`, or OpenVINO refused it): the job
         then ended at once."""
         try:
+            if self._closed:  # its prepare may have undone the cancel of close()
+                raise InferCancelledError("the inference was cancelled")
             self._syncs[index].launch_job()
         except Exception as exc:
             job.error = exc
