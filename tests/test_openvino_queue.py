@@ -9,8 +9,12 @@ orders). The conformance suite's queue tests run on OPENVINO too (tests/behaviou
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -272,3 +276,36 @@ async def test_a_stateful_model_keeps_each_requests_state(core):
             await queue.start_async({"x": ones})
         await queue.wait_all()
         assert queue[0].results["y"].tolist() == [[3, 3]]
+
+
+EXIT_WITH_JOBS_IN_FLIGHT = """
+import asyncio
+import numpy as np
+import aioinfer as ai
+from tests import helpers
+
+async def main():
+    compiled = ai.Core().compile_model(helpers.chain_model(200, 256), "OPENVINO")
+    queue = ai.AsyncInferQueue(compiled, jobs=2)
+    x = np.ones((256, 256), np.float32)
+    await queue.start_async({"x": x})
+    await queue.start_async({"x": x})
+    return queue  # its jobs still run when the interpreter exits
+
+kept = asyncio.run(main())
+"""
+
+
+def test_exiting_with_jobs_in_flight_does_not_abort(tmp_path):
+    """A queue's jobs are no tasks that asyncio.run cancels: a request's thread that
+    came back from OpenVINO's wait() while the interpreter finalized aborted the
+    process (most exits); the jobs are now cancelled and the threads ended first."""
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "exit_in_flight.py"
+    script.write_text(EXIT_WITH_JOBS_IN_FLIGHT)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    for _ in range(4):
+        done = subprocess.run(
+            [sys.executable, str(script)], cwd=root, env=env, capture_output=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]

@@ -45,7 +45,7 @@ from aioinfer.errors import InferCancelledError, RequestClosedError
 from aioinfer.plugin.async_request import RequestState, invoke_callback
 from aioinfer.plugin.executors import LoopEvent, asyncio_loop, loop_event, spawn_detached
 
-from .bridge import let_go
+from .bridge import EXIT_JOIN_SECONDS, let_go, stop_at_exit
 
 if TYPE_CHECKING:
     from aioinfer.model import Port
@@ -201,17 +201,33 @@ class OpenVINOQueue:
         self._callbacks_running = 0
         self._inboxes: list[Inbox] = [queue.SimpleQueue() for _ in range(jobs)]
         """Where each request's thread learns of a job started from the loop."""
-        for index, inbox in enumerate(self._inboxes):
+        self._threads = [
             threading.Thread(
                 target=_watch,
                 args=(weakref.ref(self), index, inbox),
                 name="aioinfer-openvino-queue",
                 daemon=True,
-            ).start()
+            )
+            for index, inbox in enumerate(self._inboxes)
+        ]
+        for thread in self._threads:
+            thread.start()
         self._stop_threads = weakref.finalize(self, _stop, self._inboxes)
+        stop_at_exit(self)
 
     def __len__(self) -> int:
         return len(self._requests)
+
+    def stop_at_exit(self) -> None:
+        """Cancel the running jobs and end the threads (at interpreter exit: see
+        :func:`.bridge.stop_threads_at_exit`)."""
+        with self._lock:
+            self._closed = True
+        for sync in self._syncs:
+            sync.cancel()
+        self._stop_threads()
+        for thread in self._threads:
+            thread.join(EXIT_JOIN_SECONDS)
 
     def __getitem__(self, index: int) -> QueueRequest:
         return self._requests[index]
