@@ -96,7 +96,7 @@ class AsyncInferQueue:
     def set_callback(self, callback: Callable[[AsyncInferRequest, Any], Any] | None) -> None:
         """Call ``callback(request, userdata)`` as each job completes (sync or async)."""
         if self._engine is not None:
-            self._engine.set_callback(callback)
+            return self._engine.set_callback(callback)
         self._callback = callback
 
     def is_ready(self) -> bool:
