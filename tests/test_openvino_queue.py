@@ -229,6 +229,17 @@ async def test_close_cancels_running_jobs_and_refuses_waiting_ones(core):
         await queue.get_idle_request_id()
 
 
+async def test_closing_the_compiled_model_closes_its_queues(core):
+    compiled = core.compile_model(slow_model(), "OPENVINO")
+    queue = ai.AsyncInferQueue(compiled, jobs=1)
+    await queue.start_async({"x": rows((256, 256), 0)}, userdata="running")
+    await compiled.close()
+    assert queue[0].state is ai.RequestState.CLOSED
+    assert isinstance(queue[0].error, ai.InferCancelledError)
+    with pytest.raises(ai.RequestClosedError):
+        await queue.start_async({"x": rows((4, 256), 1)})
+
+
 async def test_get_idle_request_id_waits_for_a_request(core):
     compiled = core.compile_model(slow_model(), "OPENVINO")
     feeds = {"x": rows((64, 256), 0)}
