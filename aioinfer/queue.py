@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -21,6 +21,26 @@ if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import Inputs
 
 
+class QueueEngine(Protocol):
+    """What runs an ``AsyncInferQueue`` on a device that keeps its jobs itself (see
+    ``CompiledModel.create_queue_engine``): the queue's methods, with its semantics (the
+    conformance suite's queue tests hold for it), ``len()`` and ``engine[id]`` for the
+    requests, and ``userdata``."""
+
+    userdata: list[Any]
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> Any: ...
+    def set_callback(self, callback: Callable[[Any, Any], Any] | None) -> None: ...
+    def is_ready(self) -> bool: ...
+    async def get_idle_request_id(self) -> int: ...
+    async def start_async(
+        self, inputs: Inputs | None, userdata: Any, *, share_inputs: bool = False
+    ) -> None: ...
+    async def wait_all(self) -> None: ...
+    async def close(self) -> None: ...
+
+
 class AsyncInferQueue:
     """A pool of ``jobs`` infer requests of one compiled model.
 
@@ -33,14 +53,23 @@ class AsyncInferQueue:
     ``jobs=0`` uses the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``. Closing
     (``await queue.close()`` or leaving ``async with``) cancels the running jobs;
     ``await queue.wait_all()`` first drains them.
+
+    A device may run the queue with an engine of its own (the OPENVINO device does: see
+    its page), with these semantics; its requests then offer what a queue's caller reads
+    (``results``, ``error``, ``userdata``, ``state``, ``get_tensor``), not ``infer``.
     """
 
     def __init__(self, compiled_model: CompiledModel, jobs: int = 0) -> None:
         if jobs < 0:
             raise ValueError("jobs must be >= 0 (0: the optimal number of requests)")
         count = jobs or int(compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        self._engine = compiled_model.create_queue_engine(count)
+        if self._engine is not None:
+            self._requests: list[AsyncInferRequest] = [self._engine[i] for i in range(count)]
+            self.userdata: list[Any] = self._engine.userdata
+            return
         self._requests = [compiled_model.create_infer_request() for _ in range(count)]
-        self.userdata: list[Any] = [None] * count
+        self.userdata = [None] * count
         """The userdata of the job each request ran last."""
         self._idle: deque[int] = deque(range(count))
         self._idle_changed: LoopEvent | None = None
@@ -66,10 +95,14 @@ class AsyncInferQueue:
 
     def set_callback(self, callback: Callable[[AsyncInferRequest, Any], Any] | None) -> None:
         """Call ``callback(request, userdata)`` as each job completes (sync or async)."""
+        if self._engine is not None:
+            return self._engine.set_callback(callback)
         self._callback = callback
 
     def is_ready(self) -> bool:
         """True when a request is idle, so ``start_async`` would not wait."""
+        if self._engine is not None:
+            return self._engine.is_ready()
         return bool(self._idle)
 
     async def get_idle_request_id(self) -> int:
@@ -80,6 +113,8 @@ class AsyncInferQueue:
         Raises:
             RequestClosedError: the queue is closed.
         """
+        if self._engine is not None:
+            return await self._engine.get_idle_request_id()
         self._check_open()
         while not self._idle:
             self._idle_changed = self._idle_changed or loop_event()
@@ -101,6 +136,8 @@ class AsyncInferQueue:
             Exception: the exception of an earlier job or callback; the input errors of
                 this job.
         """
+        if self._engine is not None:
+            return await self._engine.start_async(inputs, userdata, share_inputs=share_inputs)
         self._raise_pending()
         while not self._idle:
             self._idle_changed = self._idle_changed or loop_event()
@@ -120,6 +157,8 @@ class AsyncInferQueue:
         Raises:
             Exception: the exception of a job or callback that failed since the last call.
         """
+        if self._engine is not None:
+            return await self._engine.wait_all()
         for request in self._requests:
             # A job's exception was collected by _job_done already.
             with contextlib.suppress(Exception):
@@ -128,6 +167,8 @@ class AsyncInferQueue:
 
     async def close(self) -> None:
         """Cancel the running jobs, wait for their compute to stop, close the requests."""
+        if self._engine is not None:
+            return await self._engine.close()
         self._closed = True
         # Every job first: a job queued behind another one's compute (fewer streams than
         # requests) would otherwise start only once that compute ended.

@@ -18,6 +18,7 @@ from aioinfer.properties import check_readable, property_name
 if TYPE_CHECKING:
     from aioinfer.plugin.plugin import Plugin
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
+    from aioinfer.queue import QueueEngine
     from aioinfer.results import InferResults
 
 E = TypeVar("E", bound=Executor)
@@ -103,6 +104,12 @@ class CompiledModel(HasPorts, ABC):
         wrapper = AsyncInferRequest(request, self.pipeline(request), self.callback_executor)
         self._requests.add(wrapper)
         return wrapper
+
+    def create_queue_engine(self, jobs: int) -> QueueEngine | None:
+        """An engine of the device's own for an ``AsyncInferQueue`` of ``jobs`` requests
+        (see :class:`aioinfer.queue.QueueEngine`), or None: the queue then runs requests
+        of :meth:`create_infer_request`."""
+        return None
 
     async def infer(self, inputs: Inputs, *, share_inputs: bool = False) -> InferResults:
         """Run one inference on a pooled infer request and return its results: for

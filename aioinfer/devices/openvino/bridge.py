@@ -21,9 +21,11 @@ OpenVINO thread ever runs Python code. The synchronous path waits in ``wait()`` 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import queue
 import threading
+import weakref
 from typing import Any
 
 import anyio
@@ -122,12 +124,15 @@ class Waiter:
 
     def __init__(self, ov_request: Any) -> None:
         self._inbox: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
-        threading.Thread(
+        self._ov_request = ov_request
+        self._thread = threading.Thread(
             target=_wait_for_each,
             args=(ov_request, self._inbox),
             name="aioinfer-openvino-wait",
             daemon=True,
-        ).start()
+        )
+        self._thread.start()
+        stop_at_exit(self)
 
     def watch(self, completion: Completion) -> None:
         """Wake ``completion`` when the inference just started ends."""
@@ -136,6 +141,37 @@ class Waiter:
     def close(self) -> None:
         """Let the thread end (once the inference it waits for, if any, ended)."""
         self._inbox.put(None)
+
+    def stop_at_exit(self) -> None:
+        """Cancel the inference waited for, if any, and end the thread (at interpreter
+        exit: see :func:`stop_threads_at_exit`)."""
+        self._ov_request.cancel()
+        self.close()
+        self._thread.join(EXIT_JOIN_SECONDS)
+
+
+EXIT_JOIN_SECONDS = 10.0
+"""How long interpreter exit waits for each waiting thread (a hang guard: a cancelled
+inference ends at OpenVINO's next node)."""
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The waiters and queue engines whose threads :func:`stop_threads_at_exit` ends."""
+
+
+@atexit.register
+def stop_threads_at_exit() -> None:
+    """End the threads that wait in OpenVINO before the interpreter finalizes: a daemon
+    thread that comes back from OpenVINO's ``wait()`` once finalization has begun is
+    ended by Python from inside the binding's C++ frames, and the process aborts
+    ("terminate called without an active exception": eight exits in ten with two
+    jobs of an unclosed ``AsyncInferQueue`` in flight, whose jobs no task of asyncio.run
+    cancels)."""
+    for owner in list(_LIVE):
+        owner.stop_at_exit()
+
+
+def stop_at_exit(owner: Any) -> None:
+    """Have :func:`stop_threads_at_exit` call ``owner.stop_at_exit()``."""
+    _LIVE.add(owner)
 
 
 def _wait_for_each(ov_request: Any, inbox: queue.SimpleQueue[Completion | None]) -> None:

@@ -20,6 +20,7 @@ import dataclasses
 import io
 import json
 import struct
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from aioinfer.properties import check_readable, property_name
 
 from .engine import engine_message, plain
 from .inline import InlineRuns
+from .queue_engine import OpenVINOQueue
 from .request import OpenVINOInferRequest
 
 if TYPE_CHECKING:
@@ -185,9 +187,27 @@ class OpenVINOCompiledModel(CompiledModel):
         super().__init__(plugin, source.name, inputs, outputs, config)
         # OpenVINO runs its own threads: the completion is awaited, no thread of ours waits.
         self.await_executor: Executor = self.add_executor(AwaitExecutor())
+        self._queues: weakref.WeakSet[OpenVINOQueue] = weakref.WeakSet()
+        """The queue engines of this model, closed with it."""
 
     def create_sync_infer_request(self) -> OpenVINOInferRequest:
         return OpenVINOInferRequest(self)
+
+    def create_queue_engine(self, jobs: int) -> OpenVINOQueue | None:
+        """The OPENVINO queue engine (see :mod:`.queue_engine`); None for a stateful
+        model, whose steps commit their state on the loop (the generic queue)."""
+        if self.variables:
+            return None
+        engine = OpenVINOQueue(self, jobs)
+        self._queues.add(engine)
+        return engine
+
+    async def close(self) -> None:
+        """Close the queues run by the OPENVINO engine (cancelling their jobs), then the
+        requests, then the executors."""
+        for engine in list(self._queues):
+            await engine.close()
+        await super().close()
 
     def pipeline(self, request: SyncInferRequest) -> list[tuple[Executor, Any]]:
         """Everything on the event loop: check and set the inputs, start OpenVINO's

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from aioinfer.plugin.state import VariableState
+    from aioinfer.plugin.sync_request import Inputs
 
     from .compiled_model import OpenVINOCompiledModel
 
@@ -245,6 +246,13 @@ class OpenVINOInferRequest(SyncInferRequest):
 
     def infer_postprocess(self) -> None:
         """Copy the outputs out of OpenVINO's tensors (the next inference reuses them)."""
+        self.set_results(self.output_arrays())
+        if self._variables is not None:
+            self._variables.commit()
+
+    def output_arrays(self) -> list[np.ndarray]:
+        """Copies of OpenVINO's output tensors (and its node timings, with
+        ``PERF_COUNT``)."""
         get_output = self._ov.get_output_tensor
         arrays = [
             np.array(get_output(index).data, dtype=port.dtype)
@@ -257,9 +265,49 @@ class OpenVINOInferRequest(SyncInferRequest):
                 if info.status == _EXECUTED:
                     seconds = info.real_time.total_seconds()
                     timings.add(info.node_name, info.node_type, "native", seconds)
-        self.set_results(arrays)
-        if self._variables is not None:
-            self._variables.commit()
+        return arrays
+
+    # -- the queue's jobs (see :mod:`.queue_engine`; stateless models only) -----------------
+
+    @property
+    def ov_request(self) -> openvino.InferRequest:
+        """OpenVINO's request."""
+        return self._ov
+
+    def prepare_job(self, inputs: Inputs | None, *, share_inputs: bool) -> None:
+        """Set and check ``inputs`` for :meth:`launch_job`; any thread, while no job runs.
+
+        Raises:
+            UnknownInputError, InputTypeError, InputShapeError, MissingInputError: bad
+                input.
+        """
+        self.set_inputs(inputs, share_inputs=share_inputs)
+        self.cancel_token.requested = False
+        self.infer_preprocess()
+
+    def launch_job(self) -> None:
+        """Start OpenVINO's request on the prepared job (any thread).
+
+        Raises:
+            InferCancelledError: :meth:`cancel` was called since it was prepared.
+            InferenceError: OpenVINO refused to start it.
+        """
+        try:
+            self._start(_SYNC)
+        except RuntimeError as exc:
+            raise self._failure(exc) from None
+
+    def finish_job(self, succeeded: bool) -> list[np.ndarray]:
+        """The outputs of the job that OpenVINO has ended (any thread); ``succeeded``:
+        its ``wait()`` returned (else the failure is raised).
+
+        Raises:
+            InferCancelledError: the job was cancelled.
+            InferenceError: OpenVINO failed (the message names the ONNX node).
+        """
+        if not succeeded:
+            self.wait_pipeline()  # raises the failure
+        return self.output_arrays()
 
     def cancel(self) -> None:
         """Cancel OpenVINO's request (it stops at the next node); any thread."""

@@ -1,0 +1,568 @@
+"""The OPENVINO device's engine behind ``AsyncInferQueue``: jobs started and finished
+next to OpenVINO, the event loop told in batches.
+
+The generic queue runs each job as an awaited request (a task, its stages, a waiter
+thread that wakes the loop, the loop that refills the request). With as many requests as
+OpenVINO has streams, a stream stays idle from the end of one job until the loop has
+started the next: on a 2-core AMD EPYC (OpenVINO 2026.4.1, THROUGHPUT hint, two
+requests, alternating turns) the generic queue reached 0.36-0.53x OpenVINO's own
+``AsyncInferQueue`` on the tiny CNN and 0.53-0.77x on the LSTM; this engine 0.64-0.73x
+and 0.84-0.92x (0.87-1.2x on the small CNN).
+
+Here each request has a thread that waits in OpenVINO's ``wait()`` (the GIL released, so
+a failure or a cancel ends the wait as a success does) and, when the job ended, copies
+its outputs and, when a :meth:`~OpenVINOQueue.start_async` is waiting for a request,
+starts that job at once on the request that just became free, as OpenVINO's own queue
+does. Then it tells the loop: one call scheduled on the loop (``call_soon_threadsafe``,
+or the anyio token under trio) for every batch of completions, which publishes the
+results, the errors and the started jobs in order. Callbacks run on the loop's side as
+in the generic queue (a coroutine function on the loop, a plain one on the callback
+executor), and a request with a callback becomes free only once its callback returned.
+
+What is left is Python per job on two threads that take turns on the GIL (about 90 µs
+of the process's CPU per tiny-CNN job against OpenVINO's queue's 62, 5-6 context
+switches against 3), on the cores OpenVINO's streams compute on.
+
+Stateful models keep the generic queue (their steps commit state on the loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+
+from aioinfer.errors import InferCancelledError, RequestClosedError
+from aioinfer.plugin.async_request import RequestState, invoke_callback
+from aioinfer.plugin.executors import LoopEvent, asyncio_loop, loop_event, spawn_detached
+
+from .bridge import EXIT_JOIN_SECONDS, let_go, stop_at_exit
+
+if TYPE_CHECKING:
+    from aioinfer.model import Port
+    from aioinfer.plugin.sync_request import Inputs
+    from aioinfer.results import InferResults
+
+    from .compiled_model import OpenVINOCompiledModel
+    from .request import OpenVINOInferRequest
+
+Callback = Callable[[Any, Any], Any]
+Inbox = queue.SimpleQueue["_Job | None"]
+
+
+class _Job:
+    """One job: its inputs until it starts, then how it ended."""
+
+    __slots__ = ("error", "inputs", "outputs", "refused", "share_inputs", "started", "userdata")
+
+    def __init__(self, inputs: Inputs | None, userdata: Any, share_inputs: bool) -> None:
+        self.inputs = inputs
+        self.userdata = userdata
+        self.share_inputs = share_inputs
+        self.started: LoopEvent | None = None
+        """Set when a waiting job was started (or refused) by another thread."""
+        self.refused: BaseException | None = None
+        """Why the job was not started: its inputs, a closed queue."""
+        self.error: BaseException | None = None
+        """How the job ended: None on success, else its exception."""
+        self.outputs: list[np.ndarray] | None = None
+
+
+class QueueRequest:
+    """A request of the OPENVINO queue, as ``queue[id]`` and the callback see it: the
+    last job's ``results``, ``error`` and ``userdata``, its ``state``, its tensors and
+    profiling. Jobs are started through the queue only."""
+
+    def __init__(self, request: OpenVINOInferRequest, owner: OpenVINOQueue) -> None:
+        self._request = request
+        self._owner = owner
+        self._index = len(owner)
+        self._outputs: list[np.ndarray] | None = None
+        """The last job's outputs, until :attr:`results` is first read after it."""
+        self.userdata: Any = None
+        """The userdata of the last job."""
+        self.error: BaseException | None = None
+        """How the last job ended: None on success, else its exception."""
+
+    @property
+    def compiled_model(self) -> OpenVINOCompiledModel:
+        """The compiled model the queue runs."""
+        return self._request.compiled_model  # type: ignore[return-value]
+
+    @property
+    def inputs(self) -> list[Port]:
+        """The input ports."""
+        return self._request.compiled_model.inputs
+
+    @property
+    def outputs(self) -> list[Port]:
+        """The output ports."""
+        return self._request.compiled_model.outputs
+
+    @property
+    def state(self) -> RequestState:
+        """BUSY while a job (or its callback) runs on this request, IDLE, or CLOSED."""
+        return self._owner.request_state(self._index)
+
+    @property
+    def results(self) -> InferResults | None:
+        """The results of the last job that completed (None before the first)."""
+        if self._outputs is not None:
+            # Made when read: most jobs' results are read by nobody.
+            self._request.set_results(self._outputs)
+            self._outputs = None
+        return self._request.results
+
+    def get_tensor(self, key: str | int | Port) -> np.ndarray:
+        """An input of the running or last job, or an output of the last completed one."""
+        self.results  # noqa: B018  (makes the last results)
+        return self._request.get_tensor(key)
+
+    def get_profiling_info(self) -> list[dict[str, Any]]:
+        """Per-stage durations (and node timings with ``PERF_COUNT``) of the last job."""
+        return self._request.get_profiling_info()
+
+    def publish(self, job: _Job) -> None:
+        """Show ``job``'s end (on the loop, in the order the jobs ended)."""
+        self.userdata = job.userdata
+        self.error = job.error
+        if job.outputs is not None:
+            self._outputs = job.outputs
+
+
+def _watch(owner: weakref.ref[OpenVINOQueue], index: int, inbox: Inbox) -> None:
+    """The thread of request ``index``: :meth:`OpenVINOQueue.watch` each job started.
+    Between jobs it holds no reference to the queue, so that an unclosed queue is
+    collected (which ends the thread)."""
+    job, launched = inbox.get(), False
+    while job is not None:
+        engine = owner()
+        if engine is None:
+            return
+        job = engine.watch(index, job, launched)
+        del engine
+        launched = job is not None
+        if job is None:
+            job = inbox.get()
+
+
+def _stop(inboxes: list[Inbox]) -> None:
+    for inbox in inboxes:
+        inbox.put(None)
+
+
+class OpenVINOQueue:
+    """The engine of an ``AsyncInferQueue`` on the OPENVINO device (see the module).
+
+    Its methods are those of ``AsyncInferQueue``, with the same semantics; a job is
+    started by whoever frees a request first (the loop, or the thread of a request whose
+    job just ended), its inputs copied then, so ``start_async`` returns once its job
+    started, as the generic queue's does.
+    """
+
+    def __init__(self, compiled_model: OpenVINOCompiledModel, jobs: int) -> None:
+        self._requests: list[QueueRequest] = []
+        self._syncs: list[OpenVINOInferRequest] = []
+        for _ in range(jobs):
+            sync = compiled_model.create_sync_infer_request()
+            self._syncs.append(sync)
+            self._requests.append(QueueRequest(sync, self))
+        self.userdata: list[Any] = [None] * jobs
+        """The userdata of the job each request ran last."""
+        self._executor = compiled_model.callback_executor
+        self._lock = threading.Lock()
+        """Guards the fields the request threads share with the loop (below)."""
+        self._idle: deque[int] = deque(range(jobs))
+        self._waiting: deque[_Job] = deque()
+        """Jobs whose ``start_async`` waits for a request, first come first started."""
+        self._ended: deque[tuple[int, _Job, _Job | None]] = deque()
+        """(request, its job that ended, the waiting job started on it) for the loop."""
+        self._scheduled = False
+        self._running: list[_Job | None] = [None] * jobs
+        """Each request's job, from its start until the loop has seen its end."""
+        self._callback: Callback | None = None
+        self._held = [False] * jobs
+        """Requests kept busy until their job's callback returned (on the loop)."""
+        self._errors: list[BaseException] = []
+        self._closed = False
+        self._wake: Callable[[], None] | None = None
+        """Schedules :meth:`_on_loop` on the event loop (any thread)."""
+        self._changed: LoopEvent | None = None
+        """Set when a request became idle or the queue closed (for waiting callers)."""
+        self._callbacks_running = 0
+        self._inboxes: list[Inbox] = [queue.SimpleQueue() for _ in range(jobs)]
+        """Where each request's thread learns of a job started from the loop."""
+        self._threads = [
+            threading.Thread(
+                target=_watch,
+                args=(weakref.ref(self), index, inbox),
+                name="aioinfer-openvino-queue",
+                daemon=True,
+            )
+            for index, inbox in enumerate(self._inboxes)
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._stop_threads = weakref.finalize(self, _stop, self._inboxes)
+        stop_at_exit(self)
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def stop_at_exit(self) -> None:
+        """Cancel the running jobs and end the threads (at interpreter exit: see
+        :func:`.bridge.stop_threads_at_exit`)."""
+        with self._lock:
+            self._closed = True
+        for sync in self._syncs:
+            sync.cancel()
+        self._stop_threads()
+        for thread in self._threads:
+            thread.join(EXIT_JOIN_SECONDS)
+
+    def __getitem__(self, index: int) -> QueueRequest:
+        return self._requests[index]
+
+    def request_state(self, index: int) -> RequestState:
+        """The state of request ``index`` (see :attr:`QueueRequest.state`)."""
+        if self._closed:
+            return RequestState.CLOSED
+        busy = self._running[index] is not None or self._held[index]
+        return RequestState.BUSY if busy else RequestState.IDLE
+
+    def set_callback(self, callback: Callback | None) -> None:
+        """As ``AsyncInferQueue.set_callback``."""
+        with self._lock:  # the request threads read it when a job ends
+            self._callback = callback
+
+    def is_ready(self) -> bool:
+        """As ``AsyncInferQueue.is_ready``."""
+        return bool(self._idle) and not self._waiting
+
+    async def get_idle_request_id(self) -> int:
+        """As ``AsyncInferQueue.get_idle_request_id``."""
+        self._check_open()
+        while True:
+            with self._lock:
+                if self._idle:
+                    return self._idle[0]
+            await self._wait_for_change()
+            self._check_open()
+
+    async def start_async(
+        self, inputs: Inputs | None, userdata: Any, *, share_inputs: bool = False
+    ) -> None:
+        """As ``AsyncInferQueue.start_async``; a job whose ``start_async`` is cancelled
+        while it waits is not started (one started meanwhile runs to its end)."""
+        self._raise_pending()
+        if self._wake is None:
+            self._wake = _waker(weakref.ref(self))
+        job = _Job(inputs, userdata, share_inputs)
+        with self._lock:
+            index = self._idle.popleft() if self._idle and not self._waiting else None
+            if index is None:
+                job.started = _signal()
+                self._waiting.append(job)
+        if index is not None:
+            if not self._prepare(index, job):
+                with self._lock:
+                    self._idle.appendleft(index)
+                assert job.refused is not None
+                raise job.refused
+            self._run(index, job)
+            return
+        assert job.started is not None
+        try:
+            await job.started.wait()
+        except BaseException:
+            with self._lock:
+                if job in self._waiting:
+                    self._waiting.remove(job)
+            raise
+        if job.refused is not None:
+            raise job.refused
+
+    async def wait_all(self) -> None:
+        """As ``AsyncInferQueue.wait_all``."""
+        while self._busy():
+            await self._wait_for_change()
+        self._raise_pending()
+
+    async def close(self) -> None:
+        """As ``AsyncInferQueue.close``: cancel the running jobs, wait until OpenVINO let
+        go of them, refuse the waiting ones."""
+        if self._closed:
+            return
+        with self._lock:
+            self._closed = True  # no request thread starts a job any more
+            waiting, self._waiting = list(self._waiting), deque()
+        for sync, idle in zip(self._syncs, self._idle_now()):
+            if not idle:
+                sync.cancel()
+        for job in waiting:
+            job.refused = RequestClosedError("this AsyncInferQueue is closed")
+            assert job.started is not None
+            job.started.set()
+        with anyio.CancelScope(shield=True):
+            while self._busy():
+                await self._wait_for_change()
+        self._stop_threads()
+        self._notify()
+
+    # -- the request threads --------------------------------------------------------------
+
+    def _prepare(self, index: int, job: _Job) -> bool:
+        """Set ``job``'s inputs on idle request ``index`` (any thread); False when they
+        were refused (``job.refused``)."""
+        try:
+            self._syncs[index].prepare_job(job.inputs, share_inputs=job.share_inputs)
+        except Exception as exc:
+            job.refused = exc
+            return False
+        finally:
+            job.inputs = None  # keeps no caller's array alive
+        return True
+
+    def _launch(self, index: int, job: _Job) -> bool:
+        """Start OpenVINO on the job prepared on request ``index``; False when it could
+        not (``job.error``: cancelled by :meth:`close`, or OpenVINO refused it): the job
+        then ended at once."""
+        try:
+            if self._closed:  # its prepare may have undone the cancel of close()
+                raise InferCancelledError("the inference was cancelled")
+            self._syncs[index].launch_job()
+        except Exception as exc:
+            job.error = exc
+            return False
+        return True
+
+    def watch(self, index: int, job: _Job, launched: bool) -> _Job | None:
+        """On request ``index``'s thread: launch ``job`` unless ``launched``, wait until
+        it ended, hand it to the loop, and start the next waiting job there; that job
+        (launched), or None."""
+        if not launched and not self._launch(index, job):
+            return self._end(index, job)  # it ended at once
+        sync = self._syncs[index]
+        ov_request = sync.ov_request
+        try:
+            ov_request.wait()
+            succeeded = True
+        except RuntimeError:
+            let_go(ov_request)  # a cancelled request's wait() raises before it ended
+            succeeded = False
+        try:
+            job.outputs = sync.finish_job(succeeded)
+        except Exception as exc:
+            job.error = exc
+        return self._end(index, job)
+
+    def _end(self, index: int, job: _Job) -> _Job | None:
+        """Hand ``job``'s end to the loop and start a waiting job on the request (unless
+        a callback must run first); the job started, or None."""
+        started: _Job | None = None
+        with self._lock:
+            held = self._callback is not None
+            self._held[index] = held
+            if not held:
+                started = self._next_waiting(index)
+        while started is not None and not self._prepare(index, started):
+            # Its inputs were refused: it ends now, and the next waiting job gets a turn.
+            with self._lock:
+                self._ended.append((index, _NOTHING, started))
+                started = self._next_waiting(index)
+        # Launched before the loop is woken: waking it releases the GIL (a write to its
+        # socket), and the loop, once awake, would keep it from this thread for its
+        # whole turn while the stream waits for the next job.
+        launched = started is None or self._launch(index, started)
+        with self._lock:
+            self._ended.append((index, job, started))
+            schedule, self._scheduled = not self._scheduled, True
+        if schedule:
+            assert self._wake is not None  # set by the start_async that started the job
+            self._wake()
+        if not launched:
+            assert started is not None
+            return self._end(index, started)  # it ended at once
+        return started
+
+    def _next_waiting(self, index: int) -> _Job | None:
+        """Under the lock: the waiting job to start on request ``index``, or None after
+        marking it idle."""
+        if self._waiting and not self._closed:
+            return self._waiting.popleft()
+        self._idle.append(index)
+        return None
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _on_loop(self) -> None:
+        """Publish the jobs that ended, in order; wake their waiting callers."""
+        with self._lock:
+            ended, self._ended = self._ended, deque()
+            self._scheduled = False
+        held: list[tuple[int, _Job]] = []
+        for index, job, started in ended:
+            if job is not _NOTHING:
+                self._running[index] = None
+                if self._held[index]:
+                    held.append((index, job))
+                else:
+                    self._publish(index, job)
+            if started is not None:
+                if started.refused is None:
+                    self._running[index] = started
+                    self.userdata[index] = started.userdata
+                assert started.started is not None
+                started.started.set()
+        if held:
+            self._callbacks_running += 1
+            spawn_detached(lambda: self._call_back(held))
+        self._notify()
+
+    def _publish(self, index: int, job: _Job) -> None:
+        self._requests[index].publish(job)
+        self.userdata[index] = job.userdata
+        if job.error is not None:
+            self._errors.append(job.error)
+
+    async def _call_back(self, ended: list[tuple[int, _Job]]) -> None:
+        """Run the callback of each job in ``ended`` in turn, then free its request."""
+        try:
+            with anyio.CancelScope(shield=True):
+                for index, job in ended:
+                    self._publish(index, job)
+                    callback = self._callback
+                    if callback is not None:
+                        request = self._requests[index]
+                        try:
+                            await invoke_callback(callback, request, job.userdata, self._executor)  # type: ignore[arg-type]
+                        except Exception as exc:
+                            self._errors.append(exc)
+                    self._free(index)
+        finally:
+            self._callbacks_running -= 1
+            self._notify()
+
+    def _free(self, index: int) -> None:
+        """Request ``index``'s callback returned: start a waiting job on it, or idle it."""
+        with self._lock:
+            self._held[index] = False
+            started = self._next_waiting(index)
+        while started is not None and not self._prepare(index, started):
+            assert started.started is not None
+            started.started.set()  # refused: its start_async raises
+            with self._lock:
+                started = self._next_waiting(index)
+        if started is not None:
+            assert started.started is not None
+            started.started.set()
+            self._run(index, started)
+
+    def _run(self, index: int, job: _Job) -> None:
+        """On the loop: hand ``job``, prepared on request ``index``, to the request's
+        thread, which launches it: OpenVINO's start_async() takes tens of µs under the
+        THROUGHPUT hint, and the GIL it releases meanwhile is often slow to come back."""
+        self._running[index] = job
+        self.userdata[index] = job.userdata
+        self._inboxes[index].put(job)
+
+    def _idle_now(self) -> list[bool]:
+        with self._lock:
+            idle = set(self._idle)
+        return [index in idle for index in range(len(self))]
+
+    def _busy(self) -> bool:
+        return (
+            any(job is not None for job in self._running)
+            or any(self._held)
+            or self._callbacks_running > 0
+            or bool(self._waiting)
+        )
+
+    async def _wait_for_change(self) -> None:
+        if self._changed is None:
+            self._changed = loop_event()
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RequestClosedError("this AsyncInferQueue is closed")
+
+    def _raise_pending(self) -> None:
+        self._check_open()
+        if self._errors:
+            error = self._errors.pop(0)
+            self._errors.clear()
+            raise error
+
+
+_NOTHING = _Job(None, None, False)
+"""Stands for "no job ended" in a hand-off that only reports a refused waiting job."""
+
+
+class _FutureSignal:
+    """An event set once, waited for by one task: a bare future under asyncio (an
+    ``asyncio.Event`` costs a future per wait besides)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def set(self) -> None:
+        if not self.future.done():  # cancelled with the task that waited
+            self.future.set_result(None)
+
+    def is_set(self) -> bool:
+        return self.future.done()
+
+    async def wait(self) -> None:
+        await self.future
+
+
+def _signal() -> LoopEvent:
+    """A :class:`_FutureSignal` under asyncio, an anyio event elsewhere."""
+    loop = asyncio_loop()
+    return _FutureSignal(loop) if loop is not None else anyio.Event()
+
+
+def _waker(owner: weakref.ref[OpenVINOQueue]) -> Callable[[], None]:
+    """A function that schedules the queue's ``_on_loop`` on the running event loop from
+    any thread (and does nothing once the loop is gone: nobody waits any more). What
+    the loop keeps of a call it ran (trio keeps the last one) does not keep the queue."""
+
+    def call() -> None:
+        engine = owner()
+        if engine is not None:
+            engine._on_loop()
+
+    loop = asyncio_loop()
+    if loop is not None:
+        call_soon = loop.call_soon_threadsafe
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                call_soon(call)
+
+        return wake
+    token = anyio.lowlevel.current_token()
+
+    def wake_any() -> None:
+        with contextlib.suppress(Exception):  # trio's run has finished
+            token.backend_class.run_sync_soon(call, (), token.native_token)
+
+    return wake_any

@@ -1,0 +1,322 @@
+"""AsyncInferQueue on the OPENVINO device, which runs it with its own engine
+(aioinfer/devices/openvino/queue_engine.py): a job waiting for a request starts on the
+thread of the request that became free, and the loop hears of the jobs in batches.
+
+Results are compared with onnxruntime (float32: rtol 1e-4, atol 1e-5, other summation
+orders). The conformance suite's queue tests run on OPENVINO too (tests/behaviour).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import onnx.helper as oh
+import pytest
+
+import aioinfer as ai
+from tests import helpers
+from tests.helpers import make_model, reference_outputs, tensor_info
+
+pytestmark = pytest.mark.anyio
+
+F32 = {"rtol": 1e-4, "atol": 1e-5}
+THREAD_NAME = "aioinfer-openvino-queue"
+
+
+def rows(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def slow_model() -> Any:
+    """200 x (MatMul 256x256, Tanh) over ["n", 256]: milliseconds on 64 rows."""
+    return helpers.chain_model(200, 256, seed=5)
+
+
+def add_model() -> Any:
+    """``y = a + b`` over dynamic lengths: OpenVINO fails when they differ."""
+    return make_model(
+        [oh.make_node("Add", ["a", "b"], ["y"], name="add_node")],
+        [tensor_info("a", np.float32, ["n"]), tensor_info("b", np.float32, ["m"])],
+        [tensor_info("y", np.float32, ["k"])],
+    )
+
+
+async def job_seconds(compiled: ai.CompiledModel, feeds: dict[str, np.ndarray]) -> float:
+    """Seconds one job takes on a fresh one-request queue (after a warm-up)."""
+    async with ai.AsyncInferQueue(compiled, jobs=1) as queue:
+        await queue.start_async(feeds)
+        await queue.wait_all()
+        start = time.perf_counter()
+        await queue.start_async(feeds)
+        await queue.wait_all()
+        return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_each_job_completes_once_with_its_results_and_userdata(core, kind):
+    model = helpers.chain_model(8, 32, seed=1)
+    compiled = core.compile_model(model, "OPENVINO", {"PERFORMANCE_HINT": "THROUGHPUT"})
+    frames = [rows((4, 32), seed) for seed in range(40)]
+    got: dict[int, np.ndarray] = {}
+    threads: set[int] = set()
+
+    def record(request: Any, userdata: int) -> None:
+        assert userdata not in got
+        assert request.userdata == userdata
+        assert request.error is None
+        got[userdata] = request.results["y"]
+        threads.add(threading.get_ident())
+
+    async def record_async(request: Any, userdata: int) -> None:
+        record(request, userdata)
+
+    frame = np.empty((4, 32), np.float32)  # one buffer, refilled for every job
+    async with ai.AsyncInferQueue(compiled, jobs=2) as queue:
+        queue.set_callback(record if kind == "sync" else record_async)
+        for index, value in enumerate(frames):
+            frame[...] = value
+            await queue.start_async({"x": frame}, userdata=index)
+            frame[...] = np.nan  # the job's inputs were copied
+        await queue.wait_all()
+        assert queue.is_ready()
+        assert all(request.state is ai.RequestState.IDLE for request in queue)
+    assert sorted(got) == list(range(len(frames)))
+    for index, value in enumerate(frames):
+        expected = reference_outputs(model, {"x": value})[0]
+        np.testing.assert_allclose(got[index], expected, **F32)
+    loop_thread = threading.get_ident()
+    # A plain callback runs on the callback executor, a coroutine function on the loop.
+    assert (loop_thread in threads) is (kind == "async")
+
+
+async def test_without_a_callback_the_last_results_stay_on_each_request(core):
+    model = helpers.chain_model(8, 32, seed=2)
+    compiled = core.compile_model(model, "OPENVINO", {"PERFORMANCE_HINT": "THROUGHPUT"})
+    frames = [rows((3, 32), seed) for seed in range(30)]
+    async with ai.AsyncInferQueue(compiled, jobs=2) as queue:
+        for index, value in enumerate(frames):
+            await queue.start_async({"x": value}, userdata=index)
+        await queue.wait_all()
+        for request in queue:
+            index = request.userdata
+            assert queue.userdata[list(queue).index(request)] == index
+            expected = reference_outputs(model, {"x": frames[index]})[0]
+            np.testing.assert_allclose(request.results["y"], expected, **F32)
+            np.testing.assert_allclose(request.get_tensor("y"), expected, **F32)
+
+
+async def test_a_waiting_job_starts_while_the_event_loop_is_busy(core):
+    """When a job ends, the job waiting for its request starts on OpenVINO's side: its
+    inputs are taken (copied) while the loop is still blocked. Through the loop (the
+    generic queue) they would be taken only once the loop ran again, after the change
+    below."""
+    compiled = core.compile_model(slow_model(), "OPENVINO")
+    first = {"x": rows((64, 256), 0)}
+    took = await job_seconds(compiled, first)
+    waiting = rows((8, 256), 1)
+    original = waiting.copy()
+    async with ai.AsyncInferQueue(compiled, jobs=1) as queue:
+        await queue.start_async(first, userdata="first")
+        async with anyio.create_task_group() as group:
+            group.start_soon(queue.start_async, {"x": waiting}, "waiting")
+            await anyio.wait_all_tasks_blocked()  # the job waits for the request
+            time.sleep(20 * took + 0.2)  # blocks the loop well past the first job's end
+            waiting[...] = 0.0  # what the generic queue would have read
+        await queue.wait_all()
+        result = queue[0].results["y"]
+    expected = reference_outputs(slow_model(), {"x": original})[0]
+    np.testing.assert_allclose(result, expected, **F32)
+
+
+async def test_failures_are_raised_once_and_the_queue_goes_on(core):
+    compiled = core.compile_model(add_model(), "OPENVINO", {"PERFORMANCE_HINT": "THROUGHPUT"})
+    good = {"a": np.ones(3, np.float32), "b": np.full(3, 2, np.float32)}
+    bad = {"a": np.ones(3, np.float32), "b": np.ones(2, np.float32)}
+    errors: list[Any] = []
+    async with ai.AsyncInferQueue(compiled, jobs=2) as queue:
+        queue.set_callback(lambda request, userdata: errors.append((userdata, request.error)))
+        raised: list[ai.InferenceError] = []
+        index = 0
+        while index < 6:
+            try:  # the next start_async or wait_all raises the failure
+                await queue.start_async(bad if index == 3 else good, userdata=index)
+                index += 1
+            except ai.InferenceError as exc:
+                raised.append(exc)
+        try:
+            await queue.wait_all()
+        except ai.InferenceError as exc:
+            raised.append(exc)
+        await queue.wait_all()
+        assert len(raised) == 1
+        assert "'add_node' failed in OpenVINO" in str(raised[0])
+        assert sorted(u for u, _ in errors) == list(range(6))
+        assert [u for u, e in errors if e is not None] == [3]
+        with pytest.raises(ai.InputTypeError, match="'a'"):
+            await queue.start_async({"a": np.ones(3, np.int64), "b": good["b"]})
+        for index in range(4):
+            await queue.start_async(good, userdata=10 + index)
+        await queue.wait_all()
+        assert [request.results["y"].tolist() for request in queue] == [[3, 3, 3]] * 2
+
+
+async def test_a_waiting_job_with_bad_inputs_is_refused_and_the_queue_goes_on(core):
+    compiled = core.compile_model(slow_model(), "OPENVINO")
+    feeds = {"x": rows((64, 256), 0)}
+    async with ai.AsyncInferQueue(compiled, jobs=1) as queue:
+        await queue.start_async(feeds, userdata="running")
+        # Waits for the running job, then is refused (on the request's thread, or on
+        # the loop if that job was already over).
+        with pytest.raises(ai.InputShapeError, match="'x'"):
+            await queue.start_async({"x": rows((4, 3), 1)}, userdata="bad")
+        await queue.start_async({"x": rows((4, 256), 2)}, userdata="after")
+        await queue.wait_all()
+        assert queue.userdata == ["after"]
+        assert queue[0].results["y"].shape == (4, 256)
+
+
+async def test_cancelling_a_waiting_start_async_drops_its_job(core):
+    compiled = core.compile_model(slow_model(), "OPENVINO")
+    feeds = {"x": rows((64, 256), 0)}
+    done: list[str] = []
+    async with ai.AsyncInferQueue(compiled, jobs=1) as queue:
+        queue.set_callback(lambda request, userdata: done.append(userdata))
+        await queue.start_async(feeds, userdata="running")
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await queue.start_async(feeds, userdata="dropped")
+        assert scope.cancelled_caught
+        await queue.wait_all()
+        assert done == ["running"]
+        await queue.start_async(feeds, userdata="next")
+        await queue.wait_all()
+    assert done == ["running", "next"]
+
+
+async def test_close_cancels_running_jobs_and_refuses_waiting_ones(core):
+    compiled = core.compile_model(slow_model(), "OPENVINO")
+    feeds = {"x": rows((256, 256), 0)}
+    outcome: list[BaseException] = []
+    queue = ai.AsyncInferQueue(compiled, jobs=1)
+
+    async def wait_for_the_request() -> None:
+        try:
+            await queue.start_async(feeds, userdata="waiting")
+        except ai.RequestClosedError as exc:
+            outcome.append(exc)
+
+    await queue.start_async(feeds, userdata="running")
+    async with anyio.create_task_group() as group:
+        group.start_soon(wait_for_the_request)
+        await anyio.wait_all_tasks_blocked()
+        await queue.close()
+    assert len(outcome) == 1
+    assert queue[0].state is ai.RequestState.CLOSED
+    assert isinstance(queue[0].error, ai.InferCancelledError)
+    assert queue[0].userdata == "running"
+    with pytest.raises(ai.RequestClosedError):
+        await queue.start_async(feeds)
+    with pytest.raises(ai.RequestClosedError):
+        await queue.get_idle_request_id()
+
+
+async def test_closing_the_compiled_model_closes_its_queues(core):
+    compiled = core.compile_model(slow_model(), "OPENVINO")
+    queue = ai.AsyncInferQueue(compiled, jobs=1)
+    await queue.start_async({"x": rows((256, 256), 0)}, userdata="running")
+    await compiled.close()
+    assert queue[0].state is ai.RequestState.CLOSED
+    assert isinstance(queue[0].error, ai.InferCancelledError)
+    with pytest.raises(ai.RequestClosedError):
+        await queue.start_async({"x": rows((4, 256), 1)})
+
+
+async def test_get_idle_request_id_waits_for_a_request(core):
+    compiled = core.compile_model(slow_model(), "OPENVINO")
+    feeds = {"x": rows((64, 256), 0)}
+    async with ai.AsyncInferQueue(compiled, jobs=2) as queue:
+        first = await queue.get_idle_request_id()
+        await queue.start_async(feeds)
+        assert queue[first].state is ai.RequestState.BUSY
+        second = await queue.get_idle_request_id()
+        assert second != first
+        await queue.start_async(feeds)
+        assert not queue.is_ready()
+        assert await queue.get_idle_request_id() in (0, 1)
+        await queue.wait_all()
+        assert queue.is_ready()
+
+
+async def test_a_queue_left_unclosed_stops_its_threads(core):
+    compiled = core.compile_model(helpers.chain_model(4, 16), "OPENVINO")
+
+    def running() -> set[threading.Thread]:
+        return {thread for thread in threading.enumerate() if thread.name == THREAD_NAME}
+
+    before = running()
+    queue = ai.AsyncInferQueue(compiled, jobs=3)
+    await queue.start_async({"x": rows((2, 16), 0)})
+    await queue.wait_all()
+    threads = running() - before
+    assert len(threads) == 3
+    del queue
+
+    def ended() -> bool:
+        gc.collect()  # a thread may still hold the queue for a moment after its job
+        return not any(thread.is_alive() for thread in threads)
+
+    helpers.wait_until(ended, 30, "the queue's threads to end")
+
+
+async def test_a_stateful_model_keeps_each_requests_state(core):
+    """A stateful model's queue runs the generic path: each request accumulates."""
+    model = helpers.accumulator_model(width=2)
+    compiled = core.compile_model(model, "OPENVINO", {"STATEFUL": {"past": "present"}})
+    ones = np.ones((1, 2), np.int64)
+    async with ai.AsyncInferQueue(compiled, jobs=1) as queue:
+        for _ in range(3):
+            await queue.start_async({"x": ones})
+        await queue.wait_all()
+        assert queue[0].results["y"].tolist() == [[3, 3]]
+
+
+EXIT_WITH_JOBS_IN_FLIGHT = """
+import asyncio
+import numpy as np
+import aioinfer as ai
+from tests import helpers
+
+async def main():
+    compiled = ai.Core().compile_model(helpers.chain_model(200, 256), "OPENVINO")
+    queue = ai.AsyncInferQueue(compiled, jobs=2)
+    x = np.ones((256, 256), np.float32)
+    await queue.start_async({"x": x})
+    await queue.start_async({"x": x})
+    return queue  # its jobs still run when the interpreter exits
+
+kept = asyncio.run(main())
+"""
+
+
+def test_exiting_with_jobs_in_flight_does_not_abort(tmp_path):
+    """A queue's jobs are no tasks that asyncio.run cancels: a request's thread that
+    came back from OpenVINO's wait() while the interpreter finalized aborted the
+    process (most exits); the jobs are now cancelled and the threads ended first."""
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "exit_in_flight.py"
+    script.write_text(EXIT_WITH_JOBS_IN_FLIGHT)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    for _ in range(4):
+        done = subprocess.run(
+            [sys.executable, str(script)], cwd=root, env=env, capture_output=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
