@@ -1,0 +1,102 @@
+"""ORT runs short inferences on a one-thread session where that measures faster
+(``ORT_SINGLE_THREAD_RUN_US``, aioinfer.devices.ort.single)."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import aioinfer as ai
+from aioinfer.devices.ort.single import RETRY_EVERY, SingleThreadRuns
+from aioinfer.models import default_model_path
+from tests.helpers import chain_model, reference_outputs
+
+WIDTH = 16
+LATENCY_TWO_THREADS = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 2}
+
+
+def _rows(count: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((count, WIDTH)).astype(np.float32)
+
+
+async def _until_made(runs: SingleThreadRuns) -> None:
+    with anyio.fail_after(60):
+        while runs.session is None and runs.failed is None:
+            await anyio.sleep(0.01)
+    assert runs.failed is None
+
+
+def _one_thread_session() -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(default_model_path()), options)
+
+
+@pytest.mark.anyio
+async def test_short_runs_move_to_the_one_thread_session_where_it_is_faster() -> None:
+    """Given the times of runs on both sessions, the faster one takes the runs of those
+    input shapes, the other one run in RETRY_EVERY; a run longer than the limit, or of
+    shapes not measured yet, stays on the compiled model's session, and the one-thread
+    session is made (on a thread of its own) only once a run is short."""
+    runs = SingleThreadRuns(500e-6, _one_thread_session)
+    small, large = ((1, 8),), ((64, 8),)
+    assert not runs.use_single(small)  # never measured
+    runs.record(large, 2e-3, single=False)
+    assert not runs.use_single(large) and runs.session is None  # long: nothing made
+    runs.record(small, 40e-6, single=False)
+    assert not runs.use_single(small)  # short: the session is being made meanwhile
+    await _until_made(runs)
+    assert runs.use_single(small)  # not measured on it yet: measure it
+    runs.record(small, 20e-6, single=True)
+    choices = [runs.use_single(small) for _ in range(2 * RETRY_EVERY)]
+    assert choices.count(False) == 2  # the other session, once in RETRY_EVERY
+    for _ in range(10):  # the one-thread session turns slower: the runs move back
+        runs.record(small, 90e-6, single=True)
+    choices = [runs.use_single(small) for _ in range(2 * RETRY_EVERY)]
+    assert choices.count(True) == 2
+
+
+@pytest.mark.anyio
+async def test_both_sessions_give_the_reference_results_and_cancel() -> None:
+    """A short model's runs, on whichever session, agree with onnx.reference; a cancel
+    still stops a run and leaves the request usable."""
+    model = chain_model(4, WIDTH)
+    compiled = ai.Core().compile_model(model, "ORT", LATENCY_TWO_THREADS)
+    runs = compiled.single_thread
+    assert runs is not None
+    request = compiled.create_infer_request()
+    x = _rows(2)
+    expected = reference_outputs(model, {"x": x})[0]
+    for _ in range(20):  # until the average run time forgets the first, slow run
+        await request.infer({"x": x})
+    await _until_made(runs)
+    for _ in range(3 * RETRY_EVERY):
+        result = await request.infer({"x": x})
+        np.testing.assert_allclose(result["y"], expected, rtol=1e-5, atol=1e-6)
+    shapes = ((2, WIDTH),)
+    assert shapes in runs.single and shapes in runs.wide  # both sessions ran
+    request.start_async({"x": x})
+    request.cancel()
+    with pytest.raises(ai.InferCancelledError):
+        await request.wait()
+    np.testing.assert_allclose((await request.infer({"x": x}))["y"], expected, rtol=1e-5, atol=1e-6)
+    await compiled.close()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"PERFORMANCE_HINT": "THROUGHPUT"},  # one thread per stream already
+        {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1},
+        {**LATENCY_TWO_THREADS, "ORT_SINGLE_THREAD_RUN_US": 0},  # turned off
+        {**LATENCY_TWO_THREADS, "PERF_COUNT": True},  # profiling runs one session
+    ],
+)
+def test_no_second_session_where_it_cannot_pay(config: dict[str, object]) -> None:
+    compiled = ai.Core().compile_model(chain_model(2, WIDTH), "ORT", config)
+    assert compiled.single_thread is None
+    assert compiled.get_property("ORT_SINGLE_THREAD_RUN_US") == config.get(
+        "ORT_SINGLE_THREAD_RUN_US", 500
+    )
