@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import anyio
 import numpy as np
 import onnxruntime as ort
@@ -100,3 +104,34 @@ def test_no_second_session_where_it_cannot_pay(config: dict[str, object]) -> Non
     assert compiled.get_property("ORT_SINGLE_THREAD_RUN_US") == config.get(
         "ORT_SINGLE_THREAD_RUN_US", 500
     )
+
+
+EXIT_WHILE_MAKING = """
+import numpy as np
+import aioinfer as ai
+from tests.helpers import chain_model
+
+compiled = ai.Core().compile_model(
+    chain_model(4, 16), "ORT", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 2}
+)
+request = compiled.create_infer_request()
+x = np.ones((2, 16), np.float32)
+while compiled.single_thread._thread is None:  # until a short run starts the session
+    request.infer_sync({"x": x})
+print("exiting")
+"""
+
+
+def test_exiting_while_the_session_is_made_does_not_abort() -> None:
+    """The interpreter ending while the one-thread session is being made (no close)
+    waits for it: onnxruntime aborted the process otherwise."""
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_WHILE_MAKING],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).parent.parent,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "exiting"

@@ -176,7 +176,9 @@ def test_killed_worker_answers_503_then_the_model_recovers(server: Server) -> No
     check(CHAIN, x, server.infer("proc", x))
     pid = server.worker_pid()
     ticks = cpu_ticks(pid)
-    thread, outcome = in_background(lambda: server.infer("proc", rows(64, seed=2)))
+    # Rows enough for hundreds of milliseconds of compute: the kill lands mid-way even
+    # when the kernels are fast and the machine is slow to deliver the signal.
+    thread, outcome = in_background(lambda: server.infer("proc", rows(1024, seed=2)))
     wait_until(lambda: cpu_ticks(pid) >= ticks + COMPUTING, "the worker to compute")
     os_kill(pid, signal.SIGKILL)
     thread.join(HANG_BOUND)

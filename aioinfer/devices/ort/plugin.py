@@ -8,6 +8,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+import anyio.to_thread
 import onnxruntime as ort
 
 from aioinfer.devices.ort.export import ort_payload, read_ort_payload
@@ -237,7 +238,10 @@ class ORTCompiledModel(CompiledModel):
         return super().read_only_property(name)
 
     async def close(self) -> None:
-        """Close the requests and executors, then end profiling (PERF_COUNT)."""
+        """Close the requests and executors, let a one-thread session being made
+        finish, then end profiling (PERF_COUNT)."""
         await super().close()
+        if self.single_thread is not None:
+            await anyio.to_thread.run_sync(self.single_thread.join)
         if self.profiler is not None:
             self.profiler.close()

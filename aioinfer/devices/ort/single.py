@@ -20,6 +20,7 @@ model whose serialized size is above :data:`MAX_MODEL_BYTES` never gets the seco
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +64,7 @@ class SingleThreadRuns:
         self._make = make
         self._lock = threading.Lock()
         self._started = False
+        self._thread: threading.Thread | None = None
         self.session: ort.InferenceSession | None = None
         """The one-thread session, once made."""
         self.failed: BaseException | None = None
@@ -107,10 +109,35 @@ class SingleThreadRuns:
             if self._started:
                 return
             self._started = True
-        threading.Thread(target=self._build, name="aioinfer-ort-single", daemon=True).start()
+            thread = threading.Thread(target=self._build, name="aioinfer-ort-single", daemon=True)
+            self._thread = thread
+            _building.add(thread)
+        thread.start()
 
     def _build(self) -> None:
         try:
             self.session = self._make()
         except Exception as exc:  # the compiled model's session loaded the same model
             self.failed = exc
+        finally:
+            _building.discard(threading.current_thread())
+
+    def join(self) -> None:
+        """Wait until the session being made (if any) is made. Blocks: run it on a
+        thread from async code."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+
+
+_building: set[threading.Thread] = set()
+"""Threads making a one-thread session now."""
+
+
+@atexit.register
+def _join_builders() -> None:
+    """At exit, wait for the sessions being made: onnxruntime aborts the process
+    ("terminate called without an active exception") when the interpreter ends while a
+    daemon thread is inside its session constructor."""
+    for thread in list(_building):
+        thread.join()
