@@ -66,11 +66,9 @@ async def test_inline_runs_let_other_tasks_run_every_budget() -> None:
     for _ in range(2):
         await request.infer({"x": x})
 
-    async def infer() -> None:
-        await request.infer({"x": x})
-        assert request.queued_seconds == 0.0  # inline
-
-    await helpers.assert_inline_runs_share_the_loop(infer, budget)
+    # (A run that a loaded machine stretches past the budget goes to a thread, which
+    # gives the loop turns too: the bound holds either way.)
+    await helpers.assert_inline_runs_share_the_loop(lambda: request.infer({"x": x}), budget)
     await compiled.close()
 
 

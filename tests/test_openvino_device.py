@@ -21,7 +21,14 @@ import aioinfer as ai
 from aioinfer.models import default_model_path
 from benchmarks import models
 from tests import helpers
-from tests.helpers import make_model, mlp_model, reference_outputs, tensor_info, two_input_model
+from tests.helpers import (
+    assert_inline_runs_share_the_loop,
+    make_model,
+    mlp_model,
+    reference_outputs,
+    tensor_info,
+    two_input_model,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -478,6 +485,26 @@ async def test_inline_and_awaited_inferences_agree(core, config):
         x = rows((8, 64), step)
         results = await request.infer({"x": x})
         np.testing.assert_allclose(results["y"], reference_outputs(model, {"x": x})[0], **F32)
+
+
+async def test_inline_inferences_share_the_loop(core):
+    """Inline inferences give the loop a turn whenever it last had one
+    ``OPENVINO_INLINE_RUN_US`` or more ago (see helpers.assert_inline_runs_share_the_loop),
+    and a cancel asked for before an inline inference stops it before it starts."""
+    compiled = core.compile_model(
+        helpers.chain_model(3, 16), "OPENVINO", {"PERFORMANCE_HINT": "LATENCY"}
+    )
+    budget = compiled.get_property("OPENVINO_INLINE_RUN_US") / 1e6
+    request = compiled.create_infer_request()
+    x = rows((2, 16), 0)
+    for _ in range(5):  # measured, then inline
+        last = await request.infer({"x": x})
+    await assert_inline_runs_share_the_loop(lambda: request.infer({"x": x}), budget)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await request.infer({"x": 2 * x})
+    assert scope.cancelled_caught
+    np.testing.assert_array_equal(request.results["y"], last["y"])
 
 
 async def test_an_inline_failure_is_raised_and_the_request_goes_on(core):

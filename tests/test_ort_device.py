@@ -732,11 +732,9 @@ async def test_runs_on_the_loop_still_let_other_tasks_run(core):
     x = rows(1, width=64)
     await request.infer({"x": x})  # its run time is known from now on
 
-    async def infer() -> None:
-        await request.infer({"x": x})
-        assert request.queued_seconds == 0.0  # inline
-
-    await assert_inline_runs_share_the_loop(infer, budget)
+    # (A run that a loaded machine stretches past the budget goes to a thread, which
+    # gives the loop turns too: the bound holds either way.)
+    await assert_inline_runs_share_the_loop(lambda: request.infer({"x": x}), budget)
 
 
 def _text_identity() -> onnx.ModelProto:

@@ -78,6 +78,20 @@ class _LoopTurn(threading.local):
 _turn = _LoopTurn()
 
 
+async def before_inline_run(budget: float) -> None:
+    """What a run inline on the loop's thread awaits before it starts: a yield to the
+    loop when the loop last had a turn ``budget`` or more seconds ago, else the delivery
+    of a cancellation already requested (see the module)."""
+    if time.perf_counter() - _turn.at >= budget:
+        if asyncio_loop() is not None:
+            await asyncio.sleep(0)  # anyio's checkpoint finds the backend first
+        else:
+            await anyio.lowlevel.checkpoint()
+        _turn.at = time.perf_counter()
+    else:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+
+
 class RunExecutor(Executor):
     """The executor of one request's compute stage: inline when :class:`RunTimes` says
     the run is short, else ``threads`` (the device's task executor)."""
@@ -97,17 +111,7 @@ class RunExecutor(Executor):
     ) -> tuple[T, float]:
         times = self._times
         if times.short(self._shapes()):
-            # Once inline, nothing can interrupt the run: before it, yield to the loop
-            # when it last had a turn a budget or more ago, else deliver a cancellation
-            # already requested (see the module).
-            if time.perf_counter() - _turn.at >= times.budget:
-                if asyncio_loop() is not None:
-                    await asyncio.sleep(0)  # anyio's checkpoint finds the backend first
-                else:
-                    await anyio.lowlevel.checkpoint()
-                _turn.at = time.perf_counter()
-            else:
-                await anyio.lowlevel.checkpoint_if_cancelled()
+            await before_inline_run(times.budget)  # nothing interrupts it once started
             return stage(), 0.0
         times.in_flight += 1
         try:

@@ -21,11 +21,11 @@ import weakref
 from typing import TYPE_CHECKING
 
 import anyio
-import anyio.lowlevel
 import numpy as np
 import openvino
 
 from aioinfer.errors import InferCancelledError, InferenceError
+from aioinfer.plugin.inline import before_inline_run
 from aioinfer.plugin.state import dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
 
@@ -207,11 +207,11 @@ class OpenVINOInferRequest(SyncInferRequest):
         cancelled never changed the state.
         """
         if self._inline:
-            # Yield once (a task inferring in a loop must not starve the others; a cancel
-            # asked for meanwhile stops the inference before it starts), then run it to
-            # its end: nothing interrupts it once it started.
+            # Give the loop a turn when it is due (a task inferring in a loop must not
+            # starve the others; a cancel asked for meanwhile stops the inference before
+            # it starts), then run it to its end: nothing interrupts it once it started.
             self._inline = False
-            await anyio.lowlevel.checkpoint()
+            await before_inline_run(self._runs.budget)
             self._run_inline()
             return
         waker = self._completion
