@@ -41,7 +41,27 @@ class QueueEngine(Protocol):
     async def close(self) -> None: ...
 
 
-class AsyncInferQueue:
+class QueueErrors:
+    """Whether a queue is closed, and the job errors it has not raised yet: the generic
+    queue's and a device's queue engine's alike."""
+
+    _closed: bool
+    _errors: list[BaseException]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RequestClosedError("this AsyncInferQueue is closed")
+
+    def _raise_pending(self) -> None:
+        """Raise the first job error not raised yet (and forget the others)."""
+        self._check_open()
+        if self._errors:
+            error = self._errors.pop(0)
+            self._errors.clear()
+            raise error
+
+
+class AsyncInferQueue(QueueErrors):
     """A pool of ``jobs`` infer requests of one compiled model.
 
     ``await queue.start_async(inputs, userdata)`` waits (without blocking the loop) for an
@@ -211,14 +231,3 @@ class AsyncInferQueue:
                 self._idle_changed = None
 
         return release
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RequestClosedError("this AsyncInferQueue is closed")
-
-    def _raise_pending(self) -> None:
-        self._check_open()
-        if self._errors:
-            error = self._errors.pop(0)
-            self._errors.clear()
-            raise error

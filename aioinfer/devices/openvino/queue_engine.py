@@ -44,6 +44,7 @@ import numpy as np
 from aioinfer.errors import InferCancelledError, RequestClosedError
 from aioinfer.plugin.async_request import RequestState, invoke_callback
 from aioinfer.plugin.executors import LoopEvent, asyncio_loop, loop_event, spawn_detached
+from aioinfer.queue import QueueErrors
 
 from .bridge import EXIT_JOIN_SECONDS, let_go, stop_at_exit
 
@@ -160,7 +161,7 @@ def _stop(inboxes: list[Inbox]) -> None:
         inbox.put(None)
 
 
-class OpenVINOQueue:
+class OpenVINOQueue(QueueErrors):
     """The engine of an ``AsyncInferQueue`` on the OPENVINO device (see the module).
 
     Its methods are those of ``AsyncInferQueue``, with the same semantics; a job is
@@ -497,17 +498,6 @@ class OpenVINOQueue:
         if self._changed is not None:
             self._changed.set()
             self._changed = None
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RequestClosedError("this AsyncInferQueue is closed")
-
-    def _raise_pending(self) -> None:
-        self._check_open()
-        if self._errors:
-            error = self._errors.pop(0)
-            self._errors.clear()
-            raise error
 
 
 _NOTHING = _Job(None, None, False)
