@@ -61,35 +61,15 @@ class QueueErrors:
             raise error
 
 
-class AsyncInferQueue(QueueErrors):
-    """A pool of ``jobs`` infer requests of one compiled model.
+class RequestsQueue(QueueErrors):
+    """The generic engine of an ``AsyncInferQueue``: ``count`` requests of the compiled
+    model (:meth:`CompiledModel.create_infer_request`), the idle ones in a deque, each
+    job's end reported through the request's callback. The methods are those of
+    :class:`AsyncInferQueue`, which documents them."""
 
-    ``await queue.start_async(inputs, userdata)`` waits (without blocking the loop) for an
-    idle request and starts it; the queue's callback ``fn(request, userdata)`` runs as each
-    job completes (``request.results`` holds its outputs, ``request.error`` its exception
-    if it failed). An exception from a job or from the callback is re-raised by the next
-    ``start_async`` or ``wait_all`` — never swallowed.
-
-    ``jobs=0`` uses the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``. Closing
-    (``await queue.close()`` or leaving ``async with``) cancels the running jobs;
-    ``await queue.wait_all()`` first drains them.
-
-    A device may run the queue with an engine of its own (the OPENVINO device does: see
-    its page), with these semantics; its requests then offer what a queue's caller reads
-    (``results``, ``error``, ``userdata``, ``state``, ``get_tensor``), not ``infer``.
-    """
-
-    def __init__(self, compiled_model: CompiledModel, jobs: int = 0) -> None:
-        if jobs < 0:
-            raise ValueError("jobs must be >= 0 (0: the optimal number of requests)")
-        count = jobs or int(compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-        self._engine = compiled_model.create_queue_engine(count)
-        if self._engine is not None:
-            self._requests: list[AsyncInferRequest] = [self._engine[i] for i in range(count)]
-            self.userdata: list[Any] = self._engine.userdata
-            return
+    def __init__(self, compiled_model: CompiledModel, count: int) -> None:
         self._requests = [compiled_model.create_infer_request() for _ in range(count)]
-        self.userdata = [None] * count
+        self.userdata: list[Any] = [None] * count
         """The userdata of the job each request ran last."""
         self._idle: deque[int] = deque(range(count))
         self._idle_changed: LoopEvent | None = None
@@ -101,40 +81,18 @@ class AsyncInferQueue(QueueErrors):
             request._on_idle = self._make_release(index)
 
     def __len__(self) -> int:
-        """The number of requests (``jobs``)."""
         return len(self._requests)
 
     def __getitem__(self, index: int) -> AsyncInferRequest:
-        """The request with id ``index`` (0 to ``len(queue) - 1``): read its ``results``
-        there; start jobs through the queue, which keeps track of idle requests."""
         return self._requests[index]
 
-    def __iter__(self) -> Iterator[AsyncInferRequest]:
-        """The queue's requests, in id order."""
-        return iter(self._requests)
-
     def set_callback(self, callback: Callable[[AsyncInferRequest, Any], Any] | None) -> None:
-        """Call ``callback(request, userdata)`` as each job completes (sync or async)."""
-        if self._engine is not None:
-            return self._engine.set_callback(callback)
         self._callback = callback
 
     def is_ready(self) -> bool:
-        """True when a request is idle, so ``start_async`` would not wait."""
-        if self._engine is not None:
-            return self._engine.is_ready()
         return bool(self._idle)
 
     async def get_idle_request_id(self) -> int:
-        """The id of an idle request, waiting (without blocking the loop) until one is:
-        the request the next ``start_async`` runs on, unless another task starts a job
-        first. ``queue[id]`` is the request.
-
-        Raises:
-            RequestClosedError: the queue is closed.
-        """
-        if self._engine is not None:
-            return await self._engine.get_idle_request_id()
         self._check_open()
         while not self._idle:
             self._idle_changed = self._idle_changed or loop_event()
@@ -143,21 +101,8 @@ class AsyncInferQueue(QueueErrors):
         return self._idle[0]
 
     async def start_async(
-        self, inputs: Inputs | None = None, userdata: Any = None, *, share_inputs: bool = False
+        self, inputs: Inputs | None, userdata: Any, *, share_inputs: bool = False
     ) -> None:
-        """Wait for an idle request and start ``inputs`` on it.
-
-        The inputs are copied into the request before this returns, so one buffer may be
-        refilled for the next job at once; ``share_inputs=True`` skips the copy, and the
-        caller must then leave the arrays unchanged until the job completed.
-
-        Raises:
-            RequestClosedError: the queue is closed.
-            Exception: the exception of an earlier job or callback; the input errors of
-                this job.
-        """
-        if self._engine is not None:
-            return await self._engine.start_async(inputs, userdata, share_inputs=share_inputs)
         self._raise_pending()
         while not self._idle:
             self._idle_changed = self._idle_changed or loop_event()
@@ -172,13 +117,6 @@ class AsyncInferQueue(QueueErrors):
             raise
 
     async def wait_all(self) -> None:
-        """Wait until every started job (and its callback) has completed.
-
-        Raises:
-            Exception: the exception of a job or callback that failed since the last call.
-        """
-        if self._engine is not None:
-            return await self._engine.wait_all()
         for request in self._requests:
             # A job's exception was collected by _job_done already.
             with contextlib.suppress(Exception):
@@ -186,9 +124,6 @@ class AsyncInferQueue(QueueErrors):
         self._raise_pending()
 
     async def close(self) -> None:
-        """Cancel the running jobs, wait for their compute to stop, close the requests."""
-        if self._engine is not None:
-            return await self._engine.close()
         self._closed = True
         # Every job first: a job queued behind another one's compute (fewer streams than
         # requests) would otherwise start only once that compute ended.
@@ -199,19 +134,6 @@ class AsyncInferQueue(QueueErrors):
                 await request.close()
         if self._idle_changed is not None:
             self._idle_changed.set()
-
-    async def __aenter__(self) -> AsyncInferQueue:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    # -- internals ------------------------------------------------------------------------
 
     async def _job_done(self, request: AsyncInferRequest, userdata: Any) -> None:
         if request.error is not None:
@@ -231,3 +153,103 @@ class AsyncInferQueue(QueueErrors):
                 self._idle_changed = None
 
         return release
+
+
+class AsyncInferQueue:
+    """A pool of ``jobs`` infer requests of one compiled model.
+
+    ``await queue.start_async(inputs, userdata)`` waits (without blocking the loop) for an
+    idle request and starts it; the queue's callback ``fn(request, userdata)`` runs as each
+    job completes (``request.results`` holds its outputs, ``request.error`` its exception
+    if it failed). An exception from a job or from the callback is re-raised by the next
+    ``start_async`` or ``wait_all`` — never swallowed.
+
+    ``jobs=0`` uses the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``. Closing
+    (``await queue.close()`` or leaving ``async with``) cancels the running jobs;
+    ``await queue.wait_all()`` first drains them.
+
+    The jobs run on the device's own queue engine when it has one (the OPENVINO device
+    does: see its page), with these semantics; its requests then offer what a queue's
+    caller reads (``results``, ``error``, ``userdata``, ``state``, ``get_tensor``), not
+    ``infer``. Otherwise on a :class:`RequestsQueue`.
+    """
+
+    def __init__(self, compiled_model: CompiledModel, jobs: int = 0) -> None:
+        if jobs < 0:
+            raise ValueError("jobs must be >= 0 (0: the optimal number of requests)")
+        count = jobs or int(compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        engine = compiled_model.create_queue_engine(count)
+        self._engine: QueueEngine = engine or RequestsQueue(compiled_model, count)
+        self._requests: list[AsyncInferRequest] = [self._engine[i] for i in range(count)]
+        self.userdata: list[Any] = self._engine.userdata
+        """The userdata of the job each request ran last."""
+
+    def __len__(self) -> int:
+        """The number of requests (``jobs``)."""
+        return len(self._requests)
+
+    def __getitem__(self, index: int) -> AsyncInferRequest:
+        """The request with id ``index`` (0 to ``len(queue) - 1``): read its ``results``
+        there; start jobs through the queue, which keeps track of idle requests."""
+        return self._requests[index]
+
+    def __iter__(self) -> Iterator[AsyncInferRequest]:
+        """The queue's requests, in id order."""
+        return iter(self._requests)
+
+    def set_callback(self, callback: Callable[[AsyncInferRequest, Any], Any] | None) -> None:
+        """Call ``callback(request, userdata)`` as each job completes (sync or async)."""
+        self._engine.set_callback(callback)
+
+    def is_ready(self) -> bool:
+        """True when a request is idle, so ``start_async`` would not wait."""
+        return self._engine.is_ready()
+
+    async def get_idle_request_id(self) -> int:
+        """The id of an idle request, waiting (without blocking the loop) until one is:
+        the request the next ``start_async`` runs on, unless another task starts a job
+        first. ``queue[id]`` is the request.
+
+        Raises:
+            RequestClosedError: the queue is closed.
+        """
+        return await self._engine.get_idle_request_id()
+
+    async def start_async(
+        self, inputs: Inputs | None = None, userdata: Any = None, *, share_inputs: bool = False
+    ) -> None:
+        """Wait for an idle request and start ``inputs`` on it.
+
+        The inputs are copied into the request before this returns, so one buffer may be
+        refilled for the next job at once; ``share_inputs=True`` skips the copy, and the
+        caller must then leave the arrays unchanged until the job completed.
+
+        Raises:
+            RequestClosedError: the queue is closed.
+            Exception: the exception of an earlier job or callback; the input errors of
+                this job.
+        """
+        await self._engine.start_async(inputs, userdata, share_inputs=share_inputs)
+
+    async def wait_all(self) -> None:
+        """Wait until every started job (and its callback) has completed.
+
+        Raises:
+            Exception: the exception of a job or callback that failed since the last call.
+        """
+        await self._engine.wait_all()
+
+    async def close(self) -> None:
+        """Cancel the running jobs, wait for their compute to stop, close the requests."""
+        await self._engine.close()
+
+    async def __aenter__(self) -> AsyncInferQueue:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

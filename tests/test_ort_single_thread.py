@@ -80,7 +80,7 @@ async def test_both_sessions_give_the_reference_results_and_cancel() -> None:
         result = await request.infer({"x": x})
         np.testing.assert_allclose(result["y"], expected, rtol=1e-5, atol=1e-6)
     shapes = ((2, WIDTH),)
-    assert shapes in runs.single and shapes in runs.wide  # both sessions ran
+    assert shapes in runs.single.seconds and shapes in runs.wide.seconds  # both sessions ran
     request.start_async({"x": x})
     request.cancel()
     with pytest.raises(ai.InferCancelledError):

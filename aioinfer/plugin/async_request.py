@@ -65,13 +65,11 @@ class AsyncInferRequest:
         callback_executor: Executor,
     ) -> None:
         self._request = request
-        self._pipeline = list(pipeline)
-        self._names = _stage_names(self._pipeline)
-        last = len(self._pipeline) - 1
+        last = len(pipeline) - 1
         self._steps = [
             # (name, executor, stage, whether it is the commit point: a lone stage is not)
             (name, executor, stage, index == last and last > 0)
-            for index, (name, (executor, stage)) in enumerate(zip(self._names, self._pipeline))
+            for index, (name, (executor, stage)) in enumerate(zip(_stage_names(pipeline), pipeline))
         ]
         self._callback_executor = callback_executor
         self._state = RequestState.IDLE

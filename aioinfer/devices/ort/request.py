@@ -34,8 +34,7 @@ class ORTInferRequest(SyncInferRequest):
     def __init__(self, compiled_model: ORTCompiledModel) -> None:
         super().__init__(compiled_model)
         self._name = compiled_model.name
-        self._session = compiled_model.plain_session
-        self._run = _raw_run(self._session)
+        self._run = _raw_run(compiled_model.plain_session)
         self._single = compiled_model.single_thread
         self._single_run: Callable[..., list[Any]] | None = None
         self._run_options = ort.RunOptions()

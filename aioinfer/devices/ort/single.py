@@ -27,6 +27,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from aioinfer.plugin.inline import RunTimes
 from aioinfer.properties import Property, non_negative_int
 
 ORT_SINGLE_THREAD_RUN_US = Property(
@@ -51,7 +52,8 @@ RETRY_EVERY = 50
 again."""
 
 MAX_SHAPES = 64
-"""Input shapes whose averages are remembered (beyond: forgotten, measured again)."""
+"""Input shapes whose run counts are remembered (the averages forget as
+:class:`~aioinfer.plugin.inline.RunTimes` does)."""
 
 
 class SingleThreadRuns:
@@ -60,7 +62,6 @@ class SingleThreadRuns:
     GIL only, and the session is made once."""
 
     def __init__(self, limit_seconds: float, make: Callable[[], ort.InferenceSession]) -> None:
-        self.limit = limit_seconds
         self._make = make
         self._lock = threading.Lock()
         self._started = False
@@ -69,40 +70,33 @@ class SingleThreadRuns:
         """The one-thread session, once made."""
         self.failed: BaseException | None = None
         """Why the session could not be made (then every run stays on the other)."""
-        self.wide: dict[Any, float] = {}
+        self.wide = RunTimes(limit_seconds, weight=WEIGHT)
         """Per input shapes, the average run time on the compiled model's session."""
-        self.single: dict[Any, float] = {}
+        self.single = RunTimes(limit_seconds, weight=WEIGHT)
         """The same on the one-thread session."""
         self.runs: dict[Any, int] = {}
         """Per input shapes, the runs decided on both averages."""
 
     def use_single(self, shapes: Any) -> bool:
         """Whether the next run on ``shapes`` goes to the one-thread session."""
-        wide = self.wide.get(shapes)
-        if wide is None or wide >= self.limit:
+        if not self.wide.short(shapes):  # long, or not measured yet
             return False
         if self.session is None:
             self._start()
             return False
-        single = self.single.get(shapes)
+        single = self.single.seconds.get(shapes)
         if single is None:
             return True  # measure it
+        if len(self.runs) >= MAX_SHAPES and shapes not in self.runs:
+            self.runs.clear()
         runs = self.runs[shapes] = self.runs.get(shapes, 0) + 1
+        wide = self.wide.seconds.get(shapes, single)  # (forgotten meanwhile: either)
         return (single <= wide) != (runs % RETRY_EVERY == 0)
 
     def record(self, shapes: Any, seconds: float, single: bool) -> None:
         """Note the time of a run on ``shapes`` on the one-thread session (``single``)
         or the other."""
-        table = self.single if single else self.wide
-        average = table.get(shapes)
-        if average is None:
-            if len(table) >= MAX_SHAPES:
-                self.wide.clear()
-                self.single.clear()
-                self.runs.clear()
-            table[shapes] = seconds
-        else:
-            table[shapes] = average + WEIGHT * (seconds - average)
+        (self.single if single else self.wide).record(shapes, seconds)
 
     def _start(self) -> None:
         with self._lock:
