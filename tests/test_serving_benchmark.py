@@ -68,12 +68,15 @@ def test_cpu_times_count_the_server_and_its_worker_apart():
         cpu.start()
         while not cpu.server.children() and process.poll() is None:
             time.sleep(0.01)
+        worker = 0.0
         while cpu.server.children() and process.poll() is None:
             cpu.stop()  # while the child lives: a child that ended is no longer counted
+            # (the child may end between the check and the reading: keep the most seen)
+            worker = max(worker, cpu.spent[1])
             time.sleep(0.05)
     finally:
         assert process.stdin is not None
         process.stdin.close()
         process.wait(60)
-    server, worker = cpu.spent
-    assert 0.1 < server < 0.5 and worker > 0.3, cpu.spent
+    server = cpu.spent[0]
+    assert 0.1 < server < 0.5 and worker > 0.3, (server, worker)
