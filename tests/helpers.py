@@ -46,6 +46,15 @@ def process_alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (state ``T``). SIGSTOP stops
+    a process's threads one after the other: until the thread that takes the signal
+    runs, the others may still read and answer a request sent meanwhile."""
+    tasks = Path(f"/proc/{pid}/task")
+    stats = [(task / "stat").read_text() for task in tasks.iterdir()]
+    return all(stat.rpartition(")")[2].split()[0] == "T" for stat in stats)
+
+
 def lstm_state_model(features: int = 4, hidden: int = 8, seed: int = 7) -> onnx.ModelProto:
     """One LSTM layer with its state as ports, as exporters write it: ``X [seq, batch,
     features]``, ``h0``/``c0 [1, ?, hidden]`` (the batch dimension unnamed) give ``Y``,

@@ -30,7 +30,7 @@ import pytest
 import aioinfer as ai
 from aioinfer.devices.batch import BatchCompiledModel
 from aioinfer.devices.process import ProcessCompiledModel
-from tests.helpers import chain_model, process_alive, reference_outputs
+from tests.helpers import all_threads_stopped, chain_model, process_alive, reference_outputs
 
 pytestmark = pytest.mark.anyio
 
@@ -68,6 +68,12 @@ def cpu_ticks(pid: int) -> int:
     """The CPU time process ``pid`` has used, in clock ticks (user and system)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return int(fields[11]) + int(fields[12])
+
+
+async def stop_process(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until all its threads have stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    await wait_until(lambda: all_threads_stopped(pid), f"every thread of {pid} to stop")
 
 
 def compile_process(
@@ -217,7 +223,7 @@ async def test_stopped_worker_is_killed_and_replaced_while_the_loop_ticks(
         await control.idle(100)
         old = compiled.worker_pid
         assert old is not None
-        os.kill(old, signal.SIGSTOP)
+        await stop_process(old)
 
         ticker = Ticker()
         outcomes: dict[str, object] = {}
@@ -253,9 +259,11 @@ async def test_stopped_worker_is_killed_and_replaced_while_the_loop_ticks(
         assert compiled.worker_pid not in (None, old)
         check(SHORT, small, await kept.infer(small))
         assert compiled.ready()
-        # The loop kept ticking while the worker hung and was replaced.
+        # The loop kept ticking while the worker hung and was replaced: a loop that waited
+        # for the hung worker would stall for TIMEOUT; the new worker's start competes with
+        # the loop for the two cores, hence the margin.
         assert ticker.ticks > control.ticks
-        assert ticker.worst < control.worst + TIMEOUT / 4, (ticker.worst, control.worst)
+        assert ticker.worst < control.worst + TIMEOUT / 2, (ticker.worst, control.worst)
 
 
 async def test_close_with_a_stopped_worker_ends(core: ai.Core) -> None:
@@ -267,7 +275,7 @@ async def test_close_with_a_stopped_worker_ends(core: ai.Core) -> None:
     await request.infer(inputs)
     old = compiled.worker_pid
     assert old is not None
-    os.kill(old, signal.SIGSTOP)
+    await stop_process(old)
     try:
         request.start_async(inputs)
         with anyio.fail_after(HANG_BOUND):

@@ -28,7 +28,13 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import chain_model, mlp_model, process_alive, reference_outputs
+from tests.helpers import (
+    all_threads_stopped,
+    chain_model,
+    mlp_model,
+    process_alive,
+    reference_outputs,
+)
 from tests.serving.conftest import WIDE, write_config, write_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,7 +201,7 @@ def test_stopped_worker_answers_503_while_the_server_keeps_answering(server: Ser
     x = rows(2, seed=1)
     check(CHAIN, x, server.infer("proc", x))
     pid = server.worker_pid()
-    os_kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     try:
         thread, outcome = in_background(lambda: server.infer("proc", x))
         gauge = 'aioinfer_inference_requests_in_flight{model="proc",version="1"} 1.0'
@@ -231,7 +237,7 @@ def test_sigterm_ends_a_server_whose_worker_is_stopped(repository: Path) -> None
         x = rows(2, seed=1)
         check(CHAIN, x, server.infer("proc", x))
         pid = server.worker_pid()
-        os_kill(pid, signal.SIGSTOP)
+        stop_process(pid)
         thread, outcome = in_background(lambda: server.infer("proc", x))
         gauge = 'aioinfer_inference_requests_in_flight{model="proc",version="1"} 1.0'
         wait_until(lambda: gauge in server.get("/metrics").text, "the request to be in flight")
@@ -245,6 +251,12 @@ def test_sigterm_ends_a_server_whose_worker_is_stopped(repository: Path) -> None
     finally:
         os_kill(pid, signal.SIGKILL)
         server.stop()
+
+
+def stop_process(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until all its threads have stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: all_threads_stopped(pid), f"every thread of {pid} to stop")
 
 
 def os_kill(pid: int | None, signal_number: int) -> None:
