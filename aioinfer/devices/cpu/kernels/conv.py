@@ -18,6 +18,13 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from aioinfer.devices.cpu.kernels.conv_flat import (
+    Epilogue,
+    FlatGeometry,
+    flat_conv,
+    flat_depthwise,
+    flat_geometry,
+)
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d, stacked_matmul
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
@@ -144,13 +151,19 @@ class _ConvPlan:
     """1x1 kernel, stride 1, no padding: the input already is the column matrix."""
     pixels: int
     """Output positions per image and channel."""
+    flat: FlatGeometry | None
+    """1-D and 2-D kernels other than pointwise ones: their phase-flattened windows."""
 
 
 ConvCompute = Callable[
-    [np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"], np.ndarray
+    [np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None", "Epilogue | None"],
+    tuple[np.ndarray, bool],
 ]
-"""``compute(x, w, b, out) -> y``: a convolution written into ``out`` when it is given (a
-contiguous array of y's shape and dtype), else into a new array."""
+"""``compute(x, w, b, out, epilogue) -> (y, applied)``: a convolution written into
+``out`` when it is given (a contiguous array of y's shape and dtype), else into a new
+array; ``applied`` tells whether the ``epilogue`` (see :data:`.conv_flat.Epilogue`) was
+applied to all of ``y`` (depthwise 1-D and 2-D convolutions apply it on each thread's
+share of the output); when not, the caller applies it."""
 
 
 def conv_compute(spec: NodeSpec) -> ConvCompute:
@@ -195,6 +208,13 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         if min(out) < 1:
             raise ValueError(f"Conv: input {x_shape} is smaller than the kernel {kshape}")
         pointwise = all(k == 1 for k in kshape) and not any(begins) and not any(ends)
+        flat = (
+            flat_geometry(
+                x_shape[2:], kshape, strides, dilations, begins, ends, out, w_shape[0] // group
+            )
+            if rank <= 2 and not pointwise
+            else None
+        )
         return _ConvPlan(
             kshape,
             strides,
@@ -204,6 +224,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             tuple(out),
             pointwise,
             math.prod(out),
+            flat,
         )
 
     def weight_matrix(w: np.ndarray) -> np.ndarray:
@@ -214,14 +235,36 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
 
     w_const = spec.const(1)
     w_fixed = weight_matrix(w_const) if w_const is not None else None
+    ordered: dict[tuple[int, ...], np.ndarray] = {}
+    """Constant weights with their taps in the order of a geometry's columns."""
+
+    def tap_ordered(w: np.ndarray, wmat: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
+        """``wmat`` (or depthwise ``(C, taps)``) with the taps of ``order``, cached when
+        ``w`` is constant."""
+        if w_const is not None and order in ordered:
+            return ordered[order]
+        taps = math.prod(w.shape[2:])
+        if group == w.shape[0] and w.shape[1] == 1:  # depthwise: (C, taps)
+            matrix = wmat.reshape(group, taps)[:, order]
+        else:
+            shape = wmat.shape
+            matrix = wmat.reshape(*shape[:2], -1, taps)[..., order].reshape(*shape[:2], -1)
+        matrix = np.ascontiguousarray(matrix)
+        if w_const is not None:
+            cached_plan(ordered, order, lambda: matrix)
+        return matrix
 
     local = threading.local()
     """This thread's :class:`_Columns` per input shape (kernels are shared by requests
     running on several threads)."""
 
     def compute(
-        x: np.ndarray, w: np.ndarray, b: np.ndarray | None, out: np.ndarray | None
-    ) -> np.ndarray:
+        x: np.ndarray,
+        w: np.ndarray,
+        b: np.ndarray | None,
+        out: np.ndarray | None,
+        epilogue: Epilogue | None = None,
+    ) -> tuple[np.ndarray, bool]:
         plan = cached_plan(plans, (x.shape, w.shape), lambda: plan_for(x.shape, w.shape))
         n, c = x.shape[:2]
         work = x.astype(compute_dtype(x.dtype), copy=False)
@@ -229,9 +272,22 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             out.dtype != work.dtype or out.shape != (n, w.shape[0], *plan.out_shape)
         ):
             out = None  # another shape than when the memory plan was made
-        if group == c and w.shape[:2] == (c, 1) and not plan.pointwise:
-            return _depthwise(work, w, b, plan, out).astype(x.dtype, copy=False)
         wmat = w_fixed if w_fixed is not None else weight_matrix(w)
+        flat = plan.flat
+        depthwise = group == c and w.shape[:2] == (c, 1)
+        if flat is not None and n:
+            y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
+            weights = tap_ordered(w, wmat, flat.order)
+            if depthwise:
+                finish = _chain(_bias_epilogue(b, c, work.dtype), epilogue)
+                flat_depthwise(flat, work, weights, y, finish)
+                return y.astype(x.dtype, copy=False), epilogue is not None
+            flat_conv(flat, work, weights, y)
+            if b is not None:
+                y += b.reshape((-1,) + (1,) * len(plan.out_shape))
+            return y.astype(x.dtype, copy=False), False
+        if depthwise and not plan.pointwise:
+            return _depthwise(work, w, b, plan, out).astype(x.dtype, copy=False), False
         pixels = plan.pixels
         if plan.pointwise:
             # 1x1 kernel without padding: the (strided) input is the column matrix.
@@ -255,9 +311,38 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         y = y.reshape(n, m, pixels)
         if b is not None:
             y += b.reshape(-1, 1)
-        return y.reshape((n, m, *plan.out_shape)).astype(x.dtype, copy=False)
+        return y.reshape((n, m, *plan.out_shape)).astype(x.dtype, copy=False), False
 
     return compute
+
+
+def _bias_epilogue(b: np.ndarray | None, channels: int, dtype: np.dtype) -> Epilogue | None:
+    """The epilogue adding ``b`` to blocks of a depthwise convolution's output."""
+    if b is None:
+        return None
+    bias = b.astype(dtype, copy=False).reshape(-1, 1, 1)
+
+    def add(first: int, last: int, block: np.ndarray) -> None:
+        channel = first % channels
+        if channel + last - first <= channels:
+            block += bias[channel : channel + last - first]
+        else:
+            block += bias[np.arange(first, last) % channels]
+
+    return add
+
+
+def _chain(first: Epilogue | None, then: Epilogue | None) -> Epilogue | None:
+    """``first`` then ``then`` on each block (either may be None)."""
+    if first is None or then is None:
+        return first or then
+    both = (first, then)
+
+    def run(start: int, stop: int, block: np.ndarray) -> None:
+        for epilogue in both:
+            epilogue(start, stop, block)
+
+    return run
 
 
 KEPT_COLUMNS_BYTES = 1 << 18
@@ -436,7 +521,7 @@ def conv(spec: NodeSpec) -> Kernel:
     im2col on a window view and one BLAS matmul; 1x1 unpadded kernels skip im2col
     (strided ones take a strided slice); depthwise kernels multiply-add per tap."""
     compute = conv_compute(spec)
-    return lambda x, w, b=None: (compute(x, w, b, None),)
+    return lambda x, w, b=None: (compute(x, w, b, None, None)[0],)
 
 
 @out_kernel(conv)
@@ -444,7 +529,7 @@ def conv_into(spec: NodeSpec) -> OutKernel:
     """Conv writing into a planned buffer."""
     compute = conv_compute(spec)
 
-    return lambda out, x, w, b=None: (compute(x, w, b, out),)
+    return lambda out, x, w, b=None: (compute(x, w, b, out, None)[0],)
 
 
 # -- ConvTranspose ----------------------------------------------------------------------
