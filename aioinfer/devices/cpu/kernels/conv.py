@@ -25,6 +25,11 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     flat_depthwise,
     flat_geometry,
 )
+from aioinfer.devices.cpu.kernels.conv_winograd import (
+    winograd_conv,
+    winograd_fits,
+    winograd_weights,
+)
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d, stacked_matmul
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
@@ -153,6 +158,8 @@ class _ConvPlan:
     """Output positions per image and channel."""
     flat: FlatGeometry | None
     """1-D and 2-D kernels other than pointwise ones: their phase-flattened windows."""
+    winograd: bool
+    """A 3x3 stride-1 convolution with many channels: Winograd F(2x2, 3x3)."""
 
 
 ConvCompute = Callable[
@@ -225,6 +232,15 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             pointwise,
             math.prod(out),
             flat,
+            winograd_fits(
+                kshape,
+                strides,
+                dilations,
+                group,
+                x_shape[1],
+                w_shape[0],
+                tuple(out),
+            ),
         )
 
     def weight_matrix(w: np.ndarray) -> np.ndarray:
@@ -235,6 +251,8 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
 
     w_const = spec.const(1)
     w_fixed = weight_matrix(w_const) if w_const is not None else None
+    transformed: list[np.ndarray] = []
+    """Constant weights transformed for Winograd, made at the first call that uses them."""
     ordered: dict[tuple[int, ...], np.ndarray] = {}
     """Constant weights with their taps in the order of a geometry's columns."""
 
@@ -275,6 +293,18 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         wmat = w_fixed if w_fixed is not None else weight_matrix(w)
         flat = plan.flat
         depthwise = group == c and w.shape[:2] == (c, 1)
+        if plan.winograd and n:
+            y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
+            if w_const is None:
+                u = winograd_weights(w, work.dtype)
+            else:
+                if not transformed:
+                    transformed.append(winograd_weights(w_const, work.dtype))
+                u = transformed[0]
+            winograd_conv(work, u, plan.begins, plan.out_shape, y)
+            if b is not None:
+                y += b.reshape(-1, 1, 1)
+            return y.astype(x.dtype, copy=False), False
         if flat is not None and n:
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             weights = tap_ordered(w, wmat, flat.order)
