@@ -34,8 +34,10 @@ def _random(*shape: int, dtype: type = np.float32) -> np.ndarray:
 
 @pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
 def threads(request: pytest.FixtureRequest) -> Any:
-    """Kernels run with one or two intra-op threads (the calling thread's count)."""
+    """Kernels run with one or two intra-op threads (the calling thread's count), BLAS on
+    one thread as the device runs it."""
     before = parallel._POOL._inside.threads
+    parallel.set_intra_op_threads(parallel._POOL.threads)
     parallel.use_intra_op_threads(request.param)
     yield request.param
     parallel._POOL._inside.threads = before
@@ -82,6 +84,10 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
     "general-stem-stride-2": ((1, 3, 33, 32), (16, 3, 3, 3), {"pads": [1] * 4, "strides": [2, 2]}),
     "grouped": ((1, 8, 9, 9), (12, 2, 3, 3), {"group": 4, "pads": [1] * 4}),
     "general-1d": ((2, 5, 40), (7, 5, 3), {"pads": [1, 1], "strides": [2]}),
+    # Large products of few filters, split between threads by pixels.
+    "few-filters-3x3": ((1, 16, 64, 60), (48, 16, 3, 3), {"pads": [1] * 4}),
+    "few-filters-pointwise": ((2, 64, 48, 48), (32, 64, 1, 1), {}),
+    "few-filters-pointwise-strided": ((1, 64, 95, 96), (40, 64, 1, 1), {"strides": [2, 2]}),
     # Winograd F(2x2, 3x3): even and odd output sizes, asymmetric padding, batch.
     "winograd-even": ((1, 96, 12, 12), (96, 96, 3, 3), {"pads": [1] * 4}),
     "winograd-odd-asymmetric": ((2, 96, 13, 11), (100, 96, 3, 3), {"pads": [0, 1, 2, 1]}),
@@ -141,6 +147,29 @@ def test_the_cases_take_the_paths_they_name() -> None:
         out = tuple(geometry(case)[1])
         assert winograd_fits((3, 3), (1, 1), (1, 1), 1, x_shape[1], w_shape[0], out)
     assert not winograd_fits((3, 3), (1, 1), (1, 1), 1, 32, 256, (7, 7))
+
+
+@pytest.mark.parametrize(
+    "case", ["few-filters-3x3", "few-filters-pointwise", "general-long-runs", "winograd-even"]
+)
+def test_conv_paths_do_not_depend_on_the_thread_count(case: str) -> None:
+    """One and two intra-op threads give the same result bit for bit (a softmax over
+    huge logits downstream would amplify any difference). BLAS runs on one thread, as
+    the device runs it."""
+    x_shape, w_shape, attrs = CASES[case]
+    inputs = [_random(*x_shape), _random(*w_shape)]
+    node = oh.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    before = parallel._POOL._inside.threads
+    parallel.set_intra_op_threads(parallel._POOL.threads)
+    try:
+        results = []
+        for count in (1, 2, 1, 2):
+            parallel.use_intra_op_threads(count)
+            results.append(run_with_constant_weights(node, inputs, 11)[0])
+    finally:
+        parallel._POOL._inside.threads = before
+    for result in results[1:]:
+        np.testing.assert_array_equal(result, results[0])
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(np.float64, 1e-10), (np.float16, 2e-2)])

@@ -21,6 +21,8 @@ from numpy.lib.stride_tricks import as_strided
 from aioinfer.devices.cpu.kernels.conv_flat import (
     Epilogue,
     FlatGeometry,
+    by_pixels,
+    product_by_pixels,
     flat_conv,
     flat_depthwise,
     flat_geometry,
@@ -333,7 +335,10 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if out is None
             else out.reshape(n, group, m // group, pixels)
         )
-        if group == 1:
+        if group == 1 and plan.pointwise and by_pixels(m, c, pixels):
+            for image in range(n):  # split between the threads by pixels
+                product_by_pixels(wmat[0], cols[image, 0], y[image, 0].reshape(m, 1, pixels))
+        elif group == 1:
             for image in range(n):  # a large product is split between the threads
                 gemm_2d(wmat[0], cols[image, 0], y[image, 0])
         else:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aioinfer.devices.cpu.kernels.matmul import gemm_2d, stacked_matmul
+from aioinfer.devices.cpu.kernels.matmul import ROW_ALIGN, SPLIT_PRODUCT, gemm_2d, stacked_matmul
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
 
 _arena = threading.local()
@@ -279,6 +279,9 @@ def flat_conv(
 
         run_parallel(copy, c, work=cols.size)
         matrix = cols.reshape(group, c // group * taps, length)
+        if group == 1 and by_pixels(m, matrix.shape[1], length):
+            product_by_pixels(wmat[0], matrix[0], y[image].reshape(m, oh, ow))
+            continue
         target = y[image].reshape(group, m // group, length) if direct else full
         if group == 1:
             gemm_2d(wmat[0], matrix[0], target[0])
@@ -286,6 +289,41 @@ def flat_conv(
             stacked_matmul(wmat, matrix, target)
         if not direct:
             _crop(geometry, full.reshape(m, length), y[image].reshape(m, oh, ow))
+
+
+def by_pixels(filters: int, inner: int, pixels: int) -> bool:
+    """Whether a convolution's product of ``filters`` rows runs as
+    :func:`product_by_pixels`: large, with too few rows to split between threads."""
+    return 8 <= filters < 2 * ROW_ALIGN and filters * inner * pixels >= SPLIT_PRODUCT
+
+
+def product_by_pixels(w: np.ndarray, cols: np.ndarray, y: np.ndarray) -> None:
+    """``y`` ``(M, oh, ow)`` = ``w`` ``(M, K)`` @ ``cols`` ``(K, oh * width)`` with the
+    first ``ow`` of every ``width`` columns kept, computed as ``cols.T @ w.T``.
+
+    A product of fewer than ``2 * ROW_ALIGN`` rows is not split between threads by
+    :func:`.matmul.gemm_2d` (column blocks change its rounding with the thread count);
+    transposed, its rows are the pixels, and blocks of them starting at multiples of
+    ``ROW_ALIGN`` give the result of one call bit for bit, whatever the thread count (it
+    costs one thread 3-20% more than the product of the other orientation). The pixel
+    blocks and the transposition into ``y`` are split between the intra-op threads.
+    """
+    m, k = w.shape
+    oh, ow = y.shape[1:]
+    pixels = cols.shape[1]
+    product = scratch("full", (pixels, m), cols.dtype)
+    w_t = w.T
+
+    def rows(start: int, stop: int) -> None:
+        np.matmul(cols[:, start:stop].T, w_t, out=product[start:stop])
+
+    run_parallel(rows, pixels, work=m * k * pixels, parts_per_thread=2, align=ROW_ALIGN)
+    kept = product.reshape(oh, pixels // oh, m)[:, :ow]
+
+    def transpose(start: int, stop: int) -> None:
+        np.copyto(y[start:stop], kept[:, :, start:stop].transpose(2, 0, 1))
+
+    run_parallel(transpose, m, work=y.size)
 
 
 DEPTHWISE_BLOCK_BYTES = 1 << 19
