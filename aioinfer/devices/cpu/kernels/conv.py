@@ -22,10 +22,10 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     Epilogue,
     FlatGeometry,
     by_pixels,
-    product_by_pixels,
     flat_conv,
     flat_depthwise,
     flat_geometry,
+    product_by_pixels,
 )
 from aioinfer.devices.cpu.kernels.conv_winograd import (
     winograd_conv,
