@@ -17,6 +17,7 @@ import onnx.helper as oh
 import pytest
 
 from aioinfer.devices.cpu.kernels import parallel
+from aioinfer.devices.cpu.kernels.conv import KEPT_COLUMNS_BYTES
 from aioinfer.devices.cpu.kernels.conv_flat import flat_geometry
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
@@ -74,16 +75,20 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
     # Taps of one phase whose offsets do not form one run (stride 3, dilation 2, and
     # padding that leaves out a middle tap's rows for no output).
     "general-stride-3-dilation-2": (
-        (1, 3, 4, 17),
-        (5, 3, 5, 5),
+        (2, 64, 4, 170),
+        (5, 64, 5, 5),
         {"pads": [5, 1, 5, 1], "strides": [3, 3], "dilations": [2, 2]},
     ),
     # Long-run columns (few filters) and exact columns (many filters on a 7x7 map).
-    "general-long-runs": ((2, 6, 19, 23), (8, 6, 3, 3), {"pads": [1] * 4}),
-    "general-exact-columns": ((1, 32, 7, 7), (256, 32, 3, 3), {"pads": [1] * 4}),
-    "general-stem-stride-2": ((1, 3, 33, 32), (16, 3, 3, 3), {"pads": [1] * 4, "strides": [2, 2]}),
-    "grouped": ((1, 8, 9, 9), (12, 2, 3, 3), {"group": 4, "pads": [1] * 4}),
-    "general-1d": ((2, 5, 40), (7, 5, 3), {"pads": [1, 1], "strides": [2]}),
+    "general-long-runs": ((2, 16, 40, 45), (8, 16, 3, 3), {"pads": [1] * 4}),
+    "general-exact-columns": ((4, 64, 7, 7), (512, 64, 3, 3), {"pads": [1] * 4}),
+    "general-stem-stride-2": (
+        (2, 3, 96, 96),
+        (16, 3, 3, 3),
+        {"pads": [1] * 4, "strides": [2, 2]},
+    ),
+    "grouped": ((2, 16, 30, 30), (24, 4, 3, 3), {"group": 4, "pads": [1] * 4}),
+    "general-1d": ((2, 32, 1000), (7, 32, 3), {"pads": [1, 1], "strides": [2]}),
     # Large products of few filters, split between threads by pixels.
     "few-filters-3x3": ((1, 16, 64, 60), (48, 16, 3, 3), {"pads": [1] * 4}),
     "few-filters-pointwise": ((2, 64, 48, 48), (32, 64, 1, 1), {}),
@@ -134,8 +139,14 @@ def test_the_cases_take_the_paths_they_name() -> None:
             pads[rank:],
             out,
             w_shape[0] // group,
+            w_shape[1],
         ), out
 
+    for case, (x_shape, w_shape, _) in CASES.items():
+        if case.startswith("general") or case == "grouped":  # not kept im2col columns
+            _, out = geometry(case)
+            columns = x_shape[0] * x_shape[1] * np.prod(w_shape[2:]) * np.prod(out) * 4
+            assert columns > KEPT_COLUMNS_BYTES, case
     short, _ = geometry("depthwise-5x5-short-maps")
     assert len(short.order) == 15  # kernel rows 0 and 4 read only padding
     irregular, _ = geometry("general-stride-3-dilation-2")
@@ -154,7 +165,8 @@ def test_the_cases_take_the_paths_they_name() -> None:
     [
         ("few-filters-3x3", (2, 2, 2)),
         ("few-filters-pointwise", (2, 2, 2)),
-        ("general-long-runs", (1, 2, 1, 2)),
+        ("general-long-runs", (2, 2, 2)),
+        ("general-exact-columns", (1, 2, 1, 2)),
         ("winograd-even", (1, 2, 1, 2)),
         ("depthwise-5x5-many-channels", (1, 2, 1, 2)),
     ],

@@ -162,6 +162,9 @@ class _ConvPlan:
     """1-D and 2-D kernels other than pointwise ones: their phase-flattened windows."""
     winograd: bool
     """A 3x3 stride-1 convolution with many channels: Winograd F(2x2, 3x3)."""
+    small: bool
+    """im2col columns of at most :data:`KEPT_COLUMNS_BYTES` (float32): kept per node,
+    which costs a small convolution less than the phase-flattened columns."""
 
 
 ConvCompute = Callable[
@@ -219,7 +222,15 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         pointwise = all(k == 1 for k in kshape) and not any(begins) and not any(ends)
         flat = (
             flat_geometry(
-                x_shape[2:], kshape, strides, dilations, begins, ends, out, w_shape[0] // group
+                x_shape[2:],
+                kshape,
+                strides,
+                dilations,
+                begins,
+                ends,
+                out,
+                w_shape[0] // group,
+                w_shape[1],
             )
             if rank <= 2 and not pointwise
             else None
@@ -243,6 +254,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 w_shape[0],
                 tuple(out),
             ),
+            x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out) * 4 <= KEPT_COLUMNS_BYTES,
         )
 
     def weight_matrix(w: np.ndarray) -> np.ndarray:
@@ -307,7 +319,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if b is not None:
                 y += b.reshape(-1, 1, 1)
             return y.astype(x.dtype, copy=False), False
-        if flat is not None and n:
+        if flat is not None and n and (depthwise or not plan.small):
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             weights = tap_ordered(w, wmat, flat.order)
             if depthwise:

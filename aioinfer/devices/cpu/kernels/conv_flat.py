@@ -131,9 +131,11 @@ def flat_geometry(
     ends: Sequence[int],
     out_shape: Sequence[int],
     filters: int = 1,
+    channels: int = 1,
 ) -> FlatGeometry:
     """The geometry of a 1-D or 2-D convolution (spatial shapes and attributes; 1-D is
-    lifted to one row) with ``filters`` output channels per group (1: depthwise)."""
+    lifted to one row) with ``filters`` output and ``channels`` input channels per group
+    (1 and 1: depthwise)."""
     lift = (1,) * (2 - len(kernel_shape))
     zero = (0,) * (2 - len(kernel_shape))
     hx, wx = lift + tuple(in_shape)
@@ -173,10 +175,12 @@ def flat_geometry(
                         for ro in row_run
                         for co in col_run
                     ]
-    # Per column of a tap, the matmul costs about 0.05 x filters copies of one element
-    # in a long run; a run of ow elements costs about ow + wq / 4 such copies more than
-    # a part of one long run (measured with OpenBLAS on AVX-512 and numpy 2.4).
-    exact = ow < wq and filters * (wq - ow) * 0.05 > ow - wq / 4
+    # Costs per output row, in copies of one element within a long run (measured with
+    # OpenBLAS on AVX-512 and numpy 2.4): the matmul spends about 0.3 of them per
+    # multiply-add on the dropped columns, and dropping them (the crop) about 2 per kept
+    # element; exact columns cost about 200 per run of ow elements instead.
+    inner = channels * len(order)
+    exact = ow < wq and 0.3 * filters * inner * (wq - ow) + 2 * filters * ow > 200 * inner
     return FlatGeometry(
         (sh, sw), (bh, bw), (hx, wx), (hq, wq), (oh, ow), tuple(groups), tuple(order), exact
     )
@@ -238,13 +242,41 @@ def copy_columns(views: list[np.ndarray], first: int, last: int, cols: np.ndarra
         done += taps
 
 
-def _phases(geometry: FlatGeometry, images: np.ndarray) -> np.ndarray:
-    """The zero-padded phases of ``images`` ``(B, hx, wx)`` in this thread's scratch."""
+KEPT_PHASES_BYTES = 1 << 18
+"""Phases up to this size are kept per geometry, batch and thread, with their column
+views: their padding is zeroed once and a call only copies the input into them (the
+zeroing and the ``as_strided`` views cost small convolutions more than the copies)."""
+KEPT_GEOMETRIES = 64
+
+_kept = threading.local()
+"""``phases``: this thread's kept phases and column views by (geometry, batch, dtype)."""
+
+
+def _column_views(geometry: FlatGeometry, images: np.ndarray) -> list[np.ndarray]:
+    """The column views (:func:`column_views`) of the zero-padded phases of ``images``
+    ``(B, hx, wx)``: kept ones for small inputs, else in this thread's scratch."""
     sh, sw = geometry.strides
-    phases = scratch("phases", (sh, sw, images.shape[0], geometry.phase_size), images.dtype)
+    shape = (sh, sw, images.shape[0], geometry.phase_size)
+    small = math.prod(shape) * images.itemsize <= KEPT_PHASES_BYTES
+    if small:
+        # Keyed by the geometry's id (hashing its fields costs microseconds); the entry
+        # holds the geometry, so that an id reused by another one is not mistaken.
+        kept: dict[tuple[int, int, np.dtype], tuple[FlatGeometry, np.ndarray, list[np.ndarray]]]
+        kept = getattr(_kept, "phases", None) or {}
+        _kept.phases = kept
+        key = (id(geometry), images.shape[0], images.dtype)
+        entry = kept.get(key)
+        if entry is None or entry[0] is not geometry:
+            if len(kept) >= KEPT_GEOMETRIES:
+                kept.clear()
+            phases = np.zeros(shape, images.dtype)
+            entry = kept[key] = (geometry, phases, column_views(geometry, phases))
+        fill_phases(geometry, images, entry[1])
+        return entry[2]
+    phases = scratch("phases", shape, images.dtype)
     phases.fill(0)
     fill_phases(geometry, images, phases)
-    return phases
+    return column_views(geometry, phases)
 
 
 def _crop(geometry: FlatGeometry, full: np.ndarray, y: np.ndarray) -> None:
@@ -266,11 +298,10 @@ def flat_conv(
     m = y.shape[1]
     taps, length = len(geometry.order), geometry.length
     oh, ow = geometry.out_shape
-    phases = _phases(geometry, x.reshape(n * c, *geometry.in_shape))
-    views = column_views(geometry, phases)
+    views = _column_views(geometry, x.reshape(n * c, *geometry.in_shape))
     cols = scratch("cols", (c, taps, length), x.dtype)
-    full = scratch("full", (group, m // group, length), x.dtype)
     direct = geometry.exact or ow == geometry.grid[1]
+    full = None if direct else scratch("full", (group, m // group, length), x.dtype)
     for image in range(n):
         base = image * c
 
@@ -282,12 +313,12 @@ def flat_conv(
         if group == 1 and by_pixels(m, matrix.shape[1], length):
             product_by_pixels(wmat[0], matrix[0], y[image].reshape(m, oh, ow))
             continue
-        target = y[image].reshape(group, m // group, length) if direct else full
+        target = y[image].reshape(group, m // group, length) if full is None else full
         if group == 1:
             gemm_2d(wmat[0], matrix[0], target[0])
         else:
             stacked_matmul(wmat, matrix, target)
-        if not direct:
+        if full is not None:
             _crop(geometry, full.reshape(m, length), y[image].reshape(m, oh, ow))
 
 
@@ -358,8 +389,7 @@ def flat_depthwise(
     n, c = x.shape[:2]
     taps, length = len(geometry.order), geometry.length
     oh, ow = geometry.out_shape
-    phases = _phases(geometry, x.reshape(n * c, *geometry.in_shape))
-    views = column_views(geometry, phases)
+    views = _column_views(geometry, x.reshape(n * c, *geometry.in_shape))
     stack = weights.reshape(c, 1, taps)
     images = y.reshape(n * c, oh, ow)
     block = max(1, DEPTHWISE_BLOCK_BYTES // (taps * length * x.itemsize))
