@@ -270,8 +270,10 @@ def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
     ) -> tuple[np.ndarray]:
         # A depthwise convolution adds Z and applies the activation on each thread's
         # share of its output, while that is in the cache, in the thread that made it.
+        # (Only a depthwise convolution, with one input channel per filter, can apply it.)
         whole = z is None or (z.ndim == x.ndim and z.shape[:2] == (x.shape[0], w.shape[0]))
-        epilogue = _conv_epilogue(z, act) if whole and (z is not None or act) else None
+        useful = w.shape[1] == 1 and (z is not None or act is not None)
+        epilogue = _conv_epilogue(z, act) if whole and useful else None
         y, applied = compute(x, w, b, out, epilogue)
         if applied:
             return (y,)
