@@ -1,10 +1,14 @@
 """Convolution kernels: Conv and ConvTranspose over 1-, 2- and 3-D (any rank) inputs.
 
-Conv is im2col on a strided window view of the once-padded input followed by one
-BLAS matmul (batched over groups); 1x1 stride-1 unpadded convolutions skip im2col.
-ConvTranspose is one matmul producing columns and a col2im scatter-add that loops over
-kernel positions only. Weight matrices are prepared at compile time when W is constant.
-The padding and window helpers are shared with the pooling kernels.
+Conv is im2col followed by one BLAS matmul (batched over groups); 1x1 stride-1 unpadded
+convolutions skip im2col. 1-D and 2-D ones copy their columns from the phase-flattened
+padded input (:mod:`.conv_flat`), depthwise ones multiply blocks of such columns by
+their channels' taps, and 3x3 stride-1 ones with many channels run as Winograd F(2x2,
+3x3) (:mod:`.conv_winograd`); small ones (and N-D ones) use the strided window view of
+the once-padded input. ConvTranspose is one matmul producing columns and a col2im
+scatter-add that loops over kernel positions only. Weight matrices are prepared at
+compile time when W is constant. The padding and window helpers are shared with the
+pooling kernels.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     flat_depthwise,
     flat_geometry,
     product_by_pixels,
+    scratch,
 )
 from aioinfer.devices.cpu.kernels.conv_winograd import (
     winograd_conv,
@@ -423,20 +428,6 @@ class _Columns:
         self.cols = np.empty(self.view.shape, dtype)
 
 
-_arena = threading.local()
-"""``buffer``: this thread's scratch bytes for large im2col columns (grown on demand)."""
-
-
-def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array of ``shape`` in this thread's scratch buffer (valid until
-    the next call on this thread)."""
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    buffer = getattr(_arena, "buffer", None)
-    if buffer is None or buffer.nbytes < nbytes:
-        buffer = _arena.buffer = np.empty(nbytes, np.uint8)
-    return buffer[:nbytes].view(dtype).reshape(shape)
-
-
 def _im2col(local: threading.local, plan: _ConvPlan, x: np.ndarray) -> np.ndarray:
     """The columns ``(N, C, *kernel, *out)`` of ``x``'s windows, in a buffer reused by
     the next call on this thread (see :data:`KEPT_COLUMNS_BYTES`)."""
@@ -456,7 +447,7 @@ def _im2col(local: threading.local, plan: _ConvPlan, x: np.ndarray) -> np.ndarra
         return _im2col(local, plan, x)
     padded = pad_spatial(x, plan.begins, plan.ends)
     view = window_view(padded, plan.kernel_shape, plan.out_shape, plan.strides, plan.dilations)
-    cols = _scratch(view.shape, x.dtype)
+    cols = scratch("cols", view.shape, x.dtype)
 
     def copy(start: int, stop: int) -> None:  # split by input channel
         np.copyto(cols[:, start:stop], view[:, start:stop])
@@ -469,9 +460,8 @@ def _depthwise(
     x: np.ndarray, w: np.ndarray, b: np.ndarray | None, plan: _ConvPlan, out: np.ndarray | None
 ) -> np.ndarray:
     """One filter per channel: a multiply-add per kernel tap, vectorised over batch,
-    channels and pixels; 1-D and 2-D inputs take :func:`_depthwise_flat`."""
-    if len(plan.kernel_shape) <= 2:
-        return _depthwise_flat(x, w, b, plan, out)
+    channels and pixels (N-D inputs and empty batches; 1-D and 2-D ones take
+    :func:`.conv_flat.flat_depthwise`)."""
     n, c = x.shape[:2]
     padded = pad_spatial(x, plan.begins, plan.ends)
     view = window_view(padded, plan.kernel_shape, plan.out_shape, plan.strides, plan.dilations)
@@ -489,75 +479,6 @@ def _depthwise(
             y += scratch
     if b is not None:
         y += b.reshape(lead)
-    return y
-
-
-def _depthwise_flat(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, plan: _ConvPlan, out: np.ndarray | None
-) -> np.ndarray:
-    """Depthwise 1-D/2-D convolution where every tap reads one contiguous run.
-
-    The padded input is split into its ``stride x stride`` phases (one for stride 1),
-    each flattened per channel with rows of a common width ``Wq``. Tap ``(i, j)`` of
-    output pixel ``(r, q)`` reads phase ``(i*d % s, j*d % s)`` at row ``r + i*d // s``,
-    column ``q + j*d // s``: over all pixels, one contiguous slice of that phase, shifted
-    by a constant. So each tap is a multiply and an add over contiguous rows of ``oh * Wq``
-    elements (the ``Wq - ow`` columns past each output row are computed and dropped),
-    instead of over strided 4-D views whose inner runs are one output row long: PP-LCNet's
-    5x5 depthwise convolutions on 256x14x14 take 0.49 instead of 0.82 ms, 3x3 ones on
-    64x56x56 0.34 instead of 0.69 ms. The taps are
-    added in the same order as before, so the results are the same bit for bit.
-    """
-    n, c = x.shape[:2]
-    rank = len(plan.kernel_shape)
-    lift = (1,) * (2 - rank)  # 1-D as 2-D with one row
-    kh, kw = lift + plan.kernel_shape
-    sh, sw = lift + plan.strides
-    dh, dw = lift + plan.dilations
-    oh, ow = lift + plan.out_shape
-    hx, wx = lift + x.shape[2:]
-    no_pad = (0,) * (2 - rank)
-    (bh, bw), (eh, ew) = no_pad + plan.begins, no_pad + plan.ends
-    hp, wp = hx + bh + eh, wx + bw + ew
-    hq, wq = -(-hp // sh), -(-wp // sw)
-    length = oh * wq
-    # Phases (a, b): padded[:, a::sh, b::sw], each (n*c, hq*wq) plus a row of slack for
-    # the shifted reads of the last output row.
-    # The phases and two work arrays live in this thread's scratch buffer: fresh arrays
-    # of this size would fault in new pages on every call.
-    phase_size, work_size = sh * sw * n * c * (hq + 1) * wq, n * c * length
-    arena = _scratch((phase_size + 2 * work_size,), x.dtype)
-    phases = arena[:phase_size].reshape(sh, sw, n * c, (hq + 1) * wq)
-    phases.fill(0)
-    full = arena[phase_size : phase_size + work_size].reshape(n * c, length)
-    scratch = arena[phase_size + work_size :].reshape(n * c, length)
-    images = x.reshape(n * c, hx, wx)
-    if sh == sw == 1:  # the one phase is the padded input: copy x into its interior
-        grid = phases[0, 0, :, : hq * wq].reshape(n * c, hq, wq)
-        grid[:, bh : bh + hx, bw : bw + wx] = images
-    else:
-        padded = pad_spatial(images[:, None], (bh, bw), (eh, ew))[:, 0]
-        for a in range(sh):
-            for bb in range(sw):
-                part = padded[:, a::sh, bb::sw]
-                grid = phases[a, bb, :, : hq * wq].reshape(n * c, hq, wq)
-                grid[:, : part.shape[1], : part.shape[2]] = part
-    weights = np.tile(w.reshape(c, kh * kw).astype(x.dtype, copy=False), (n, 1))
-    for number in range(kh * kw):
-        i, j = divmod(number, kw)
-        rows, cols = i * dh, j * dw
-        offset = (rows // sh) * wq + cols // sw
-        taps = phases[rows % sh, cols % sw, :, offset : offset + length]
-        tap_weights = weights[:, number : number + 1]
-        if number == 0:
-            np.multiply(taps, tap_weights, out=full)
-        else:
-            np.multiply(taps, tap_weights, out=scratch)
-            full += scratch
-    y = out if out is not None else np.empty((n, c, *plan.out_shape), dtype=x.dtype)
-    y.reshape(n * c, oh, ow)[...] = full.reshape(n * c, oh, wq)[:, :, :ow]
-    if b is not None:
-        y += b.reshape((1, c) + (1,) * rank)
     return y
 
 
