@@ -18,7 +18,7 @@ import pytest
 
 from aioinfer.devices.cpu.kernels import parallel
 from aioinfer.devices.cpu.kernels.conv import KEPT_COLUMNS_BYTES
-from aioinfer.devices.cpu.kernels.conv_flat import flat_geometry
+from aioinfer.devices.cpu.kernels.conv_flat import PER_TAP_LENGTH, flat_geometry
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 from tests.kernels._check import run_aioinfer, run_reference
@@ -70,6 +70,13 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (2, 4, 3, 4),
         (4, 1, 3, 3),
         {"group": 4, "pads": [3, 3, 3, 3], "dilations": [3, 2]},
+    ),
+    # Large maps: tap by tap over long runs.
+    "depthwise-3x3-large-map": ((2, 6, 60, 61), (6, 1, 3, 3), {"group": 6, "pads": [1] * 4}),
+    "depthwise-3x3-large-map-stride-2": (
+        (1, 5, 130, 121),
+        (5, 1, 3, 3),
+        {"group": 5, "pads": [1] * 4, "strides": [2, 2]},
     ),
     "depthwise-1d": ((2, 16, 50), (16, 1, 5), {"group": 16, "pads": [2, 2]}),
     # Taps of one phase whose offsets do not form one run (stride 3, dilation 2, and
@@ -147,6 +154,9 @@ def test_the_cases_take_the_paths_they_name() -> None:
             _, out = geometry(case)
             columns = x_shape[0] * x_shape[1] * np.prod(w_shape[2:]) * np.prod(out) * 4
             assert columns > KEPT_COLUMNS_BYTES, case
+    for case in ("depthwise-3x3-large-map", "depthwise-3x3-large-map-stride-2"):
+        assert geometry(case)[0].length >= PER_TAP_LENGTH
+    assert geometry("depthwise-5x5-many-channels")[0].length < PER_TAP_LENGTH
     short, _ = geometry("depthwise-5x5-short-maps")
     assert len(short.order) == 15  # kernel rows 0 and 4 read only padding
     irregular, _ = geometry("general-stride-3-dilation-2")
@@ -211,12 +221,13 @@ def test_conv_paths_dtypes(case: str, dtype: type, tol: float) -> None:
     ("activation", "unfused_op"), [("HardSwish", "HardSwish"), ("Relu", "Relu"), ("", None)]
 )
 @pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("case", ["depthwise-5x5-many-channels", "depthwise-3x3-large-map"])
 def test_fused_depthwise_epilogue(
-    activation: str, unfused_op: str | None, residual: bool, threads: int
+    activation: str, unfused_op: str | None, residual: bool, case: str, threads: int
 ) -> None:
     """FusedConv on a depthwise convolution: bias, residual and activation applied on
     each thread's share of the output, as the unfused nodes compute them."""
-    x_shape, w_shape, attrs = CASES["depthwise-5x5-many-channels"]
+    x_shape, w_shape, attrs = CASES[case]
     x_shape = (2, *x_shape[1:])
     feeds = {"x": _random(*x_shape), "w": _random(*w_shape), "b": _random(w_shape[0])}
     if residual:

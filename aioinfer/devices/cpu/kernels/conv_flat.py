@@ -180,7 +180,9 @@ def flat_geometry(
     # multiply-add on the dropped columns, and dropping them (the crop) about 2 per kept
     # element; exact columns cost about 200 per run of ow elements instead.
     inner = channels * len(order)
-    exact = ow < wq and 0.3 * filters * inner * (wq - ow) + 2 * filters * ow > 200 * inner
+    # Depthwise convolutions (one filter) always take the long runs.
+    dropped = 0.3 * filters * inner * (wq - ow) + 2 * filters * ow
+    exact = filters > 1 and ow < wq and dropped > 200 * inner
     return FlatGeometry(
         (sh, sw), (bh, bw), (hx, wx), (hq, wq), (oh, ow), tuple(groups), tuple(order), exact
     )
@@ -365,6 +367,38 @@ def product_by_pixels(w: np.ndarray, cols: np.ndarray, y: np.ndarray) -> None:
     run_parallel(transpose, m, work=y.size)
 
 
+def _taps_into(
+    views: list[np.ndarray],
+    first: int,
+    last: int,
+    kernels: np.ndarray,
+    total: np.ndarray,
+    work: np.ndarray,
+) -> None:
+    """``total`` ``(last - first, length)`` = the sum over taps of each tap's columns
+    (of :func:`column_views`) times the channel's weight for it (``kernels``
+    ``(last - first, taps)``): one multiply and one add per tap, ``work`` their
+    temporary."""
+    number = 0
+    for view in views:
+        for u in range(view.shape[1]):
+            for v in range(view.shape[2]):
+                weight = kernels[:, number : number + 1]
+                if number == 0:
+                    np.multiply(view[first:last, u, v], weight, out=total)
+                else:
+                    np.multiply(view[first:last, u, v], weight, out=work)
+                    total += work
+                number += 1
+
+
+PER_TAP_LENGTH = 2048
+"""Depthwise convolutions with at least this many columns per channel (large maps, few
+channels) multiply and add tap by tap over long contiguous runs instead of copying
+their columns (their copy, ``taps`` times the map, falls out of the cache): 16 3x3
+filters over 16x112x112 and 64 over 64x56x56 take 0.54 and 0.49 instead of 0.57 and
+0.62 ms in PP-LCNet's run."""
+
 DEPTHWISE_BLOCK_BYTES = 1 << 19
 """Columns per block of a depthwise convolution: they stay in the L2 cache between their
 copy and their product."""
@@ -392,23 +426,31 @@ def flat_depthwise(
     views = _column_views(geometry, x.reshape(n * c, *geometry.in_shape))
     stack = weights.reshape(c, 1, taps)
     images = y.reshape(n * c, oh, ow)
-    block = max(1, DEPTHWISE_BLOCK_BYTES // (taps * length * x.itemsize))
+    per_tap = length >= PER_TAP_LENGTH
+    if per_tap:  # a block per thread: the passes are long already (and their results
+        block = -(-(n * c) // intra_op_threads())  # do not depend on the blocks)
+    else:
+        block = max(1, DEPTHWISE_BLOCK_BYTES // (taps * length * x.itemsize))
     blocks = -(-(n * c) // block)
 
     def part(start: int, stop: int) -> None:
         if start >= stop:
             return
-        cols = scratch("block", (block, taps, length), x.dtype)
+        cols = scratch("block", (block, 1 if per_tap else taps, length), x.dtype)
         full = scratch("block-out", (block, 1, length), x.dtype)
         for number in range(start, stop):
             first, last = number * block, min(n * c, (number + 1) * block)
             size = last - first
-            copy_columns(views, first, last, cols[:size])
             channel = first % c
             if channel + size <= c:
                 kernels = stack[channel : channel + size]
             else:  # a block across images
                 kernels = stack[np.arange(first, last) % c]
+            if per_tap:
+                _taps_into(views, first, last, kernels[:, 0], full[:size, 0], cols[:size, 0])
+                _crop(geometry, full[:size, 0], images[first:last])
+                continue
+            copy_columns(views, first, last, cols[:size])
             if geometry.exact:
                 np.matmul(kernels, cols[:size], out=images[first:last].reshape(size, 1, -1))
             else:
