@@ -221,7 +221,9 @@ def test_conv_paths_dtypes(case: str, dtype: type, tol: float) -> None:
     ("activation", "unfused_op"), [("HardSwish", "HardSwish"), ("Relu", "Relu"), ("", None)]
 )
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("case", ["depthwise-5x5-many-channels", "depthwise-3x3-large-map"])
+@pytest.mark.parametrize(
+    "case", ["depthwise-5x5-many-channels", "depthwise-3x3-large-map", "depthwise-1d"]
+)
 def test_fused_depthwise_epilogue(
     activation: str, unfused_op: str | None, residual: bool, case: str, threads: int
 ) -> None:

@@ -292,6 +292,10 @@ def _conv_epilogue(z: np.ndarray | None, act: InPlace | None) -> Epilogue:
     def finish(first: int, last: int, block: np.ndarray) -> None:
         if rows is not None:
             part = rows[first:last]
+            if part.ndim < block.ndim:  # a 1-D convolution's blocks have one row
+                part = part.reshape(
+                    part.shape[0], *(1,) * (block.ndim - part.ndim), *part.shape[1:]
+                )
             if np.broadcast_shapes(part.shape, block.shape) != block.shape:
                 raise ValueError(
                     f"FusedConv: Z of shape {z.shape if z is not None else None} does not "
