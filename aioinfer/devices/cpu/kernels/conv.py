@@ -1,10 +1,14 @@
 """Convolution kernels: Conv and ConvTranspose over 1-, 2- and 3-D (any rank) inputs.
 
-Conv is im2col on a strided window view of the once-padded input followed by one
-BLAS matmul (batched over groups); 1x1 stride-1 unpadded convolutions skip im2col.
-ConvTranspose is one matmul producing columns and a col2im scatter-add that loops over
-kernel positions only. Weight matrices are prepared at compile time when W is constant.
-The padding and window helpers are shared with the pooling kernels.
+Conv is im2col followed by one BLAS matmul (batched over groups); 1x1 stride-1 unpadded
+convolutions skip im2col. 1-D and 2-D ones copy their columns from the phase-flattened
+padded input (:mod:`.conv_flat`), depthwise ones multiply blocks of such columns by
+their channels' taps, and 3x3 stride-1 ones with many channels run as Winograd F(2x2,
+3x3) (:mod:`.conv_winograd`); small ones (and N-D ones) use the strided window view of
+the once-padded input. ConvTranspose is one matmul producing columns and a col2im
+scatter-add that loops over kernel positions only. Weight matrices are prepared at
+compile time when W is constant. The padding and window helpers are shared with the
+pooling kernels.
 """
 
 from __future__ import annotations
@@ -18,6 +22,21 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from aioinfer.devices.cpu.kernels.conv_flat import (
+    Epilogue,
+    FlatGeometry,
+    by_pixels,
+    flat_conv,
+    flat_depthwise,
+    flat_geometry,
+    product_by_pixels,
+    scratch,
+)
+from aioinfer.devices.cpu.kernels.conv_winograd import (
+    winograd_conv,
+    winograd_fits,
+    winograd_weights,
+)
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d, stacked_matmul
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
@@ -144,13 +163,24 @@ class _ConvPlan:
     """1x1 kernel, stride 1, no padding: the input already is the column matrix."""
     pixels: int
     """Output positions per image and channel."""
+    flat: FlatGeometry | None
+    """1-D and 2-D kernels other than pointwise ones: their phase-flattened windows."""
+    winograd: bool
+    """A 3x3 stride-1 convolution with many channels: Winograd F(2x2, 3x3)."""
+    small: bool
+    """im2col columns of at most :data:`KEPT_COLUMNS_BYTES` (float32): kept per node,
+    which costs a small convolution less than the phase-flattened columns."""
 
 
 ConvCompute = Callable[
-    [np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"], np.ndarray
+    [np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None", "Epilogue | None"],
+    tuple[np.ndarray, bool],
 ]
-"""``compute(x, w, b, out) -> y``: a convolution written into ``out`` when it is given (a
-contiguous array of y's shape and dtype), else into a new array."""
+"""``compute(x, w, b, out, epilogue) -> (y, applied)``: a convolution written into
+``out`` when it is given (a contiguous array of y's shape and dtype), else into a new
+array; ``applied`` tells whether the ``epilogue`` (see :data:`.conv_flat.Epilogue`) was
+applied to all of ``y`` (depthwise 1-D and 2-D convolutions apply it on each thread's
+share of the output); when not, the caller applies it."""
 
 
 def conv_compute(spec: NodeSpec) -> ConvCompute:
@@ -195,6 +225,21 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         if min(out) < 1:
             raise ValueError(f"Conv: input {x_shape} is smaller than the kernel {kshape}")
         pointwise = all(k == 1 for k in kshape) and not any(begins) and not any(ends)
+        flat = (
+            flat_geometry(
+                x_shape[2:],
+                kshape,
+                strides,
+                dilations,
+                begins,
+                ends,
+                out,
+                w_shape[0] // group,
+                w_shape[1],
+            )
+            if rank <= 2 and not pointwise
+            else None
+        )
         return _ConvPlan(
             kshape,
             strides,
@@ -204,6 +249,17 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             tuple(out),
             pointwise,
             math.prod(out),
+            flat,
+            winograd_fits(
+                kshape,
+                strides,
+                dilations,
+                group,
+                x_shape[1],
+                w_shape[0],
+                tuple(out),
+            ),
+            x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out) * 4 <= KEPT_COLUMNS_BYTES,
         )
 
     def weight_matrix(w: np.ndarray) -> np.ndarray:
@@ -214,14 +270,38 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
 
     w_const = spec.const(1)
     w_fixed = weight_matrix(w_const) if w_const is not None else None
+    transformed: list[np.ndarray] = []
+    """Constant weights transformed for Winograd, made at the first call that uses them."""
+    ordered: dict[tuple[int, ...], np.ndarray] = {}
+    """Constant weights with their taps in the order of a geometry's columns."""
+
+    def tap_ordered(w: np.ndarray, wmat: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
+        """``wmat`` (or depthwise ``(C, taps)``) with the taps of ``order``, cached when
+        ``w`` is constant."""
+        if w_const is not None and order in ordered:
+            return ordered[order]
+        taps = math.prod(w.shape[2:])
+        if group == w.shape[0] and w.shape[1] == 1:  # depthwise: (C, taps)
+            matrix = wmat.reshape(group, taps)[:, order]
+        else:
+            shape = wmat.shape
+            matrix = wmat.reshape(*shape[:2], -1, taps)[..., order].reshape(*shape[:2], -1)
+        matrix = np.ascontiguousarray(matrix)
+        if w_const is not None:
+            cached_plan(ordered, order, lambda: matrix)
+        return matrix
 
     local = threading.local()
     """This thread's :class:`_Columns` per input shape (kernels are shared by requests
     running on several threads)."""
 
     def compute(
-        x: np.ndarray, w: np.ndarray, b: np.ndarray | None, out: np.ndarray | None
-    ) -> np.ndarray:
+        x: np.ndarray,
+        w: np.ndarray,
+        b: np.ndarray | None,
+        out: np.ndarray | None,
+        epilogue: Epilogue | None = None,
+    ) -> tuple[np.ndarray, bool]:
         plan = cached_plan(plans, (x.shape, w.shape), lambda: plan_for(x.shape, w.shape))
         n, c = x.shape[:2]
         work = x.astype(compute_dtype(x.dtype), copy=False)
@@ -229,9 +309,34 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             out.dtype != work.dtype or out.shape != (n, w.shape[0], *plan.out_shape)
         ):
             out = None  # another shape than when the memory plan was made
-        if group == c and w.shape[:2] == (c, 1) and not plan.pointwise:
-            return _depthwise(work, w, b, plan, out).astype(x.dtype, copy=False)
         wmat = w_fixed if w_fixed is not None else weight_matrix(w)
+        flat = plan.flat
+        depthwise = group == c and w.shape[:2] == (c, 1)
+        if plan.winograd and n:
+            y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
+            if w_const is None:
+                u = winograd_weights(w, work.dtype)
+            else:
+                if not transformed:
+                    transformed.append(winograd_weights(w_const, work.dtype))
+                u = transformed[0]
+            winograd_conv(work, u, plan.begins, plan.out_shape, y)
+            if b is not None:
+                y += b.reshape(-1, 1, 1)
+            return y.astype(x.dtype, copy=False), False
+        if flat is not None and n and (depthwise or not plan.small):
+            y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
+            weights = tap_ordered(w, wmat, flat.order)
+            if depthwise:
+                finish = _chain(_bias_epilogue(b, c, work.dtype), epilogue)
+                flat_depthwise(flat, work, weights, y, finish)
+                return y.astype(x.dtype, copy=False), epilogue is not None
+            flat_conv(flat, work, weights, y)
+            if b is not None:
+                y += b.reshape((-1,) + (1,) * len(plan.out_shape))
+            return y.astype(x.dtype, copy=False), False
+        if depthwise and not plan.pointwise:
+            return _depthwise(work, w, b, plan, out).astype(x.dtype, copy=False), False
         pixels = plan.pixels
         if plan.pointwise:
             # 1x1 kernel without padding: the (strided) input is the column matrix.
@@ -247,7 +352,10 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if out is None
             else out.reshape(n, group, m // group, pixels)
         )
-        if group == 1:
+        if group == 1 and plan.pointwise and by_pixels(m, c, pixels):
+            for image in range(n):  # split between the threads by pixels
+                product_by_pixels(wmat[0], cols[image, 0], y[image, 0].reshape(m, 1, pixels))
+        elif group == 1:
             for image in range(n):  # a large product is split between the threads
                 gemm_2d(wmat[0], cols[image, 0], y[image, 0])
         else:
@@ -255,9 +363,38 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         y = y.reshape(n, m, pixels)
         if b is not None:
             y += b.reshape(-1, 1)
-        return y.reshape((n, m, *plan.out_shape)).astype(x.dtype, copy=False)
+        return y.reshape((n, m, *plan.out_shape)).astype(x.dtype, copy=False), False
 
     return compute
+
+
+def _bias_epilogue(b: np.ndarray | None, channels: int, dtype: np.dtype) -> Epilogue | None:
+    """The epilogue adding ``b`` to blocks of a depthwise convolution's output."""
+    if b is None:
+        return None
+    bias = b.astype(dtype, copy=False).reshape(-1, 1, 1)
+
+    def add(first: int, last: int, block: np.ndarray) -> None:
+        channel = first % channels
+        if channel + last - first <= channels:
+            block += bias[channel : channel + last - first]
+        else:
+            block += bias[np.arange(first, last) % channels]
+
+    return add
+
+
+def _chain(first: Epilogue | None, then: Epilogue | None) -> Epilogue | None:
+    """``first`` then ``then`` on each block (either may be None)."""
+    if first is None or then is None:
+        return first or then
+    both = (first, then)
+
+    def run(start: int, stop: int, block: np.ndarray) -> None:
+        for epilogue in both:
+            epilogue(start, stop, block)
+
+    return run
 
 
 KEPT_COLUMNS_BYTES = 1 << 18
@@ -291,20 +428,6 @@ class _Columns:
         self.cols = np.empty(self.view.shape, dtype)
 
 
-_arena = threading.local()
-"""``buffer``: this thread's scratch bytes for large im2col columns (grown on demand)."""
-
-
-def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array of ``shape`` in this thread's scratch buffer (valid until
-    the next call on this thread)."""
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    buffer = getattr(_arena, "buffer", None)
-    if buffer is None or buffer.nbytes < nbytes:
-        buffer = _arena.buffer = np.empty(nbytes, np.uint8)
-    return buffer[:nbytes].view(dtype).reshape(shape)
-
-
 def _im2col(local: threading.local, plan: _ConvPlan, x: np.ndarray) -> np.ndarray:
     """The columns ``(N, C, *kernel, *out)`` of ``x``'s windows, in a buffer reused by
     the next call on this thread (see :data:`KEPT_COLUMNS_BYTES`)."""
@@ -324,7 +447,7 @@ def _im2col(local: threading.local, plan: _ConvPlan, x: np.ndarray) -> np.ndarra
         return _im2col(local, plan, x)
     padded = pad_spatial(x, plan.begins, plan.ends)
     view = window_view(padded, plan.kernel_shape, plan.out_shape, plan.strides, plan.dilations)
-    cols = _scratch(view.shape, x.dtype)
+    cols = scratch("cols", view.shape, x.dtype)
 
     def copy(start: int, stop: int) -> None:  # split by input channel
         np.copyto(cols[:, start:stop], view[:, start:stop])
@@ -337,9 +460,8 @@ def _depthwise(
     x: np.ndarray, w: np.ndarray, b: np.ndarray | None, plan: _ConvPlan, out: np.ndarray | None
 ) -> np.ndarray:
     """One filter per channel: a multiply-add per kernel tap, vectorised over batch,
-    channels and pixels; 1-D and 2-D inputs take :func:`_depthwise_flat`."""
-    if len(plan.kernel_shape) <= 2:
-        return _depthwise_flat(x, w, b, plan, out)
+    channels and pixels (N-D inputs and empty batches; 1-D and 2-D ones take
+    :func:`.conv_flat.flat_depthwise`)."""
     n, c = x.shape[:2]
     padded = pad_spatial(x, plan.begins, plan.ends)
     view = window_view(padded, plan.kernel_shape, plan.out_shape, plan.strides, plan.dilations)
@@ -360,75 +482,6 @@ def _depthwise(
     return y
 
 
-def _depthwise_flat(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, plan: _ConvPlan, out: np.ndarray | None
-) -> np.ndarray:
-    """Depthwise 1-D/2-D convolution where every tap reads one contiguous run.
-
-    The padded input is split into its ``stride x stride`` phases (one for stride 1),
-    each flattened per channel with rows of a common width ``Wq``. Tap ``(i, j)`` of
-    output pixel ``(r, q)`` reads phase ``(i*d % s, j*d % s)`` at row ``r + i*d // s``,
-    column ``q + j*d // s``: over all pixels, one contiguous slice of that phase, shifted
-    by a constant. So each tap is a multiply and an add over contiguous rows of ``oh * Wq``
-    elements (the ``Wq - ow`` columns past each output row are computed and dropped),
-    instead of over strided 4-D views whose inner runs are one output row long: PP-LCNet's
-    5x5 depthwise convolutions on 256x14x14 take 0.49 instead of 0.82 ms, 3x3 ones on
-    64x56x56 0.34 instead of 0.69 ms. The taps are
-    added in the same order as before, so the results are the same bit for bit.
-    """
-    n, c = x.shape[:2]
-    rank = len(plan.kernel_shape)
-    lift = (1,) * (2 - rank)  # 1-D as 2-D with one row
-    kh, kw = lift + plan.kernel_shape
-    sh, sw = lift + plan.strides
-    dh, dw = lift + plan.dilations
-    oh, ow = lift + plan.out_shape
-    hx, wx = lift + x.shape[2:]
-    no_pad = (0,) * (2 - rank)
-    (bh, bw), (eh, ew) = no_pad + plan.begins, no_pad + plan.ends
-    hp, wp = hx + bh + eh, wx + bw + ew
-    hq, wq = -(-hp // sh), -(-wp // sw)
-    length = oh * wq
-    # Phases (a, b): padded[:, a::sh, b::sw], each (n*c, hq*wq) plus a row of slack for
-    # the shifted reads of the last output row.
-    # The phases and two work arrays live in this thread's scratch buffer: fresh arrays
-    # of this size would fault in new pages on every call.
-    phase_size, work_size = sh * sw * n * c * (hq + 1) * wq, n * c * length
-    arena = _scratch((phase_size + 2 * work_size,), x.dtype)
-    phases = arena[:phase_size].reshape(sh, sw, n * c, (hq + 1) * wq)
-    phases.fill(0)
-    full = arena[phase_size : phase_size + work_size].reshape(n * c, length)
-    scratch = arena[phase_size + work_size :].reshape(n * c, length)
-    images = x.reshape(n * c, hx, wx)
-    if sh == sw == 1:  # the one phase is the padded input: copy x into its interior
-        grid = phases[0, 0, :, : hq * wq].reshape(n * c, hq, wq)
-        grid[:, bh : bh + hx, bw : bw + wx] = images
-    else:
-        padded = pad_spatial(images[:, None], (bh, bw), (eh, ew))[:, 0]
-        for a in range(sh):
-            for bb in range(sw):
-                part = padded[:, a::sh, bb::sw]
-                grid = phases[a, bb, :, : hq * wq].reshape(n * c, hq, wq)
-                grid[:, : part.shape[1], : part.shape[2]] = part
-    weights = np.tile(w.reshape(c, kh * kw).astype(x.dtype, copy=False), (n, 1))
-    for number in range(kh * kw):
-        i, j = divmod(number, kw)
-        rows, cols = i * dh, j * dw
-        offset = (rows // sh) * wq + cols // sw
-        taps = phases[rows % sh, cols % sw, :, offset : offset + length]
-        tap_weights = weights[:, number : number + 1]
-        if number == 0:
-            np.multiply(taps, tap_weights, out=full)
-        else:
-            np.multiply(taps, tap_weights, out=scratch)
-            full += scratch
-    y = out if out is not None else np.empty((n, c, *plan.out_shape), dtype=x.dtype)
-    y.reshape(n * c, oh, ow)[...] = full.reshape(n * c, oh, wq)[:, :, :ow]
-    if b is not None:
-        y += b.reshape((1, c) + (1,) * rank)
-    return y
-
-
 @kernel("Conv", since=1)
 def conv(spec: NodeSpec) -> Kernel:
     """Conv-1/11/22: N-D convolution with groups, dilations, strides and (auto) padding.
@@ -436,7 +489,7 @@ def conv(spec: NodeSpec) -> Kernel:
     im2col on a window view and one BLAS matmul; 1x1 unpadded kernels skip im2col
     (strided ones take a strided slice); depthwise kernels multiply-add per tap."""
     compute = conv_compute(spec)
-    return lambda x, w, b=None: (compute(x, w, b, None),)
+    return lambda x, w, b=None: (compute(x, w, b, None, None)[0],)
 
 
 @out_kernel(conv)
@@ -444,7 +497,7 @@ def conv_into(spec: NodeSpec) -> OutKernel:
     """Conv writing into a planned buffer."""
     compute = conv_compute(spec)
 
-    return lambda out, x, w, b=None: (compute(x, w, b, out),)
+    return lambda out, x, w, b=None: (compute(x, w, b, out, None)[0],)
 
 
 # -- ConvTranspose ----------------------------------------------------------------------

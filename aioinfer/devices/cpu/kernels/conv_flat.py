@@ -1,0 +1,463 @@
+"""1-D and 2-D convolutions on phase-flattened windows.
+
+The padded input is split into its ``stride x stride`` phases (one phase for stride 1),
+each stored per channel as a flat run of rows of a common width ``wq``. Kernel tap
+``(i, j)`` of output pixel ``(r, q)`` reads phase ``(i*dh % sh, j*dw % sw)`` at row
+``r + i*dh // sh``, column ``q + j*dw // sw``: over all output pixels, one contiguous
+slice of that phase shifted by a constant. The columns of a tap are therefore one
+contiguous run of ``oh * wq`` elements (the ``wq - ow`` entries past each output row are
+computed and dropped), and the taps of one phase form a regular grid of such runs: one
+strided view copies them all. Copying the columns of a 3x3 convolution on 64x56x56 this
+way takes a quarter of the time of the 6-D window view whose inner runs are one output
+row long (an eighth on 7x7 maps).
+
+Taps that read only padding for every output pixel (the outer rows of a 5x5 kernel on a
+2-pixel-high map) are left out: their products are zeros.
+
+- General convolutions: the columns of one image, ``(C * taps, oh * wq)``, times the
+  weight matrix (BLAS, split between the intra-op threads), then the ``ow`` valid
+  columns of each output row are kept.
+- Depthwise convolutions: per block of channels whose columns fit the L2 cache, the
+  columns ``(block, taps, oh * wq)`` and a stack of vector-matrix products (BLAS) with
+  the channels' taps; the blocks are split between the intra-op threads. PP-LCNet's 5x5
+  depthwise convolution on 256x14x14 takes 0.25-0.39 instead of 0.53-0.75 ms of one
+  thread (one multiply and one add per tap over the whole map before).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from aioinfer.devices.cpu.kernels.matmul import ROW_ALIGN, SPLIT_PRODUCT, gemm_2d, stacked_matmul
+from aioinfer.devices.cpu.kernels.parallel import intra_op_threads, run_parallel
+
+_arena = threading.local()
+"""``buffers``: this thread's scratch byte buffers by slot (grown on demand)."""
+
+
+def scratch(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array of ``shape`` in this thread's scratch buffer ``slot`` (valid
+    until the next use of that slot on this thread). Fresh arrays of several megabytes
+    would fault in new pages on every call."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    buffers: dict[str, np.ndarray] | None = getattr(_arena, "buffers", None)
+    if buffers is None:
+        buffers = _arena.buffers = {}
+    buffer = buffers.get(slot)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = buffers[slot] = np.empty(nbytes, np.uint8)
+    return buffer[:nbytes].view(dtype).reshape(shape)
+
+
+@dataclass(frozen=True)
+class TapGroup:
+    """Taps of one phase whose offsets form a regular grid: ``rows x cols`` taps, tap
+    ``(u, v)`` of the grid at flat offset ``start + u * row_step + v * col_step`` of
+    phase ``(phase_row, phase_col)``."""
+
+    phase_row: int
+    phase_col: int
+    start: int
+    rows: int
+    row_step: int
+    cols: int
+    col_step: int
+
+
+@dataclass(frozen=True)
+class FlatGeometry:
+    """Where the windows of a 1-D (as one row) or 2-D convolution lie in the phases."""
+
+    strides: tuple[int, int]
+    begins: tuple[int, int]
+    in_shape: tuple[int, int]
+    grid: tuple[int, int]
+    """Rows and width ``wq`` of each phase (one more row is allocated: slack for the
+    dropped columns of the last output row)."""
+    out_shape: tuple[int, int]
+    groups: tuple[TapGroup, ...]
+    order: tuple[int, ...]
+    """The taps used (indices into the row-major kernel), in the order of the columns."""
+    exact: bool
+    """Columns only for the output pixels (``oh * ow`` per tap, copied in runs of ``ow``)
+    rather than ``oh * wq`` in one run: for products so large that the dropped columns
+    cost the matmul more than the short runs cost the copy."""
+
+    @property
+    def length(self) -> int:
+        """Columns per channel and tap: ``oh * ow`` when exact, else ``oh * wq``."""
+        return self.out_shape[0] * (self.out_shape[1] if self.exact else self.grid[1])
+
+    @property
+    def phase_size(self) -> int:
+        """Elements per channel and phase, slack row included."""
+        return (self.grid[0] + 1) * self.grid[1]
+
+
+def _used(size: int, begin: int, out: int, stride: int, kernel: int, dilation: int) -> list[int]:
+    """Kernel positions along one axis that read the input (not only padding) for some
+    output position."""
+    return [
+        k
+        for k in range(kernel)
+        if any(0 <= o * stride + k * dilation - begin < size for o in range(out))
+    ]
+
+
+def _runs(values: list[int]) -> list[list[int]]:
+    """``values`` (ascending) split into maximal runs with a constant step."""
+    runs: list[list[int]] = []
+    for value in values:
+        run = runs[-1] if runs else None
+        if run is not None and (len(run) == 1 or value - run[-1] == run[1] - run[0]):
+            run.append(value)
+        else:
+            runs.append([value])
+    return runs
+
+
+def flat_geometry(
+    in_shape: Sequence[int],
+    kernel_shape: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    begins: Sequence[int],
+    ends: Sequence[int],
+    out_shape: Sequence[int],
+    filters: int = 1,
+    channels: int = 1,
+) -> FlatGeometry:
+    """The geometry of a 1-D or 2-D convolution (spatial shapes and attributes; 1-D is
+    lifted to one row) with ``filters`` output and ``channels`` input channels per group
+    (1 and 1: depthwise)."""
+    lift = (1,) * (2 - len(kernel_shape))
+    zero = (0,) * (2 - len(kernel_shape))
+    hx, wx = lift + tuple(in_shape)
+    kh, kw = lift + tuple(kernel_shape)
+    sh, sw = lift + tuple(strides)
+    dh, dw = lift + tuple(dilations)
+    bh, bw = zero + tuple(begins)
+    eh, ew = zero + tuple(ends)
+    oh, ow = lift + tuple(out_shape)
+    hq, wq = -(-(hx + bh + eh) // sh), -(-(wx + bw + ew) // sw)
+    rows = _used(hx, bh, oh, sh, kh, dh)
+    cols = _used(wx, bw, ow, sw, kw, dw)
+    groups: list[TapGroup] = []
+    order: list[int] = []
+    for a in range(sh):
+        row_offsets = [i * dh // sh for i in rows if i * dh % sh == a]
+        for b in range(sw):
+            col_offsets = [j * dw // sw for j in cols if j * dw % sw == b]
+            for row_run in _runs(row_offsets):
+                for col_run in _runs(col_offsets):
+                    row_step = row_run[1] - row_run[0] if len(row_run) > 1 else 0
+                    col_step = col_run[1] - col_run[0] if len(col_run) > 1 else 0
+                    groups.append(
+                        TapGroup(
+                            a,
+                            b,
+                            row_run[0] * wq + col_run[0],
+                            len(row_run),
+                            row_step * wq,
+                            len(col_run),
+                            col_step,
+                        )
+                    )
+                    # Tap (i, j) with i*dh = a + sh*offset: recover i and j.
+                    order += [
+                        (a + sh * ro) // dh * kw + (b + sw * co) // dw
+                        for ro in row_run
+                        for co in col_run
+                    ]
+    # Costs per output row, in copies of one element within a long run (measured with
+    # OpenBLAS on AVX-512 and numpy 2.4): the matmul spends about 0.3 of them per
+    # multiply-add on the dropped columns, and dropping them (the crop) about 2 per kept
+    # element; exact columns cost about 200 per run of ow elements instead.
+    inner = channels * len(order)
+    # Depthwise convolutions (one filter) always take the long runs.
+    dropped = 0.3 * filters * inner * (wq - ow) + 2 * filters * ow
+    exact = filters > 1 and ow < wq and dropped > 200 * inner
+    return FlatGeometry(
+        (sh, sw), (bh, bw), (hx, wx), (hq, wq), (oh, ow), tuple(groups), tuple(order), exact
+    )
+
+
+def fill_phases(geometry: FlatGeometry, images: np.ndarray, phases: np.ndarray) -> None:
+    """Write ``images`` ``(B, hx, wx)`` into ``phases`` ``(sh, sw, B, phase_size)``, whose
+    other entries (the padding) are zero."""
+    sh, sw = geometry.strides
+    bh, bw = geometry.begins
+    hq, wq = geometry.grid
+    hx, wx = geometry.in_shape
+    count = images.shape[0]
+    for a in range(sh):
+        first_row = (a - bh) % sh
+        if first_row >= hx:
+            continue
+        for b in range(sw):
+            first_col = (b - bw) % sw
+            if first_col >= wx:
+                continue
+            part = images[:, first_row::sh, first_col::sw]
+            top, left = (first_row + bh) // sh, (first_col + bw) // sw
+            grid = phases[a, b, :, : hq * wq].reshape(count, hq, wq)
+            grid[:, top : top + part.shape[1], left : left + part.shape[2]] = part
+
+
+def column_views(geometry: FlatGeometry, phases: np.ndarray) -> list[np.ndarray]:
+    """Per tap group, the read-only view ``(B, rows, cols, *runs)`` of its columns in
+    ``phases`` (see :func:`fill_phases`); ``runs`` is ``(oh, ow)`` when exact, else
+    ``(length,)``. Made once per call (``as_strided`` costs microseconds), sliced per
+    block of channels."""
+    item = phases.itemsize
+    oh, ow = geometry.out_shape
+    runs = (oh, ow) if geometry.exact else (geometry.length,)
+    run_strides = (geometry.grid[1] * item, item) if geometry.exact else (item,)
+    views = []
+    for group in geometry.groups:
+        source = phases[group.phase_row, group.phase_col, :, group.start :]
+        views.append(
+            as_strided(
+                source,
+                (source.shape[0], group.rows, group.cols, *runs),
+                (source.strides[0], group.row_step * item, group.col_step * item, *run_strides),
+                writeable=False,
+            )
+        )
+    return views
+
+
+def copy_columns(views: list[np.ndarray], first: int, last: int, cols: np.ndarray) -> None:
+    """The columns ``(last - first, taps, length)`` of channels ``first:last`` (of
+    :func:`column_views`) into ``cols``."""
+    done = 0
+    for view in views:
+        taps = view.shape[1] * view.shape[2]
+        target = cols[:, done : done + taps].reshape(view[first:last].shape)
+        np.copyto(target, view[first:last])
+        done += taps
+
+
+KEPT_PHASES_BYTES = 1 << 18
+"""Phases up to this size are kept per geometry, batch and thread, with their column
+views: their padding is zeroed once and a call only copies the input into them (the
+zeroing and the ``as_strided`` views cost small convolutions more than the copies)."""
+KEPT_GEOMETRIES = 64
+
+_kept = threading.local()
+"""``phases``: this thread's kept phases and column views by (geometry, batch, dtype)."""
+
+
+def _column_views(geometry: FlatGeometry, images: np.ndarray) -> list[np.ndarray]:
+    """The column views (:func:`column_views`) of the zero-padded phases of ``images``
+    ``(B, hx, wx)``: kept ones for small inputs, else in this thread's scratch."""
+    sh, sw = geometry.strides
+    shape = (sh, sw, images.shape[0], geometry.phase_size)
+    small = math.prod(shape) * images.itemsize <= KEPT_PHASES_BYTES
+    if small:
+        # Keyed by the geometry's id (hashing its fields costs microseconds); the entry
+        # holds the geometry, so that an id reused by another one is not mistaken.
+        kept: dict[tuple[int, int, np.dtype], tuple[FlatGeometry, np.ndarray, list[np.ndarray]]]
+        kept = getattr(_kept, "phases", None) or {}
+        _kept.phases = kept
+        key = (id(geometry), images.shape[0], images.dtype)
+        entry = kept.get(key)
+        if entry is None or entry[0] is not geometry:
+            if len(kept) >= KEPT_GEOMETRIES:
+                kept.clear()
+            phases = np.zeros(shape, images.dtype)
+            entry = kept[key] = (geometry, phases, column_views(geometry, phases))
+        fill_phases(geometry, images, entry[1])
+        return entry[2]
+    phases = scratch("phases", shape, images.dtype)
+    phases.fill(0)
+    fill_phases(geometry, images, phases)
+    return column_views(geometry, phases)
+
+
+def _crop(geometry: FlatGeometry, full: np.ndarray, y: np.ndarray) -> None:
+    """``y`` ``(B, oh, ow)`` = the valid columns of ``full`` ``(B, oh * wq)``."""
+    oh, ow = geometry.out_shape
+    np.copyto(y, full.reshape(-1, oh, geometry.grid[1])[:, :, :ow])
+
+
+def flat_conv(
+    geometry: FlatGeometry,
+    x: np.ndarray,
+    wmat: np.ndarray,
+    y: np.ndarray,
+) -> None:
+    """``y`` ``(N, M, *out)`` = the convolution of ``x`` ``(N, C, *in)`` with ``wmat``
+    ``(groups, M / groups, C / groups * taps)`` (taps in ``geometry.order``)."""
+    n, c = x.shape[:2]
+    group = wmat.shape[0]
+    m = y.shape[1]
+    taps, length = len(geometry.order), geometry.length
+    oh, ow = geometry.out_shape
+    views = _column_views(geometry, x.reshape(n * c, *geometry.in_shape))
+    cols = scratch("cols", (c, taps, length), x.dtype)
+    direct = geometry.exact or ow == geometry.grid[1]
+    full = None if direct else scratch("full", (group, m // group, length), x.dtype)
+    for image in range(n):
+        base = image * c
+
+        def copy(start: int, stop: int, base: int = base) -> None:  # split by channel
+            copy_columns(views, base + start, base + stop, cols[start:stop])
+
+        run_parallel(copy, c, work=cols.size)
+        matrix = cols.reshape(group, c // group * taps, length)
+        if group == 1 and by_pixels(m, matrix.shape[1], length):
+            product_by_pixels(wmat[0], matrix[0], y[image].reshape(m, oh, ow))
+            continue
+        target = y[image].reshape(group, m // group, length) if full is None else full
+        if group == 1:
+            gemm_2d(wmat[0], matrix[0], target[0])
+        else:
+            stacked_matmul(wmat, matrix, target)
+        if full is not None:
+            _crop(geometry, full.reshape(m, length), y[image].reshape(m, oh, ow))
+
+
+def by_pixels(filters: int, inner: int, pixels: int) -> bool:
+    """Whether a convolution's product of ``filters`` rows runs as
+    :func:`product_by_pixels`: large, with too few rows for :func:`.matmul.gemm_2d` to
+    split, and more than one intra-op thread to split it between (on one thread the
+    product of the other orientation is 3-20% faster)."""
+    return (
+        8 <= filters < 2 * ROW_ALIGN
+        and filters * inner * pixels >= SPLIT_PRODUCT
+        and intra_op_threads() > 1
+    )
+
+
+def product_by_pixels(w: np.ndarray, cols: np.ndarray, y: np.ndarray) -> None:
+    """``y`` ``(M, oh, ow)`` = ``w`` ``(M, K)`` @ ``cols`` ``(K, oh * width)`` with the
+    first ``ow`` of every ``width`` columns kept, computed as ``cols.T @ w.T``.
+
+    A product of fewer than ``2 * ROW_ALIGN`` rows is not split between threads by
+    :func:`.matmul.gemm_2d` (column blocks change its rounding with the thread count);
+    transposed, its rows are the pixels, and blocks of them starting at multiples of
+    ``ROW_ALIGN`` give the result of one call bit for bit, however many threads take
+    the blocks (equal pixels give equal results wherever the blocks fall). The pixel
+    blocks and the transposition into ``y`` are split between the intra-op threads:
+    on two threads, 64 3x3 filters over 64x56x56 take about 0.6x the time of one
+    thread's product.
+    """
+    m, k = w.shape
+    oh, ow = y.shape[1:]
+    pixels = cols.shape[1]
+    product = scratch("full", (pixels, m), cols.dtype)
+    w_t = w.T
+
+    def rows(start: int, stop: int) -> None:
+        np.matmul(cols[:, start:stop].T, w_t, out=product[start:stop])
+
+    run_parallel(rows, pixels, work=m * k * pixels, parts_per_thread=2, align=ROW_ALIGN)
+    kept = product.reshape(oh, pixels // oh, m)[:, :ow]
+
+    def transpose(start: int, stop: int) -> None:
+        np.copyto(y[start:stop], kept[:, :, start:stop].transpose(2, 0, 1))
+
+    run_parallel(transpose, m, work=y.size)
+
+
+def _taps_into(
+    views: list[np.ndarray],
+    first: int,
+    last: int,
+    kernels: np.ndarray,
+    total: np.ndarray,
+    work: np.ndarray,
+) -> None:
+    """``total`` ``(last - first, length)`` = the sum over taps of each tap's columns
+    (of :func:`column_views`) times the channel's weight for it (``kernels``
+    ``(last - first, taps)``): one multiply and one add per tap, ``work`` their
+    temporary."""
+    number = 0
+    for view in views:
+        for u in range(view.shape[1]):
+            for v in range(view.shape[2]):
+                weight = kernels[:, number : number + 1]
+                if number == 0:
+                    np.multiply(view[first:last, u, v], weight, out=total)
+                else:
+                    np.multiply(view[first:last, u, v], weight, out=work)
+                    total += work
+                number += 1
+
+
+PER_TAP_LENGTH = 2048
+"""Depthwise convolutions with at least this many columns per channel (large maps, few
+channels) multiply and add tap by tap over long contiguous runs instead of copying
+their columns (their copy, ``taps`` times the map, falls out of the cache): 16 3x3
+filters over 16x112x112 and 64 over 64x56x56 take 0.54 and 0.49 instead of 0.57 and
+0.62 ms in PP-LCNet's run."""
+
+DEPTHWISE_BLOCK_BYTES = 1 << 19
+"""Columns per block of a depthwise convolution: they stay in the L2 cache between their
+copy and their product."""
+
+Epilogue = Callable[[int, int, np.ndarray], object]
+"""``epilogue(first, last, block)``: work applied in place to channels ``first:last``
+(of the flattened batch and channels) of a convolution's output, ``block``
+``(last - first, *out)``: a bias, a residual, an activation. A depthwise convolution
+applies it to each thread's share of the output when that share is done, on that
+thread (no separate hand-off of an elementwise pass to the threads)."""
+
+
+def flat_depthwise(
+    geometry: FlatGeometry,
+    x: np.ndarray,
+    weights: np.ndarray,
+    y: np.ndarray,
+    epilogue: Epilogue | None = None,
+) -> None:
+    """``y`` ``(N, C, *out)`` = the depthwise convolution of ``x`` ``(N, C, *in)`` with
+    ``weights`` ``(C, taps)`` (taps in ``geometry.order``)."""
+    n, c = x.shape[:2]
+    taps, length = len(geometry.order), geometry.length
+    oh, ow = geometry.out_shape
+    views = _column_views(geometry, x.reshape(n * c, *geometry.in_shape))
+    stack = weights.reshape(c, 1, taps)
+    images = y.reshape(n * c, oh, ow)
+    per_tap = length >= PER_TAP_LENGTH
+    if per_tap:  # a block per thread: the passes are long already (and their results
+        block = -(-(n * c) // intra_op_threads())  # do not depend on the blocks)
+    else:
+        block = max(1, DEPTHWISE_BLOCK_BYTES // (taps * length * x.itemsize))
+    blocks = -(-(n * c) // block)
+
+    def part(start: int, stop: int) -> None:
+        if start >= stop:
+            return
+        cols = scratch("block", (block, 1 if per_tap else taps, length), x.dtype)
+        full = scratch("block-out", (block, 1, length), x.dtype)
+        for number in range(start, stop):
+            first, last = number * block, min(n * c, (number + 1) * block)
+            size = last - first
+            channel = first % c
+            if channel + size <= c:
+                kernels = stack[channel : channel + size]
+            else:  # a block across images
+                kernels = stack[np.arange(first, last) % c]
+            if per_tap:
+                _taps_into(views, first, last, kernels[:, 0], full[:size, 0], cols[:size, 0])
+                _crop(geometry, full[:size, 0], images[first:last])
+                continue
+            copy_columns(views, first, last, cols[:size])
+            if geometry.exact:
+                np.matmul(kernels, cols[:size], out=images[first:last].reshape(size, 1, -1))
+            else:
+                np.matmul(kernels, cols[:size], out=full[:size])
+                _crop(geometry, full[:size, 0], images[first:last])
+        if epilogue is not None:
+            first, last = start * block, min(n * c, stop * block)
+            epilogue(first, last, images[first:last])
+
+    run_parallel(part, blocks, work=n * c * taps * length, parts_per_thread=2)

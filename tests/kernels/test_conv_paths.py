@@ -1,0 +1,287 @@
+"""The fast Conv paths: phase-flattened columns (taps over padding left out, exact or
+long-run columns), depthwise blocks (across images too), Winograd F(2x2, 3x3) and the
+FusedConv epilogue applied on each thread's share of a depthwise output.
+
+Checked against onnxruntime and onnx.reference. Tolerances: float32 rtol 1e-4 and atol
+1e-4 on sums of up to 864 products of standard normal values (outputs of magnitude up
+to ~100; float32 rounding of such sums, in any order, stays below 1e-4), float64 1e-10.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import onnx.helper as oh
+import pytest
+
+from aioinfer.devices.cpu.kernels import parallel
+from aioinfer.devices.cpu.kernels.conv import KEPT_COLUMNS_BYTES
+from aioinfer.devices.cpu.kernels.conv_flat import PER_TAP_LENGTH, flat_geometry
+from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
+from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
+from tests.kernels._check import run_aioinfer, run_reference
+from tests.kernels.test_conv import check_onnxruntime, run_with_constant_weights
+
+RTOL, ATOL = 1e-4, 1e-4
+
+rng = np.random.default_rng(23)
+
+
+def _random(*shape: int, dtype: type = np.float32) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
+def threads(request: pytest.FixtureRequest) -> Any:
+    """Kernels run with one or two intra-op threads (the calling thread's count), BLAS on
+    one thread as the device runs it."""
+    before = parallel._POOL._inside.threads
+    parallel.set_intra_op_threads(parallel._POOL.threads)
+    parallel.use_intra_op_threads(request.param)
+    yield request.param
+    parallel._POOL._inside.threads = before
+
+
+# (x shape, w shape, attributes)
+CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
+    # 5x5 on maps 2 and 3 pixels high: the outer kernel rows read only padding.
+    "depthwise-5x5-short-maps": ((6, 20, 2, 24), (20, 1, 5, 5), {"group": 20, "pads": [2] * 4}),
+    "depthwise-5x5-stride-2-1": (
+        (3, 12, 3, 24),
+        (12, 1, 5, 5),
+        {"group": 12, "pads": [2] * 4, "strides": [2, 1]},
+    ),
+    # Blocks of channels that span several images.
+    "depthwise-3x3-batch": ((5, 7, 10, 10), (7, 1, 3, 3), {"group": 7, "pads": [1] * 4}),
+    # Many channels: blocks within one image.
+    "depthwise-5x5-many-channels": (
+        (1, 300, 14, 14),
+        (300, 1, 5, 5),
+        {"group": 300, "pads": [2] * 4},
+    ),
+    "depthwise-3x3-stride-2": (
+        (1, 32, 23, 22),
+        (32, 1, 3, 3),
+        {"group": 32, "pads": [1, 0, 1, 1], "strides": [2, 2]},
+    ),
+    "depthwise-dilated-kernel-larger-than-map": (
+        (2, 4, 3, 4),
+        (4, 1, 3, 3),
+        {"group": 4, "pads": [3, 3, 3, 3], "dilations": [3, 2]},
+    ),
+    # Large maps: tap by tap over long runs.
+    "depthwise-3x3-large-map": ((2, 6, 60, 61), (6, 1, 3, 3), {"group": 6, "pads": [1] * 4}),
+    "depthwise-3x3-large-map-stride-2": (
+        (1, 5, 130, 121),
+        (5, 1, 3, 3),
+        {"group": 5, "pads": [1] * 4, "strides": [2, 2]},
+    ),
+    "depthwise-1d": ((2, 16, 50), (16, 1, 5), {"group": 16, "pads": [2, 2]}),
+    # Taps of one phase whose offsets do not form one run (stride 3, dilation 2, and
+    # padding that leaves out a middle tap's rows for no output).
+    "general-stride-3-dilation-2": (
+        (2, 64, 4, 170),
+        (5, 64, 5, 5),
+        {"pads": [5, 1, 5, 1], "strides": [3, 3], "dilations": [2, 2]},
+    ),
+    # Long-run columns (few filters) and exact columns (many filters on a 7x7 map).
+    "general-long-runs": ((2, 16, 40, 45), (8, 16, 3, 3), {"pads": [1] * 4}),
+    "general-exact-columns": ((4, 64, 7, 7), (512, 64, 3, 3), {"pads": [1] * 4}),
+    "general-stem-stride-2": (
+        (2, 3, 96, 96),
+        (16, 3, 3, 3),
+        {"pads": [1] * 4, "strides": [2, 2]},
+    ),
+    "grouped": ((2, 16, 30, 30), (24, 4, 3, 3), {"group": 4, "pads": [1] * 4}),
+    "general-1d": ((2, 32, 1000), (7, 32, 3), {"pads": [1, 1], "strides": [2]}),
+    # Large products of few filters, split between threads by pixels.
+    "few-filters-3x3": ((1, 16, 64, 60), (48, 16, 3, 3), {"pads": [1] * 4}),
+    "few-filters-pointwise": ((2, 64, 48, 48), (32, 64, 1, 1), {}),
+    "few-filters-pointwise-strided": ((1, 64, 95, 96), (40, 64, 1, 1), {"strides": [2, 2]}),
+    # Winograd F(2x2, 3x3): even and odd output sizes, asymmetric padding, batch.
+    "winograd-even": ((1, 96, 12, 12), (96, 96, 3, 3), {"pads": [1] * 4}),
+    "winograd-odd-asymmetric": ((2, 96, 13, 11), (100, 96, 3, 3), {"pads": [0, 1, 2, 1]}),
+    "winograd-valid": ((1, 128, 15, 16), (96, 128, 3, 3), {}),
+}
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_conv_paths_match_onnxruntime(case: str, with_bias: bool, threads: int) -> None:
+    x_shape, w_shape, attrs = CASES[case]
+    inputs = [_random(*x_shape), _random(*w_shape)]
+    if with_bias:
+        inputs.append(_random(w_shape[0]))
+    node = oh.make_node("Conv", ["x", "w", "b"][: len(inputs)], ["y"], **attrs)
+    check_onnxruntime(node, inputs, 11, rtol=RTOL, atol=ATOL)
+    got = run_with_constant_weights(node, inputs, 11)[0]
+    np.testing.assert_allclose(got, run_reference(node, inputs, 11)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_the_cases_take_the_paths_they_name() -> None:
+    """The geometry of each case leads where its name says (the tests above would pass
+    on any correct path)."""
+
+    def geometry(case: str) -> Any:
+        x_shape, w_shape, attrs = CASES[case]
+        rank = len(x_shape) - 2
+        pads = attrs.get("pads", [0] * 2 * rank)
+        strides = attrs.get("strides", [1] * rank)
+        dilations = attrs.get("dilations", [1] * rank)
+        out = [
+            (size + pads[i] + pads[i + rank] - (k - 1) * d - 1) // s + 1
+            for i, (size, k, s, d) in enumerate(
+                zip(x_shape[2:], w_shape[2:], strides, dilations, strict=True)
+            )
+        ]
+        group = attrs.get("group", 1)
+        return flat_geometry(
+            x_shape[2:],
+            w_shape[2:],
+            strides,
+            dilations,
+            pads[:rank],
+            pads[rank:],
+            out,
+            w_shape[0] // group,
+            w_shape[1],
+        ), out
+
+    for case, (x_shape, w_shape, _) in CASES.items():
+        if case.startswith("general") or case == "grouped":  # not kept im2col columns
+            _, out = geometry(case)
+            columns = x_shape[0] * x_shape[1] * np.prod(w_shape[2:]) * np.prod(out) * 4
+            assert columns > KEPT_COLUMNS_BYTES, case
+    for case in ("depthwise-3x3-large-map", "depthwise-3x3-large-map-stride-2"):
+        assert geometry(case)[0].length >= PER_TAP_LENGTH
+    assert geometry("depthwise-5x5-many-channels")[0].length < PER_TAP_LENGTH
+    short, _ = geometry("depthwise-5x5-short-maps")
+    assert len(short.order) == 15  # kernel rows 0 and 4 read only padding
+    irregular, _ = geometry("general-stride-3-dilation-2")
+    assert len(irregular.order) < 25 and any(g.rows == 1 for g in irregular.groups)
+    assert not geometry("general-long-runs")[0].exact
+    assert geometry("general-exact-columns")[0].exact
+    for case in ("winograd-even", "winograd-odd-asymmetric", "winograd-valid"):
+        x_shape, w_shape, _ = CASES[case]
+        out = tuple(geometry(case)[1])
+        assert winograd_fits((3, 3), (1, 1), (1, 1), 1, x_shape[1], w_shape[0], out)
+    assert not winograd_fits((3, 3), (1, 1), (1, 1), 1, 32, 256, (7, 7))
+
+
+@pytest.mark.parametrize(
+    ("case", "counts"),
+    [
+        ("few-filters-3x3", (2, 2, 2)),
+        ("few-filters-pointwise", (2, 2, 2)),
+        ("general-long-runs", (2, 2, 2)),
+        ("general-exact-columns", (1, 2, 1, 2)),
+        ("winograd-even", (1, 2, 1, 2)),
+        ("depthwise-5x5-many-channels", (1, 2, 1, 2)),
+    ],
+)
+def test_conv_paths_are_deterministic(case: str, counts: tuple[int, ...]) -> None:
+    """Repeated runs give the same result bit for bit, and so do one and two intra-op
+    threads except for products of few filters (on two threads, computed by pixels in
+    blocks whose bounds keep the result of one call). BLAS runs on one thread, as the
+    device runs it."""
+    x_shape, w_shape, attrs = CASES[case]
+    inputs = [_random(*x_shape), _random(*w_shape)]
+    node = oh.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    before = parallel._POOL._inside.threads
+    parallel.set_intra_op_threads(parallel._POOL.threads)
+    try:
+        results = []
+        for count in counts:
+            parallel.use_intra_op_threads(count)
+            results.append(run_with_constant_weights(node, inputs, 11)[0])
+    finally:
+        parallel._POOL._inside.threads = before
+    for result in results[1:]:
+        np.testing.assert_array_equal(result, results[0])
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(np.float64, 1e-10), (np.float16, 2e-2)])
+@pytest.mark.parametrize("case", ["winograd-odd-asymmetric", "depthwise-3x3-batch"])
+def test_conv_paths_dtypes(case: str, dtype: type, tol: float) -> None:
+    x_shape, w_shape, attrs = CASES[case]
+    inputs = [_random(*x_shape, dtype=dtype), _random(*w_shape, dtype=dtype)]
+    node = oh.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    got = run_aioinfer(node, inputs, 11)[0]
+    wide = [x.astype(np.float64) for x in inputs]
+    want = run_reference(node, wide, 11)[0]
+    assert got.dtype == dtype
+    # float16 output: relative to the largest output (sums of hundreds of products).
+    scale = 1.0 if dtype == np.float64 else float(np.abs(want).max())
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize(
+    ("activation", "unfused_op"), [("HardSwish", "HardSwish"), ("Relu", "Relu"), ("", None)]
+)
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize(
+    "case", ["depthwise-5x5-many-channels", "depthwise-3x3-large-map", "depthwise-1d"]
+)
+def test_fused_depthwise_epilogue(
+    activation: str, unfused_op: str | None, residual: bool, case: str, threads: int
+) -> None:
+    """FusedConv on a depthwise convolution: bias, residual and activation applied on
+    each thread's share of the output, as the unfused nodes compute them."""
+    x_shape, w_shape, attrs = CASES[case]
+    x_shape = (2, *x_shape[1:])
+    feeds = {"x": _random(*x_shape), "w": _random(*w_shape), "b": _random(w_shape[0])}
+    if residual:
+        feeds["z"] = _random(*x_shape)
+    node = oh.make_node(
+        "FusedConv",
+        list(feeds),
+        ["y"],
+        domain=AIOINFER_DOMAIN,
+        activation=activation,
+        **attrs,
+    )
+    got = run_aioinfer(node, list(feeds.values()), 1)[0]
+    conv = oh.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)
+    want = run_reference(conv, [feeds["x"], feeds["w"], feeds["b"]], 18)[0]
+    if residual:
+        want = want + feeds["z"]
+    if unfused_op is not None:
+        want = run_reference(oh.make_node(unfused_op, ["c"], ["y"]), [want], 18)[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_fused_depthwise_residual_that_does_not_fit_fails() -> None:
+    x_shape, w_shape, attrs = CASES["depthwise-3x3-batch"]
+    feeds = [_random(*x_shape), _random(*w_shape), _random(w_shape[0]), _random(5, 7, 3, 10)]
+    node = oh.make_node("FusedConv", ["x", "w", "b", "z"], ["y"], domain=AIOINFER_DOMAIN, **attrs)
+    with pytest.raises(ValueError):
+        run_aioinfer(node, feeds, 1)
+
+
+@pytest.mark.parametrize(
+    "case", ["depthwise-5x5-many-channels", "winograd-even", "general-long-runs"]
+)
+def test_conv_paths_from_several_threads(case: str) -> None:
+    """One kernel called from several threads at once (requests share kernels; the
+    scratch buffers are per thread): every call gives its own input's result."""
+    x_shape, w_shape, attrs = CASES[case]
+    node = oh.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    w = _random(*w_shape)
+    inputs = [_random(*x_shape) for _ in range(3)]
+    want = [run_reference(node, [x, w], 11)[0] for x in inputs]
+    results: dict[int, list[np.ndarray]] = {}
+
+    def work(index: int) -> None:
+        results[index] = [run_with_constant_weights(node, [inputs[index], w], 11)[0]]
+        results[index] += [run_aioinfer(node, [inputs[index], w], 11)[0] for _ in range(5)]
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    for index, expected in enumerate(want):
+        for got in results[index]:
+            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
