@@ -38,7 +38,6 @@ Stateful models keep the generic queue (their steps commit state on the loop).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import threading
 import time
@@ -48,7 +47,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.lowlevel
 import numpy as np
 
 from aioinfer.errors import InferCancelledError, RequestClosedError
@@ -57,6 +55,7 @@ from aioinfer.plugin.executors import LoopEvent, asyncio_loop, loop_event, spawn
 from aioinfer.queue import QueueErrors
 
 from .bridge import EXIT_JOIN_SECONDS, let_go, stop_at_exit
+from .wake import LoopWake, loop_wake
 
 if TYPE_CHECKING:
     from aioinfer.model import Port
@@ -245,7 +244,7 @@ class OpenVINOQueue(QueueErrors):
         """Requests kept busy until their job's callback returned (on the loop)."""
         self._errors: list[BaseException] = []
         self._closed = False
-        self._wake: Callable[[], None] | None = None
+        self._wake: LoopWake | None = None
         """Schedules :meth:`_on_loop` on the event loop (any thread)."""
         self._changed: LoopEvent | None = None
         """Set when a request became idle or the queue closed (for waiting callers)."""
@@ -363,6 +362,8 @@ class OpenVINOQueue(QueueErrors):
             while self._busy():  # the cancelled jobs end through the failure watch
                 await self._wait_for_change()
         self._stop_watch()
+        if self._wake is not None:
+            self._wake.detach()
         self._notify()
 
     # -- OpenVINO's threads ----------------------------------------------------------------
@@ -607,29 +608,14 @@ def _signal() -> LoopEvent:
     return _FutureSignal(loop) if loop is not None else anyio.Event()
 
 
-def _waker(owner: weakref.ref[OpenVINOQueue]) -> Callable[[], None]:
-    """A function that schedules the queue's ``_on_loop`` on the running event loop from
-    any thread (and does nothing once the loop is gone: nobody waits any more). What
-    the loop keeps of a call it ran (trio keeps the last one) does not keep the queue."""
+def _waker(owner: weakref.ref[OpenVINOQueue]) -> LoopWake:
+    """Schedules the queue's ``_on_loop`` on the running event loop from any thread (see
+    :mod:`.wake`). What the loop keeps of a call (trio keeps the last one, asyncio its
+    reader) does not keep the queue."""
 
     def call() -> None:
         engine = owner()
         if engine is not None:
             engine._on_loop()
 
-    loop = asyncio_loop()
-    if loop is not None:
-        call_soon = loop.call_soon_threadsafe
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                call_soon(call)
-
-        return wake
-    token = anyio.lowlevel.current_token()
-
-    def wake_any() -> None:
-        with contextlib.suppress(Exception):  # trio's run has finished
-            token.backend_class.run_sync_soon(call, (), token.native_token)
-
-    return wake_any
+    return loop_wake(call)
