@@ -178,6 +178,12 @@ def _on_completion(owner: weakref.ref[OpenVINOQueue], index: int) -> Callable[[A
     return completed
 
 
+_RUNNING: set[OpenVINOQueue] = set()
+"""The queues with jobs in OpenVINO: kept alive until the failure watch saw them end.
+A queue collected meanwhile would free OpenVINO's requests while a callback of theirs
+waits for the GIL the freeing thread holds, and OpenVINO's request waits for its job."""
+
+
 class _FailureWatch:
     """The thread that finds the jobs that failed (see the module): it sleeps while no
     job runs, and holds the queue only while it looks."""
@@ -361,6 +367,7 @@ class OpenVINOQueue(QueueErrors):
         with anyio.CancelScope(shield=True):
             while self._busy():  # the cancelled jobs end through the failure watch
                 await self._wait_for_change()
+        _RUNNING.discard(self)  # every job ended
         self._stop_watch()
         if self._wake is not None:
             self._wake.detach()
@@ -388,11 +395,12 @@ class OpenVINOQueue(QueueErrors):
             closed = self._closed  # its prepare may have undone the cancel of close()
             if not closed:
                 self._current[index] = job
+                if not self._watch.running.is_set():
+                    _RUNNING.add(self)
+                    self._watch.running.set()
         try:
             if closed:
                 raise InferCancelledError("the inference was cancelled")
-            if not self._watch.running.is_set():
-                self._watch.running.set()
             self._syncs[index].launch_job()
         except Exception as exc:
             with self._lock:
@@ -422,7 +430,8 @@ class OpenVINOQueue(QueueErrors):
         with self._lock:
             current = list(self._current)
             if not any(job is not None for job in current):
-                self._watch.running.clear()  # a launch sets it again, after the lock
+                self._watch.running.clear()  # a launch sets both again
+                _RUNNING.discard(self)
                 return
         for index, job in enumerate(current):
             if job is None:
