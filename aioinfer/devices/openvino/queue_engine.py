@@ -22,11 +22,12 @@ threads.
 Two things make the callback pay:
 
 - OpenVINO's binding makes a Python thread state for each call on a thread Python does
-  not know and frees it afterwards (its data stack is an mmap'ed chunk): about 30 µs of
-  CPU per job. :func:`keep_thread_state` keeps the first one of each stream thread.
-  With it, 75 µs of the process's CPU per tiny-CNN job against 108 with a waiter thread
-  per request (the previous design) and 86 for OpenVINO's own queue; 3.5 context
-  switches per job against 5.4 (and 3.0).
+  not know and frees it afterwards: about 30 µs of CPU per job.
+  :func:`keep_thread_state` keeps the first one of each stream thread. Then, with the
+  loop woken as :mod:`.wake` does, 75 µs of the process's CPU per tiny-CNN job against
+  87 with a waiter thread per request (the previous design) and 79 for OpenVINO's own
+  queue, 3.4 context switches per job against 4.8 (and 3.0); 0.94x OpenVINO's queue's
+  throughput against 0.76x (alternating in one process, load average 7).
 - OpenVINO calls no Python callback for a job that failed or was cancelled (its binding
   re-raises the engine's exception instead; verified on 2026.4.1). One thread of the
   queue looks for such jobs every :data:`FAILURE_CHECK_SECONDS` while jobs run
