@@ -395,7 +395,7 @@ def thread_states() -> int:
 
 async def test_openvino_threads_keep_their_python_thread_state(core):
     """OpenVINO's binding would make and free a thread state for every completion
-    callback (about 30 µs per job); the queue keeps the first one of each OpenVINO
+    callback (about 14 µs of CPU per tiny-CNN job); the queue keeps the first one of each OpenVINO
     thread, and uses it for the next callbacks (no more states made)."""
     compiled = core.compile_model(helpers.chain_model(4, 16), "OPENVINO")
 

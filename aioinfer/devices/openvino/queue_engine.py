@@ -22,8 +22,9 @@ threads.
 Two things make the callback pay:
 
 - OpenVINO's binding makes a Python thread state for each call on a thread Python does
-  not know and frees it afterwards: about 30 µs of CPU per job.
-  :func:`keep_thread_state` keeps the first one of each stream thread. Then, with the
+  not know and frees it afterwards. :func:`keep_thread_state` keeps the first one of
+  each stream thread: 76-82 µs of the process's CPU per tiny-CNN job instead of 90-101,
+  0.85-1.27x OpenVINO's queue instead of 0.65-0.76 (three alternating pairs of runs). Then, with the
   loop woken as :mod:`.wake` does, 75 µs of the process's CPU per tiny-CNN job against
   87 with a waiter thread per request (the previous design) and 79 for OpenVINO's own
   queue, 3.4 context switches per job against 4.8 (and 3.0); 0.94x OpenVINO's queue's
