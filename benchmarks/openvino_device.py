@@ -16,8 +16,13 @@ and the geometric mean of the ratios (target: within 1.10).
 Throughput: with the THROUGHPUT hint, aioinfer's ``AsyncInferQueue`` against OpenVINO's
 own ``AsyncInferQueue``, with the same number of requests (OpenVINO's
 ``OPTIMAL_NUMBER_OF_INFER_REQUESTS`` unless ``--jobs``), each fed for ``--seconds`` per
-turn, alternating in blocks as above. Reported: median inferences per second of the
-turns and their ratio (target: at least 1.0).
+turn, alternating in blocks as above; both share the caller's input arrays
+(``share_inputs=True``) and neither sets a callback. Reported: median inferences per
+second of the turns and their ratio (target: at least 1.0), and per job the median CPU
+time of the whole process (every thread: OpenVINO's, the loop, aioinfer's) and its
+context switches (voluntary and not): on a machine shared with other work the rates
+move with the load, the CPU per job much less. The load average is printed with each
+table.
 
 Devices: ``await request.infer(feeds)`` on OPENVINO, ORT and CPU (LATENCY hint, f32),
 alternating in blocks as above; reported: median latency per device and OPENVINO's ratio
@@ -33,6 +38,7 @@ import argparse
 import math
 import os
 import platform
+import resource
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -142,8 +148,35 @@ async def latency(name: str, blocks: int, runs: int) -> dict[str, float]:
     return {side: statistics.median(values) for side, values in times.items()}
 
 
-async def throughput(name: str, blocks: int, seconds: float, jobs: int) -> tuple[float, float, int]:
-    """Median inferences per second of (aioinfer queue, OpenVINO queue), and the jobs."""
+class Turn:
+    """One queue turn: inferences per second, CPU seconds and context switches per job."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.start = time.perf_counter()
+        self._cpu = time.process_time()
+        self._switches = _switches()
+
+    def end(self) -> tuple[float, float, float]:
+        count = max(self.count, 1)
+        return (
+            count / (time.perf_counter() - self.start),
+            (time.process_time() - self._cpu) / count,
+            (_switches() - self._switches) / count,
+        )
+
+
+def _switches() -> int:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+
+
+QueueFigures = dict[str, tuple[float, float, float]]
+
+
+async def throughput(name: str, blocks: int, seconds: float, jobs: int) -> tuple[QueueFigures, int]:
+    """Per side (``ours``: aioinfer's queue, ``theirs``: OpenVINO's), the medians of
+    inferences per second, CPU seconds per job and context switches per job; the jobs."""
     model = MODELS[name][0]()
     feeds = feeds_for(name, model)
     direct = direct_model(model, "THROUGHPUT")
@@ -152,31 +185,39 @@ async def throughput(name: str, blocks: int, seconds: float, jobs: int) -> tuple
     queue = ai.AsyncInferQueue(compiled, jobs=jobs)
     engine_queue = ov.AsyncInferQueue(direct, jobs)
 
-    async def ours(duration: float) -> float:
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < duration:
-            await queue.start_async(feeds)
-            count += 1
+    async def ours(duration: float) -> tuple[float, float, float]:
+        turn = Turn()
+        while time.perf_counter() - turn.start < duration:
+            await queue.start_async(feeds, share_inputs=True)
+            turn.count += 1
         await queue.wait_all()
-        return count / (time.perf_counter() - start)
+        return turn.end()
 
-    async def theirs(duration: float) -> float:
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < duration:
+    async def theirs(duration: float) -> tuple[float, float, float]:
+        turn = Turn()
+        while time.perf_counter() - turn.start < duration:
             engine_queue.start_async(feeds, share_inputs=True)
-            count += 1
+            turn.count += 1
         engine_queue.wait_all()
-        return count / (time.perf_counter() - start)
+        return turn.end()
 
-    rates: dict[str, list[float]] = {"ours": [], "theirs": []}
+    figures: dict[str, list[tuple[float, float, float]]] = {"ours": [], "theirs": []}
     runners = {"ours": ours, "theirs": theirs}
     for block in range(blocks):
         order = ("ours", "theirs") if block % 2 == 0 else ("theirs", "ours")
         for side in order:
             await runners[side](min(0.2, seconds))  # an untimed warm-up turn
-            rates[side].append(await runners[side](seconds))
+            figures[side].append(await runners[side](seconds))
     await queue.close()
-    return statistics.median(rates["ours"]), statistics.median(rates["theirs"]), jobs
+    medians = {
+        side: (
+            statistics.median(rate for rate, _, _ in turns),
+            statistics.median(cpu for _, cpu, _ in turns),
+            statistics.median(switches for _, _, switches in turns),
+        )
+        for side, turns in figures.items()
+    }
+    return medians, jobs
 
 
 DEVICES = ("OPENVINO", "ORT", "CPU")
@@ -232,16 +273,29 @@ async def latency_table(names: list[str], args: argparse.Namespace) -> None:
     print(f"\nlatency ratio, geometric mean: {geometric_mean(ratios):.3f} (target <= 1.10)\n")
 
 
+def load() -> str:
+    return ", ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
 async def throughput_table(names: list[str], args: argparse.Namespace) -> None:
     print("Throughput: aioinfer AsyncInferQueue vs OpenVINO AsyncInferQueue (THROUGHPUT hint)")
-    print("| model | requests | aioinfer (inf/s) | OpenVINO (inf/s) | ratio |")
-    print("|---|---:|---:|---:|---:|")
+    print(f"load average (1, 5, 15 min) before: {load()}")
+    print(
+        "| model | requests | aioinfer (inf/s) | OpenVINO (inf/s) | ratio "
+        "| CPU µs/job aioinfer | OpenVINO | switches/job aioinfer | OpenVINO |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     ratios = []
     for name in names:
-        ours, theirs, jobs = await throughput(name, args.blocks, args.seconds, args.jobs)
+        got, jobs = await throughput(name, args.blocks, args.seconds, args.jobs)
+        (ours, ours_cpu, ours_switches), (theirs, cpu, switches) = got["ours"], got["theirs"]
         ratios.append(ours / theirs)
-        print(f"| {MODELS[name][1]} | {jobs} | {ours:.1f} | {theirs:.1f} | {ratios[-1]:.3f} |")
-    print(f"\nthroughput ratio, geometric mean: {geometric_mean(ratios):.3f} (target >= 1.0)\n")
+        print(
+            f"| {MODELS[name][1]} | {jobs} | {ours:.1f} | {theirs:.1f} | {ratios[-1]:.3f} "
+            f"| {ours_cpu * 1e6:.1f} | {cpu * 1e6:.1f} | {ours_switches:.2f} | {switches:.2f} |"
+        )
+    print(f"\nthroughput ratio, geometric mean: {geometric_mean(ratios):.3f} (target >= 1.0)")
+    print(f"load average (1, 5, 15 min) after: {load()}\n")
 
 
 async def devices_table(names: list[str], args: argparse.Namespace) -> None:

@@ -12,6 +12,10 @@ OpenVINO's own callback is not used, for two reasons measured on OpenVINO 2026.4
   two streams, a loop fed by callbacks reached 164-173 inferences/s, fed by waiting
   threads 240-282 (two requests, alternating rounds; tiny and small CNNs: equal).
 
+(The queue engine, :mod:`.queue_engine`, does use the callback: it keeps the thread
+state the binding would make per call, wakes the loop without giving up the GIL, and
+finds failures with a watch thread; see there.)
+
 A waiter blocks in OpenVINO's ``wait()`` (the GIL released), which returns on success,
 failure and cancellation alike, and then wakes the completion thread-safely. It is one
 daemon thread per request that has awaited an inference, idle between inferences; no

@@ -1,27 +1,38 @@
-"""The OPENVINO device's engine behind ``AsyncInferQueue``: jobs started and finished
-next to OpenVINO, the event loop told in batches.
+"""The OPENVINO device's engine behind ``AsyncInferQueue``: jobs ended and the next one
+started in OpenVINO's completion callback, the event loop told in batches.
 
 The generic queue runs each job as an awaited request (a task, its stages, a waiter
 thread that wakes the loop, the loop that refills the request). With as many requests as
 OpenVINO has streams, a stream stays idle from the end of one job until the loop has
 started the next: on a 2-core AMD EPYC (OpenVINO 2026.4.1, THROUGHPUT hint, two
 requests, alternating turns) the generic queue reached 0.36-0.53x OpenVINO's own
-``AsyncInferQueue`` on the tiny CNN and 0.53-0.77x on the LSTM; this engine 0.64-0.73x
-and 0.84-0.92x (0.87-1.2x on the small CNN).
+``AsyncInferQueue`` on the tiny CNN and 0.53-0.77x on the LSTM.
 
-Here each request has a thread that waits in OpenVINO's ``wait()`` (the GIL released, so
-a failure or a cancel ends the wait as a success does) and, when the job ended, copies
-its outputs and, when a :meth:`~OpenVINOQueue.start_async` is waiting for a request,
-starts that job at once on the request that just became free, as OpenVINO's own queue
-does. Then it tells the loop: one call scheduled on the loop (``call_soon_threadsafe``,
-or the anyio token under trio) for every batch of completions, which publishes the
-results, the errors and the started jobs in order. Callbacks run on the loop's side as
-in the generic queue (a coroutine function on the loop, a plain one on the callback
-executor), and a request with a callback becomes free only once its callback returned.
+Here OpenVINO calls :meth:`OpenVINOQueue.completed` on the stream thread that ran the job
+(its request's callback): it copies the outputs and, when a
+:meth:`~OpenVINOQueue.start_async` is waiting for a request, starts that job at once on
+the request that just became free, as OpenVINO's own queue does. Then it tells the loop:
+one call scheduled on the loop (``call_soon_threadsafe``, or the anyio token under trio)
+for every batch of completions, which publishes the results, the errors and the started
+jobs in order. Callbacks run on the loop's side as in the generic queue (a coroutine
+function on the loop, a plain one on the callback executor), and a request with a
+callback becomes free only once its callback returned: no user code runs on OpenVINO's
+threads.
 
-What is left is Python per job on two threads that take turns on the GIL (about 90 µs
-of the process's CPU per tiny-CNN job against OpenVINO's queue's 62, 5-6 context
-switches against 3), on the cores OpenVINO's streams compute on.
+Two things make the callback pay:
+
+- OpenVINO's binding makes a Python thread state for each call on a thread Python does
+  not know and frees it afterwards. :func:`keep_thread_state` keeps the first one of
+  each stream thread: 76-82 µs of the process's CPU per tiny-CNN job instead of 90-101,
+  0.85-1.27x OpenVINO's queue instead of 0.65-0.76 (three alternating pairs of runs). Then, with the
+  loop woken as :mod:`.wake` does, 75 µs of the process's CPU per tiny-CNN job against
+  87 with a waiter thread per request (the previous design) and 79 for OpenVINO's own
+  queue, 3.4 context switches per job against 4.8 (and 3.0); 0.94x OpenVINO's queue's
+  throughput against 0.76x (alternating in one process, load average 7).
+- OpenVINO calls no Python callback for a job that failed or was cancelled (its binding
+  re-raises the engine's exception instead; verified on 2026.4.1). One thread of the
+  queue looks for such jobs every :data:`FAILURE_CHECK_SECONDS` while jobs run
+  (``wait_for(0)`` raises for them) and ends them as a callback would, with their error.
 
 Stateful models keep the generic queue (their steps commit state on the loop).
 """
@@ -29,16 +40,15 @@ Stateful models keep the generic queue (their steps commit state on the loop).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import queue
+import ctypes
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.lowlevel
 import numpy as np
 
 from aioinfer.errors import InferCancelledError, RequestClosedError
@@ -47,6 +57,7 @@ from aioinfer.plugin.executors import LoopEvent, asyncio_loop, loop_event, spawn
 from aioinfer.queue import QueueErrors
 
 from .bridge import EXIT_JOIN_SECONDS, let_go, stop_at_exit
+from .wake import LoopWake, loop_wake
 
 if TYPE_CHECKING:
     from aioinfer.model import Port
@@ -57,7 +68,9 @@ if TYPE_CHECKING:
     from .request import OpenVINOInferRequest
 
 Callback = Callable[[Any, Any], Any]
-Inbox = queue.SimpleQueue["_Job | None"]
+
+FAILURE_CHECK_SECONDS = 0.005
+"""How often the queue looks for jobs that failed (see the module) while jobs run."""
 
 
 class _Job:
@@ -140,34 +153,75 @@ class QueueRequest:
             self._outputs = job.outputs
 
 
-def _watch(owner: weakref.ref[OpenVINOQueue], index: int, inbox: Inbox) -> None:
-    """The thread of request ``index``: :meth:`OpenVINOQueue.watch` each job started.
-    Between jobs it holds no reference to the queue, so that an unclosed queue is
-    collected (which ends the thread)."""
-    job, launched = inbox.get(), False
-    while job is not None:
+_THREAD = threading.local()
+
+
+def keep_thread_state() -> None:
+    """Keep the Python thread state of the OpenVINO thread this runs on (see the
+    module): one more ``PyGILState_Ensure`` than releases, once per thread, so that the
+    binding's next calls find it instead of making and freeing one each."""
+    if not getattr(_THREAD, "kept", False):
+        pythonapi = getattr(ctypes, "pythonapi", None)  # CPython's, as OpenVINO's wheels
+        if pythonapi is not None:
+            pythonapi.PyGILState_Ensure()
+        _THREAD.kept = True
+
+
+def _on_completion(owner: weakref.ref[OpenVINOQueue], index: int) -> Callable[[Any], None]:
+    """Request ``index``'s OpenVINO callback; it holds the queue weakly, so that an
+    unclosed queue is collected."""
+
+    def completed(_: Any) -> None:
+        keep_thread_state()
         engine = owner()
-        if engine is None:
-            return
-        job = engine.watch(index, job, launched)
-        del engine
-        launched = job is not None
-        if job is None:
-            job = inbox.get()
+        if engine is not None:
+            engine.completed(index)
+
+    return completed
 
 
-def _stop(inboxes: list[Inbox]) -> None:
-    for inbox in inboxes:
-        inbox.put(None)
+_RUNNING: set[OpenVINOQueue] = set()
+"""The queues with jobs in OpenVINO: kept alive until the failure watch saw them end.
+A queue collected meanwhile would free OpenVINO's requests while a callback of theirs
+waits for the GIL the freeing thread holds, and OpenVINO's request waits for its job."""
+
+
+class _FailureWatch:
+    """The thread that finds the jobs that failed (see the module): it sleeps while no
+    job runs, and holds the queue only while it looks."""
+
+    def __init__(self, owner: weakref.ref[OpenVINOQueue]) -> None:
+        self.running = threading.Event()
+        """Set while jobs may run (by a job's launch; cleared when none runs)."""
+        self.stopped = False
+        self.thread = threading.Thread(
+            target=self._look, args=(owner,), name="aioinfer-openvino-queue", daemon=True
+        )
+        self.thread.start()
+
+    def _look(self, owner: weakref.ref[OpenVINOQueue]) -> None:
+        while True:
+            self.running.wait()
+            time.sleep(FAILURE_CHECK_SECONDS)
+            engine = owner()
+            if engine is None or self.stopped:
+                return
+            engine.find_failures()
+            del engine
+
+    def stop(self) -> None:
+        """Let the thread end."""
+        self.stopped = True
+        self.running.set()
 
 
 class OpenVINOQueue(QueueErrors):
     """The engine of an ``AsyncInferQueue`` on the OPENVINO device (see the module).
 
     Its methods are those of ``AsyncInferQueue``, with the same semantics; a job is
-    started by whoever frees a request first (the loop, or the thread of a request whose
-    job just ended), its inputs copied then, so ``start_async`` returns once its job
-    started, as the generic queue's does.
+    started by whoever frees a request first (the loop, or OpenVINO's thread that ended
+    the request's last job), its inputs copied then, so ``start_async`` returns once its
+    job started, as the generic queue's does.
     """
 
     def __init__(self, compiled_model: OpenVINOCompiledModel, jobs: int) -> None:
@@ -190,45 +244,44 @@ class OpenVINOQueue(QueueErrors):
         self._scheduled = False
         self._running: list[_Job | None] = [None] * jobs
         """Each request's job, from its start until the loop has seen its end."""
+        self._current: list[_Job | None] = [None] * jobs
+        """Each request's job as OpenVINO's side sees it: set (under the lock) before it
+        is launched, taken by whoever ends it (its callback, or the failure watch)."""
         self._callback: Callback | None = None
         self._held = [False] * jobs
         """Requests kept busy until their job's callback returned (on the loop)."""
         self._errors: list[BaseException] = []
         self._closed = False
-        self._wake: Callable[[], None] | None = None
+        self._wake: LoopWake | None = None
         """Schedules :meth:`_on_loop` on the event loop (any thread)."""
         self._changed: LoopEvent | None = None
         """Set when a request became idle or the queue closed (for waiting callers)."""
         self._callbacks_running = 0
-        self._inboxes: list[Inbox] = [queue.SimpleQueue() for _ in range(jobs)]
-        """Where each request's thread learns of a job started from the loop."""
-        self._threads = [
-            threading.Thread(
-                target=_watch,
-                args=(weakref.ref(self), index, inbox),
-                name="aioinfer-openvino-queue",
-                daemon=True,
-            )
-            for index, inbox in enumerate(self._inboxes)
-        ]
-        for thread in self._threads:
-            thread.start()
-        self._stop_threads = weakref.finalize(self, _stop, self._inboxes)
+        owner = weakref.ref(self)
+        for index, sync in enumerate(self._syncs):
+            sync.ov_request.set_callback(_on_completion(owner, index), None)
+        self._watch = _FailureWatch(owner)
+        self._stop_watch = weakref.finalize(self, self._watch.stop)
         stop_at_exit(self)
 
     def __len__(self) -> int:
         return len(self._requests)
 
     def stop_at_exit(self) -> None:
-        """Cancel the running jobs and end the threads (at interpreter exit: see
-        :func:`.bridge.stop_threads_at_exit`)."""
+        """Cancel the running jobs and wait until OpenVINO let go of them, so that no
+        callback comes once the interpreter finalizes; end the failure watch (at
+        interpreter exit: see :func:`.bridge.stop_threads_at_exit`)."""
         with self._lock:
-            self._closed = True
+            self._closed = True  # no job is launched any more
         for sync in self._syncs:
             sync.cancel()
-        self._stop_threads()
-        for thread in self._threads:
-            thread.join(EXIT_JOIN_SECONDS)
+        for sync in self._syncs:
+            try:
+                sync.ov_request.wait()  # returns once the job's callback returned
+            except RuntimeError:
+                let_go(sync.ov_request)
+        self._stop_watch()
+        self._watch.thread.join(EXIT_JOIN_SECONDS)
 
     def __getitem__(self, index: int) -> QueueRequest:
         return self._requests[index]
@@ -314,12 +367,15 @@ class OpenVINOQueue(QueueErrors):
             assert job.started is not None
             job.started.set()
         with anyio.CancelScope(shield=True):
-            while self._busy():
+            while self._busy():  # the cancelled jobs end through the failure watch
                 await self._wait_for_change()
-        self._stop_threads()
+        _RUNNING.discard(self)  # every job ended
+        self._stop_watch()
+        if self._wake is not None:
+            self._wake.detach()
         self._notify()
 
-    # -- the request threads --------------------------------------------------------------
+    # -- OpenVINO's threads ----------------------------------------------------------------
 
     def _prepare(self, index: int, job: _Job) -> bool:
         """Set ``job``'s inputs on idle request ``index`` (any thread); False when they
@@ -334,41 +390,74 @@ class OpenVINOQueue(QueueErrors):
         return True
 
     def _launch(self, index: int, job: _Job) -> bool:
-        """Start OpenVINO on the job prepared on request ``index``; False when it could
-        not (``job.error``: cancelled by :meth:`close`, or OpenVINO refused it): the job
-        then ended at once."""
+        """Start OpenVINO on the job prepared on request ``index`` (any thread); False
+        when it could not (``job.error``: cancelled by :meth:`close`, or OpenVINO refused
+        it): the job then ended at once."""
+        with self._lock:
+            closed = self._closed  # its prepare may have undone the cancel of close()
+            if not closed:
+                self._current[index] = job
+                if not self._watch.running.is_set():
+                    _RUNNING.add(self)
+                    self._watch.running.set()
         try:
-            if self._closed:  # its prepare may have undone the cancel of close()
+            if closed:
                 raise InferCancelledError("the inference was cancelled")
             self._syncs[index].launch_job()
         except Exception as exc:
+            with self._lock:
+                if self._current[index] is job:
+                    self._current[index] = None
             job.error = exc
             return False
         return True
 
-    def watch(self, index: int, job: _Job, launched: bool) -> _Job | None:
-        """On request ``index``'s thread: launch ``job`` unless ``launched``, wait until
-        it ended, hand it to the loop, and start the next waiting job there; that job
-        (launched), or None."""
-        if not launched and not self._launch(index, job):
-            return self._end(index, job)  # it ended at once
-        sync = self._syncs[index]
-        ov_request = sync.ov_request
+    def completed(self, index: int) -> None:
+        """On OpenVINO's thread, in request ``index``'s callback (its job succeeded):
+        copy the outputs, end the job. Never raises (OpenVINO would count the job as
+        failed)."""
+        with self._lock:
+            job, self._current[index] = self._current[index], None
+        if job is None:
+            return  # not launched by this queue (cannot happen)
         try:
-            ov_request.wait()
-            succeeded = True
-        except RuntimeError:
-            let_go(ov_request)  # a cancelled request's wait() raises before it ended
-            succeeded = False
-        try:
-            job.outputs = sync.finish_job(succeeded)
+            job.outputs = self._syncs[index].finish_job(True)
         except Exception as exc:
             job.error = exc
-        return self._end(index, job)
+        self._end(index, job)
 
-    def _end(self, index: int, job: _Job) -> _Job | None:
+    def find_failures(self) -> None:
+        """On the failure watch's thread: end each job that failed or was cancelled (no
+        callback comes for it) with its error; stop looking while no job runs."""
+        with self._lock:
+            current = list(self._current)
+            if not any(job is not None for job in current):
+                self._watch.running.clear()  # a launch sets both again
+                _RUNNING.discard(self)
+                return
+        for index, job in enumerate(current):
+            if job is None:
+                continue
+            sync = self._syncs[index]
+            try:
+                sync.ov_request.wait_for(0)
+                continue  # running, or ended well (then its callback took it)
+            except RuntimeError:
+                pass
+            with self._lock:
+                if self._current[index] is not job:
+                    continue  # ended meanwhile: the failure was the next job's
+                self._current[index] = None
+            let_go(sync.ov_request)  # a cancelled request's wait() raises before it ended
+            try:
+                job.outputs = sync.finish_job(False)  # raises the failure
+            except Exception as exc:
+                job.error = exc
+            self._end(index, job)
+
+    def _end(self, index: int, job: _Job) -> None:
         """Hand ``job``'s end to the loop and start a waiting job on the request (unless
-        a callback must run first); the job started, or None."""
+        a callback must run first)."""
         started: _Job | None = None
         with self._lock:
             held = self._callback is not None
@@ -380,20 +469,21 @@ class OpenVINOQueue(QueueErrors):
             with self._lock:
                 self._ended.append((index, _NOTHING, started))
                 started = self._next_waiting(index)
+        with self._lock:
+            # Before the launch: the started job may end (on another thread) before
+            # the launch returns, and the loop must see it start first.
+            self._ended.append((index, job, started))
+            schedule, self._scheduled = not self._scheduled, True
         # Launched before the loop is woken: waking it releases the GIL (a write to its
         # socket), and the loop, once awake, would keep it from this thread for its
         # whole turn while the stream waits for the next job.
         launched = started is None or self._launch(index, started)
-        with self._lock:
-            self._ended.append((index, job, started))
-            schedule, self._scheduled = not self._scheduled, True
         if schedule:
             assert self._wake is not None  # set by the start_async that started the job
             self._wake()
         if not launched:
             assert started is not None
-            return self._end(index, started)  # it ended at once
-        return started
+            self._end(index, started)  # it ended at once
 
     def _next_waiting(self, index: int) -> _Job | None:
         """Under the lock: the waiting job to start on request ``index``, or None after
@@ -469,12 +559,11 @@ class OpenVINOQueue(QueueErrors):
             self._run(index, started)
 
     def _run(self, index: int, job: _Job) -> None:
-        """On the loop: hand ``job``, prepared on request ``index``, to the request's
-        thread, which launches it: OpenVINO's start_async() takes tens of µs under the
-        THROUGHPUT hint, and the GIL it releases meanwhile is often slow to come back."""
+        """On the loop: launch ``job``, prepared on request ``index``."""
         self._running[index] = job
         self.userdata[index] = job.userdata
-        self._inboxes[index].put(job)
+        if not self._launch(index, job):
+            self._end(index, job)
 
     def _idle_now(self) -> list[bool]:
         with self._lock:
@@ -530,29 +619,14 @@ def _signal() -> LoopEvent:
     return _FutureSignal(loop) if loop is not None else anyio.Event()
 
 
-def _waker(owner: weakref.ref[OpenVINOQueue]) -> Callable[[], None]:
-    """A function that schedules the queue's ``_on_loop`` on the running event loop from
-    any thread (and does nothing once the loop is gone: nobody waits any more). What
-    the loop keeps of a call it ran (trio keeps the last one) does not keep the queue."""
+def _waker(owner: weakref.ref[OpenVINOQueue]) -> LoopWake:
+    """Schedules the queue's ``_on_loop`` on the running event loop from any thread (see
+    :mod:`.wake`). What the loop keeps of a call (trio keeps the last one, asyncio its
+    reader) does not keep the queue."""
 
     def call() -> None:
         engine = owner()
         if engine is not None:
             engine._on_loop()
 
-    loop = asyncio_loop()
-    if loop is not None:
-        call_soon = loop.call_soon_threadsafe
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                call_soon(call)
-
-        return wake
-    token = anyio.lowlevel.current_token()
-
-    def wake_any() -> None:
-        with contextlib.suppress(Exception):  # trio's run has finished
-            token.backend_class.run_sync_soon(call, (), token.native_token)
-
-    return wake_any
+    return loop_wake(call)
