@@ -9,6 +9,7 @@ float32 here, compared with the float32 reference within float16's rounding.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,12 @@ import onnxruntime as ort
 import pytest
 
 import aioinfer
-from aioinfer.devices.cpu.kernels.recurrent import BOTH_DIRECTIONS_MAX_HIDDEN
+from aioinfer.devices.cpu.kernels import parallel
+from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
+from aioinfer.devices.cpu.kernels.recurrent import (
+    BOTH_DIRECTIONS_MAX_HIDDEN,
+    DIRECTIONS_ON_THREADS_WORK,
+)
 from tests.helpers import make_model, tensor_info
 from tests.kernels._check import check_node, run_aioinfer
 
@@ -462,4 +468,49 @@ def test_bidirectional_lstm_both_directions_in_one_loop_match_reference(hidden: 
     node = oh.make_node(
         "LSTM", names, ["Y", "Y_h", "Y_c"], hidden_size=hidden, direction="bidirectional"
     )
+    check_node(node, inputs, rtol=1e-5, atol=1e-5)
+
+
+def test_bidirectional_lstm_directions_on_two_threads_match_one_thread() -> None:
+    """A bidirectional LSTM whose step product has DIRECTIONS_ON_THREADS_WORK
+    multiply-adds or more runs its two directions on two intra-op threads (seen in CPU
+    time: another thread computes about as much as the calling one in some run), with
+    results bit for bit those of one thread, and agrees with onnx.reference (float32:
+    rtol 1e-5, atol 1e-5)."""
+    hidden, batch, seq, features = 256, 4, 6, 16
+    assert 4 * hidden * hidden * batch >= DIRECTIONS_ON_THREADS_WORK
+    rng = np.random.default_rng(12)
+
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    inputs: list[np.ndarray | None] = [
+        normal(seq, batch, features),
+        normal(2, 4 * hidden, features, scale=0.2),
+        normal(2, 4 * hidden, hidden, scale=0.1),
+        normal(2, 8 * hidden, scale=0.2),
+        None,
+        normal(2, batch, hidden),
+        normal(2, batch, hidden),
+    ]
+    names = [n if x is not None else "" for n, x in zip(INPUT_NAMES, inputs)]
+    node = oh.make_node(
+        "LSTM", names, ["Y", "Y_h", "Y_c"], hidden_size=hidden, direction="bidirectional"
+    )
+    before = parallel._POOL.threads
+    try:
+        set_intra_op_threads(1)
+        alone = run_aioinfer(node, inputs, 14)
+        set_intra_op_threads(2)
+        shares = []
+        for _ in range(10):
+            own, total = time.thread_time(), time.process_time()
+            split = run_aioinfer(node, inputs, 14)
+            own, total = time.thread_time() - own, time.process_time() - total
+            shares.append((total - own) / own)
+    finally:
+        set_intra_op_threads(before)
+    for a, b in zip(alone, split):
+        np.testing.assert_array_equal(a, b)
+    assert max(shares) > 0.3, shares
     check_node(node, inputs, rtol=1e-5, atol=1e-5)

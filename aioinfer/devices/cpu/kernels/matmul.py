@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from aioinfer.devices.cpu.kernels.parallel import intra_op_threads, run_parallel
@@ -26,15 +28,37 @@ SPLIT_PRODUCT = 1 << 21
 PARTS_PER_THREAD = 2
 """Blocks per thread of a split product: a thread that runs late leaves its second
 block to the others."""
-ROW_ALIGN = 48
+ROW_ALIGN = 24
 """Row blocks of a split product start at multiples of this: OpenBLAS's kernels then
-meet every row as in one call, and the product is bit for bit that of one call (checked
-on float32 and float64 products of 64-4096 rows), whatever the number of threads."""
+meet every row as in one call, and the product is bit for bit that of one call whatever
+the number of threads (checked on float32 and float64 products of 25-4096 rows, plain
+and transposed right operands, with OpenBLAS's SkylakeX and Haswell kernels; 8- and
+16-row blocks are not: Haswell's float32 and SkylakeX's float64 kernels work on rows in
+groups that 24 divides)."""
+MIN_BLOCK_PRODUCT = 1 << 20
+"""Multiply-adds every block of a split product has at least: OpenBLAS (SkylakeX) runs
+products of at most 1e6 multiply-adds through other kernels, whose rounding differs, so
+a smaller block would not be bit for bit the rows of one call."""
 COLUMN_ALIGN = 32
 """Column blocks of a split row vector times a matrix (BLAS's gemv) start at multiples
 of this: bit for bit the product of one call. A general product split by columns is not
-(its values move by rounding with the thread count), so a product of 2 to 95 rows is
-not split."""
+(with Haswell's float32 kernel its values move by rounding wherever the split falls), so
+products of 2 to 24 rows are not split."""
+
+
+def row_blocks(m: int, k: int, n: int, blocks: int) -> list[tuple[int, int]]:
+    """At most ``blocks`` row blocks of an ``m x k @ k x n`` product that split it bit for
+    bit: starts at multiples of :data:`ROW_ALIGN`, each block at least two rows and
+    :data:`MIN_BLOCK_PRODUCT` multiply-adds (one block when no split qualifies)."""
+    # Rows of the smallest block: numpy runs a one-row product through gemv, not gemm.
+    least = max(2, -(-MIN_BLOCK_PRODUCT // max(1, k * n)))
+    step = -(-least // ROW_ALIGN) * ROW_ALIGN
+    aligned = range(0, m, step)
+    starts = sorted({aligned[i * len(aligned) // blocks] for i in range(blocks)})
+    bounds = list(itertools.pairwise([*starts, m]))
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < least:
+        bounds[-2:] = [(bounds[-2][0], m)]  # the last block is the only short one
+    return bounds
 
 
 def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -44,22 +68,23 @@ def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     for why not BLAS's own threads).
 
     Splits keep results bit for bit independent of the thread count (see
-    :data:`ROW_ALIGN`, :data:`COLUMN_ALIGN`), which a classifier's softmax over huge,
-    equal logits (the onnx package's light models) depends on; a product of 2 to 95 rows
-    therefore runs in one call.
+    :data:`ROW_ALIGN`, :data:`MIN_BLOCK_PRODUCT`, :data:`COLUMN_ALIGN`), which a
+    classifier's softmax over huge, equal logits (the onnx package's light models)
+    depends on; a product of 2 to 24 rows therefore runs in one call.
     """
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     threads = intra_op_threads()
-    if m * k * n < SPLIT_PRODUCT or threads <= 1 or 1 < m < 2 * ROW_ALIGN:
+    if m * k * n < SPLIT_PRODUCT or threads <= 1 or 1 < m <= ROW_ALIGN:
         np.matmul(a, b, out=out)
         return out
-    if m >= 2 * ROW_ALIGN:
+    if m > 1:
+        bounds = row_blocks(m, k, n, PARTS_PER_THREAD * threads)
 
-        def rows(start: int, stop: int) -> None:
+        def rows(first: int, last: int) -> None:
+            start, stop = bounds[first][0], bounds[last - 1][1]
             np.matmul(a[start:stop], b, out=out[start:stop])
 
-        parts = max(1, min(PARTS_PER_THREAD, m // (ROW_ALIGN * threads)))
-        run_parallel(rows, m, work=m * k * n, parts_per_thread=parts, align=ROW_ALIGN)
+        run_parallel(rows, len(bounds), work=m * k * n, parts_per_thread=PARTS_PER_THREAD)
         return out
 
     def columns(start: int, stop: int) -> None:
