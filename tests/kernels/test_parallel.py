@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import onnx.helper as oh
@@ -265,3 +270,66 @@ def test_a_product_of_64_rows_is_split_between_two_threads() -> None:
     np.testing.assert_array_equal(y, x @ weight)
     shares = _other_threads_share(compiled, x, runs=10)
     assert max(shares) > 0.3, shares
+
+
+_COLUMN_SPLIT_CHECK = """
+import json
+import numpy as np
+from aioinfer.devices.cpu.kernels.matmul import column_blocks, columns_split_exactly, gemm_2d
+from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
+
+set_intra_op_threads(2)
+rng = np.random.default_rng(5)
+products = split = mismatches = 0
+for m in range(2, 96, 2):
+    k, n = (int(v) for v in rng.choice([37, 96, 300, 512, 777, 1024, 3000], size=2))
+    if m * k * n < 1 << 21:
+        continue
+    split += len(column_blocks(m, k, n, 2)) > 1
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    for b in (rng.standard_normal((k, n)), rng.standard_normal((n, k)).T):
+        b = b.astype(np.float32)
+        out = np.empty((m, n), np.float32)
+        gemm_2d(a, b, out)
+        products += 1
+        mismatches += not np.array_equal(out, a @ b)
+print(json.dumps({"exact": columns_split_exactly(), "products": products, "split": split,
+                  "mismatches": mismatches}))
+"""
+
+
+def _avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return " avx512f" in info.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("kernels", ["SkylakeX", "Haswell"])
+def test_float32_products_of_2_to_95_rows_split_bit_for_bit_per_blas_kernel(
+    kernels: str,
+) -> None:
+    """With OpenBLAS's SkylakeX kernels a float32 product of 2-95 rows is split by
+    columns (each block packs only its part of the right operand); with Haswell's, whose
+    column blocks round differently, by rows. Either way the result is bit for bit the
+    product of one call (plain and transposed right operands). Each kernel runs in a
+    fresh process: OpenBLAS reads OPENBLAS_CORETYPE when it loads."""
+    if kernels == "SkylakeX" and not _avx512():
+        pytest.skip("the SkylakeX kernels need AVX-512")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "OPENBLAS_CORETYPE": kernels}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", _COLUMN_SPLIT_CHECK],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    assert result["exact"] == (kernels == "SkylakeX")
+    assert result["products"] >= 50 and result["split"] >= 20, result
+    assert result["mismatches"] == 0, result
