@@ -125,7 +125,7 @@ def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         run_parallel(vector, n, work=m * k * n, parts_per_thread=per, align=COLUMN_ALIGN)
         return out
     if m < 4 * ROW_ALIGN and a.dtype == np.float32 and columns_split_exactly():
-        bounds = column_blocks(m, k, n, threads)
+        bounds = column_blocks(m, k, n, parts)
         by_rows = False
     else:
         bounds = row_blocks(m, k, n, parts)
