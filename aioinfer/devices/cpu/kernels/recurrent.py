@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aioinfer.devices.cpu.kernels.gru_fast import GruWeights, gru_fast, gru_fast_weights
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
@@ -349,6 +350,43 @@ def gru(spec: NodeSpec) -> Kernel:
     attrs = _common_attrs(spec, ["Sigmoid", "Tanh"])
     linear_before_reset = bool(spec.attr("linear_before_reset", 0))
     outputs = spec.num_outputs
+    names = [
+        str(n).lower() for n in spec.attr("activations", ["Sigmoid", "Tanh"] * attrs.directions)
+    ]
+    fast = attrs.clip is None and names == ["sigmoid", "tanh"] * attrs.directions
+    # Constant weights (the usual case) are prepared once, on the first run.
+    consts = (spec.const(1), spec.const(2), spec.const(3))
+    cache: dict[np.dtype, GruWeights] = {}
+
+    def run_fast(
+        x: np.ndarray,
+        w: np.ndarray,
+        r: np.ndarray,
+        b: np.ndarray | None,
+        initial_h: np.ndarray | None,
+    ) -> tuple[np.ndarray, ...]:
+        out_dtype = x.dtype
+        compute = np.dtype(np.float32 if out_dtype == np.float16 else out_dtype)
+        if w is consts[0] and r is consts[1] and b is consts[2]:
+            if compute not in cache:
+                cache[compute] = gru_fast_weights(w, r, b, compute, linear_before_reset)
+            weights = cache[compute]
+        else:
+            weights = gru_fast_weights(w, r, b, compute, linear_before_reset)
+        if attrs.layout == 1:
+            x = x.swapaxes(0, 1)
+            initial_h = None if initial_h is None else initial_h.swapaxes(0, 1)
+        reverse = [attrs.reverse_first or d == 1 for d in range(attrs.directions)]
+        y, y_h = gru_fast(
+            x.astype(compute, copy=False),
+            weights,
+            None if initial_h is None else initial_h.astype(compute, copy=False),
+            reverse,
+            linear_before_reset,
+        )
+        if attrs.layout == 1:
+            y, y_h = y.transpose(2, 0, 1, 3), y_h.swapaxes(0, 1)
+        return tuple(a.astype(out_dtype, copy=False) for a in (y, y_h))[:outputs]
 
     def run(
         x: np.ndarray,
@@ -359,6 +397,10 @@ def gru(spec: NodeSpec) -> Kernel:
         initial_h: np.ndarray | None = None,
     ) -> tuple[np.ndarray, ...]:
         hidden = r.shape[-1]
+        if fast:
+            seq, batch, _ = _check_inputs(attrs, "GRU", 3, x, w, r, b, lengths, [initial_h])
+            if seq and batch and x.dtype.kind == "f" and _full_lengths(lengths, seq, batch):
+                return run_fast(x, w, r, b, initial_h)
 
         def make_step(d: int, rd: np.ndarray, rb: np.ndarray | None) -> Step:
             f, g = attrs.activations[2 * d : 2 * d + 2]
