@@ -480,7 +480,7 @@ def test_bidirectional_lstm_directions_on_two_threads_match_one_thread() -> None
     time: another thread computes about as much as the calling one in some run), with
     results bit for bit those of one thread, and agrees with onnx.reference (float32:
     rtol 1e-5, atol 1e-5)."""
-    hidden, batch, seq, features = 256, 4, 6, 16
+    hidden, batch, seq, features = 256, 4, 40, 16
     assert 4 * hidden * hidden * batch >= DIRECTIONS_ON_THREADS_WORK
     rng = np.random.default_rng(12)
 
