@@ -10,7 +10,8 @@ only the recurrence loops over time, each step a product over the whole batch. T
 common LSTM (default activations, no peepholes, clip, ``input_forget`` or uneven
 lengths) takes a leaner loop, :func:`_lstm_fast`: nine numpy calls per step (for both
 directions of a small bidirectional one; the directions of a large one on two intra-op
-threads) on preallocated, contiguous, gate-major buffers. With
+threads) on preallocated, contiguous, gate-major buffers; the common GRU likewise
+(:mod:`.gru_fast`, twelve calls per step). With
 ``sequence_lens``, a sequence shorter than the others keeps its state past its end and
 its ``Y`` rows there are zero; the reverse direction reads each sequence backwards from
 its own last element. float16 data is computed in float32 and rounded once at the end.
