@@ -4,6 +4,7 @@ or split between threads, checked against onnx.reference running the unfused ops
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -159,3 +160,16 @@ def test_fused_layernorm_matches_onnx_layernormalization(
     (want,) = ReferenceEvaluator(model).run(None, dict(zip(names, inputs)))
     assert got.dtype == np.float32 and got.shape == shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_of_an_mlp_layer_splits_between_threads(parts: list[tuple[int, int]]) -> None:
+    """GELU (erf) of a 64 x 1024 float32 layer (one chunk of the float32 erf, which ran on
+    one thread) runs in two parts of two chunks on two threads, and agrees with
+    x/2 (1 + erf(x/sqrt 2)) computed in float64 (rtol 1e-5, atol 1e-6)."""
+    x = (RNG.standard_normal((64, 1024)) * 3).astype(np.float32)
+    node = oh.make_node("Gelu", ["x"], ["y"], domain=AIOINFER_DOMAIN)
+    got = run_aioinfer(node, [x], 1)[0]
+    wide = x.astype(np.float64)
+    want = wide / 2 * (1 + np.vectorize(math.erf)(wide / math.sqrt(2)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert sorted(parts) == [(0, 2), (2, 4)]

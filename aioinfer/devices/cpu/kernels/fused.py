@@ -33,7 +33,11 @@ from aioinfer.devices.cpu.kernels.conv import conv_compute
 from aioinfer.devices.cpu.kernels.conv_flat import Epilogue
 from aioinfer.devices.cpu.kernels.elementwise import erf
 from aioinfer.devices.cpu.kernels.matmul import matmul_into
-from aioinfer.devices.cpu.kernels.parallel import MIN_PARALLEL_ELEMENTS, run_parallel
+from aioinfer.devices.cpu.kernels.parallel import (
+    MIN_PARALLEL_ELEMENTS,
+    intra_op_threads,
+    run_parallel,
+)
 from aioinfer.devices.cpu.kernels.registry import (
     Kernel,
     KernelFactory,
@@ -92,6 +96,8 @@ _ERF_P = 0.3275911
 _ERF_A = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
 _CHUNK = 1 << 16
 """Elements per chunk of the float32 erf: its temporaries stay in the L2 cache."""
+_MIN_CHUNK = MIN_PARALLEL_ELEMENTS // 4
+"""Elements of the smallest chunk of a split GELU."""
 
 
 def _erf32_chunk(x: np.ndarray, out: np.ndarray, t: np.ndarray, e: np.ndarray) -> None:
@@ -122,12 +128,15 @@ def _gelu_into(x: np.ndarray, y: np.ndarray) -> None:
         return
     flat_x, flat_y = x.reshape(-1), y.reshape(-1)
     half_root = np.float32(math.sqrt(0.5))
+    # Two chunks per thread at least from MIN_PARALLEL_ELEMENTS on: an MLP's 64 x 1024
+    # (one whole chunk) ran on one thread.
+    chunk = min(_CHUNK, max(_MIN_CHUNK, -(-flat_x.size // (2 * intra_op_threads()))))
 
     def chunks(first: int, last: int) -> None:
-        size = min(_CHUNK, flat_x.size)
+        size = min(chunk, flat_x.size)
         scaled, result, t, e = (np.empty(size, np.float32) for _ in range(4))
-        for start in range(first * _CHUNK, min(last * _CHUNK, flat_x.size), _CHUNK):
-            n = min(_CHUNK, flat_x.size - start)
+        for start in range(first * chunk, min(last * chunk, flat_x.size), chunk):
+            n = min(chunk, flat_x.size - start)
             part, target = flat_x[start : start + n], flat_y[start : start + n]
             np.multiply(part, half_root, out=scaled[:n])
             _erf32_chunk(scaled[:n], result[:n], t[:n], e[:n])
@@ -135,7 +144,7 @@ def _gelu_into(x: np.ndarray, y: np.ndarray) -> None:
             result[:n] *= part
             np.multiply(result[:n], np.float32(0.5), out=target)
 
-    run_parallel(chunks, -(-flat_x.size // _CHUNK), work=flat_x.size)
+    run_parallel(chunks, -(-flat_x.size // chunk), work=flat_x.size)
 
 
 def _gelu(y: np.ndarray) -> None:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.parallel import intra_op_threads, run_parallel
+from aioinfer.devices.cpu.kernels.parallel import (
+    blas_architectures,
+    intra_op_threads,
+    run_parallel,
+)
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
 
 
@@ -26,47 +33,115 @@ SPLIT_PRODUCT = 1 << 21
 PARTS_PER_THREAD = 2
 """Blocks per thread of a split product: a thread that runs late leaves its second
 block to the others."""
-ROW_ALIGN = 48
+ROW_ALIGN = 24
 """Row blocks of a split product start at multiples of this: OpenBLAS's kernels then
-meet every row as in one call, and the product is bit for bit that of one call (checked
-on float32 and float64 products of 64-4096 rows), whatever the number of threads."""
+meet every row as in one call, and the product is bit for bit that of one call whatever
+the number of threads (checked on float32 and float64 products of 25-4096 rows, plain
+and transposed right operands, with OpenBLAS's SkylakeX and Haswell kernels; 8- and
+16-row blocks are not: Haswell's float32 and SkylakeX's float64 kernels work on rows in
+groups that 24 divides)."""
+MIN_BLOCK_PRODUCT = 1 << 20
+"""Multiply-adds every block of a split product has at least: OpenBLAS (SkylakeX) runs
+products of at most 1e6 multiply-adds through other kernels, whose rounding differs, so
+a smaller block would not be bit for bit the rows of one call."""
 COLUMN_ALIGN = 32
 """Column blocks of a split row vector times a matrix (BLAS's gemv) start at multiples
-of this: bit for bit the product of one call. A general product split by columns is not
-(its values move by rounding with the thread count), so a product of 2 to 95 rows is
-not split."""
+of this: bit for bit the product of one call."""
+COLUMN_BLOCK_ALIGN = 64
+"""Column blocks of a split product of 2-95 rows start at multiples of this. Only where
+they are bit for bit one call's columns: float32 on OpenBLAS's SkylakeX kernels (checked
+on ~4,600 products of 2-95 rows, plain and transposed right operands, 2 and 4 blocks);
+not with Haswell's float32 kernel (its values move by rounding wherever the split falls)
+nor SkylakeX's float64 one (on some odd widths)."""
+COLUMN_SPLIT_KERNELS = frozenset({"SkylakeX"})
+"""The OpenBLAS kernels (``threadpoolctl``'s architecture) whose float32 products split by
+columns (:data:`COLUMN_BLOCK_ALIGN`) bit for bit."""
+
+
+def aligned_blocks(
+    total: int, unit_work: int, align: int, blocks: int, least_units: int = 1
+) -> list[tuple[int, int]]:
+    """At most ``blocks`` contiguous blocks of ``range(total)`` starting at multiples of
+    ``align``, each at least ``least_units`` long and :data:`MIN_BLOCK_PRODUCT`
+    multiply-adds (``unit_work`` per unit); one block when no split qualifies."""
+    least = max(least_units, -(-MIN_BLOCK_PRODUCT // max(1, unit_work)))
+    step = -(-least // align) * align
+    aligned = range(0, total, step)
+    starts = sorted({aligned[i * len(aligned) // blocks] for i in range(blocks)})
+    bounds = list(itertools.pairwise([*starts, total]))
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < least:
+        bounds[-2:] = [(bounds[-2][0], total)]  # the last block is the only short one
+    return bounds
+
+
+def row_blocks(m: int, k: int, n: int, blocks: int) -> list[tuple[int, int]]:
+    """Row blocks of an ``m x k @ k x n`` product that split it bit for bit (see
+    :func:`aligned_blocks`, :data:`ROW_ALIGN`); each has two rows or more, since numpy
+    runs a one-row product through gemv, not gemm."""
+    return aligned_blocks(m, k * n, ROW_ALIGN, blocks, least_units=2)
+
+
+def column_blocks(m: int, k: int, n: int, blocks: int) -> list[tuple[int, int]]:
+    """Column blocks of an ``m x k @ k x n`` float32 product (see
+    :data:`COLUMN_BLOCK_ALIGN`, :func:`columns_split_exactly`)."""
+    return aligned_blocks(n, m * k, COLUMN_BLOCK_ALIGN, blocks)
+
+
+@functools.cache
+def columns_split_exactly() -> bool:
+    """Whether float32 products split by columns bit for bit here: every BLAS library
+    numpy may call runs one of :data:`COLUMN_SPLIT_KERNELS`."""
+    kernels = blas_architectures()
+    return bool(kernels) and kernels <= COLUMN_SPLIT_KERNELS
 
 
 def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out[...] = a @ b`` for 2-D operands: one single-threaded BLAS call for a small
-    product; a large one split into blocks of ``out``'s rows (of its columns for a row
-    vector), each block a BLAS call on one of the intra-op threads (see :mod:`.parallel`
-    for why not BLAS's own threads).
+    product; a large one split into blocks of ``out``'s rows or columns, each block a
+    BLAS call on one of the intra-op threads (see :mod:`.parallel` for why not BLAS's own
+    threads).
 
-    Splits keep results bit for bit independent of the thread count (see
-    :data:`ROW_ALIGN`, :data:`COLUMN_ALIGN`), which a classifier's softmax over huge,
-    equal logits (the onnx package's light models) depends on; a product of 2 to 95 rows
-    therefore runs in one call.
+    Splits keep results bit for bit independent of the thread count, which a
+    classifier's softmax over huge, equal logits (the onnx package's light models)
+    depends on: row blocks (:data:`ROW_ALIGN`, :data:`MIN_BLOCK_PRODUCT`); column
+    blocks for a row vector (:data:`COLUMN_ALIGN`) and, where they are exact
+    (:data:`COLUMN_BLOCK_ALIGN`), for float32 products of 2 to 95 rows, whose row blocks
+    would each pack the whole right operand again (a 64-row product in 24-row blocks
+    gains nothing on SkylakeX; in two column blocks, 2x). Elsewhere a product of 2 to 24
+    rows runs in one call.
     """
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     threads = intra_op_threads()
-    if m * k * n < SPLIT_PRODUCT or threads <= 1 or 1 < m < 2 * ROW_ALIGN:
+    if m * k * n < SPLIT_PRODUCT or threads <= 1:
         np.matmul(a, b, out=out)
         return out
-    if m >= 2 * ROW_ALIGN:
+    parts = PARTS_PER_THREAD * threads
+    if m == 1:
 
-        def rows(start: int, stop: int) -> None:
-            np.matmul(a[start:stop], b, out=out[start:stop])
+        def vector(start: int, stop: int) -> None:
+            np.matmul(a, b[:, start:stop], out=out[:, start:stop])
 
-        parts = max(1, min(PARTS_PER_THREAD, m // (ROW_ALIGN * threads)))
-        run_parallel(rows, m, work=m * k * n, parts_per_thread=parts, align=ROW_ALIGN)
+        per = max(1, min(PARTS_PER_THREAD, n // (COLUMN_ALIGN * threads)))
+        run_parallel(vector, n, work=m * k * n, parts_per_thread=per, align=COLUMN_ALIGN)
+        return out
+    if m < 4 * ROW_ALIGN and a.dtype == np.float32 and columns_split_exactly():
+        bounds = column_blocks(m, k, n, parts)
+        by_rows = False
+    else:
+        bounds = row_blocks(m, k, n, parts)
+        by_rows = True
+    if len(bounds) == 1:
+        np.matmul(a, b, out=out)
         return out
 
-    def columns(start: int, stop: int) -> None:
-        np.matmul(a, b[:, start:stop], out=out[:, start:stop])
+    def blocks(first: int, last: int) -> None:
+        start, stop = bounds[first][0], bounds[last - 1][1]
+        if by_rows:
+            np.matmul(a[start:stop], b, out=out[start:stop])
+        else:
+            np.matmul(a, b[:, start:stop], out=out[:, start:stop])
 
-    parts = max(1, min(PARTS_PER_THREAD, n // (COLUMN_ALIGN * threads)))
-    run_parallel(columns, n, work=m * k * n, parts_per_thread=parts, align=COLUMN_ALIGN)
+    run_parallel(blocks, len(bounds), work=m * k * n, parts_per_thread=PARTS_PER_THREAD)
     return out
 
 

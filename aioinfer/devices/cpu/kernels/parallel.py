@@ -129,6 +129,14 @@ def use_intra_op_threads(threads: int) -> None:
     _POOL._inside.threads = max(1, threads)
 
 
+def blas_architectures() -> frozenset[str]:
+    """The kernels (OpenBLAS's core type, ``threadpoolctl``'s architecture) of the BLAS
+    libraries loaded in the process; empty when none reports one."""
+    return frozenset(
+        str(lib.architecture) for lib in _POOL.blas() if getattr(lib, "architecture", None)
+    )
+
+
 def intra_op_threads() -> int:
     """Threads a kernel may split its work between now (1: do not split; also inside a
     part of a split, which never splits again)."""

@@ -9,8 +9,9 @@ The input projection of all time steps (and both directions) is one matrix produ
 only the recurrence loops over time, each step a product over the whole batch. The
 common LSTM (default activations, no peepholes, clip, ``input_forget`` or uneven
 lengths) takes a leaner loop, :func:`_lstm_fast`: nine numpy calls per step (for both
-directions of a small bidirectional one) on
-preallocated, contiguous, gate-major buffers. With
+directions of a small bidirectional one; the directions of a large one on two intra-op
+threads) on preallocated, contiguous, gate-major buffers; the common GRU likewise
+(:mod:`.gru_fast`, twelve calls per step). With
 ``sequence_lens``, a sequence shorter than the others keeps its state past its end and
 its ``Y`` rows there are zero; the reverse direction reads each sequence backwards from
 its own last element. float16 data is computed in float32 and rounded once at the end.
@@ -23,6 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aioinfer.devices.cpu.kernels.gru_fast import GruWeights, gru_fast, gru_fast_weights
+from aioinfer.devices.cpu.kernels.matmul import gemm_2d
+from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 
 Activation = Callable[[np.ndarray], np.ndarray]
@@ -347,6 +351,43 @@ def gru(spec: NodeSpec) -> Kernel:
     attrs = _common_attrs(spec, ["Sigmoid", "Tanh"])
     linear_before_reset = bool(spec.attr("linear_before_reset", 0))
     outputs = spec.num_outputs
+    names = [
+        str(n).lower() for n in spec.attr("activations", ["Sigmoid", "Tanh"] * attrs.directions)
+    ]
+    fast = attrs.clip is None and names == ["sigmoid", "tanh"] * attrs.directions
+    # Constant weights (the usual case) are prepared once, on the first run.
+    consts = (spec.const(1), spec.const(2), spec.const(3))
+    cache: dict[np.dtype, GruWeights] = {}
+
+    def run_fast(
+        x: np.ndarray,
+        w: np.ndarray,
+        r: np.ndarray,
+        b: np.ndarray | None,
+        initial_h: np.ndarray | None,
+    ) -> tuple[np.ndarray, ...]:
+        out_dtype = x.dtype
+        compute = np.dtype(np.float32 if out_dtype == np.float16 else out_dtype)
+        if w is consts[0] and r is consts[1] and b is consts[2]:
+            if compute not in cache:
+                cache[compute] = gru_fast_weights(w, r, b, compute, linear_before_reset)
+            weights = cache[compute]
+        else:
+            weights = gru_fast_weights(w, r, b, compute, linear_before_reset)
+        if attrs.layout == 1:
+            x = x.swapaxes(0, 1)
+            initial_h = None if initial_h is None else initial_h.swapaxes(0, 1)
+        reverse = [attrs.reverse_first or d == 1 for d in range(attrs.directions)]
+        y, y_h = gru_fast(
+            x.astype(compute, copy=False),
+            weights,
+            None if initial_h is None else initial_h.astype(compute, copy=False),
+            reverse,
+            linear_before_reset,
+        )
+        if attrs.layout == 1:
+            y, y_h = y.transpose(2, 0, 1, 3), y_h.swapaxes(0, 1)
+        return tuple(a.astype(out_dtype, copy=False) for a in (y, y_h))[:outputs]
 
     def run(
         x: np.ndarray,
@@ -357,6 +398,10 @@ def gru(spec: NodeSpec) -> Kernel:
         initial_h: np.ndarray | None = None,
     ) -> tuple[np.ndarray, ...]:
         hidden = r.shape[-1]
+        if fast:
+            seq, batch, _ = _check_inputs(attrs, "GRU", 3, x, w, r, b, lengths, [initial_h])
+            if seq and batch and x.dtype.kind == "f" and _full_lengths(lengths, seq, batch):
+                return run_fast(x, w, r, b, initial_h)
 
         def make_step(d: int, rd: np.ndarray, rb: np.ndarray | None) -> Step:
             f, g = attrs.activations[2 * d : 2 * d + 2]
@@ -399,6 +444,14 @@ BOTH_DIRECTIONS_MAX_HIDDEN = 64
 time (half the numpy calls: each step's cost is mostly their fixed cost), at the price of
 a product twice as large (the block-diagonal R): openWakeWord's hey-mycroft (hidden 64
 and 32, 16 steps) 138 + 112 -> 122 + 77 us. Past it the product dominates."""
+
+DIRECTIONS_ON_THREADS_WORK = 1 << 20
+"""From this many multiply-adds in a step's recurrence product (4 * hidden * hidden *
+batch), the two directions of a bidirectional LSTM run at the same time, each on one of
+two intra-op threads, bit for bit as on one: ddddocr's recognizer (hidden 512, batch 1)
+reads 4 MB of R per step and direction, about 90 us, in a product that releases the
+GIL. Below, each step is a few microseconds of numpy calls that hold the GIL, and the
+two threads would mostly wait for each other."""
 
 
 def _lstm_fast_weights(
@@ -509,7 +562,8 @@ def _lstm_fast(
     dtype = w_all.dtype
     # One product projects every step of every direction; then, with the biases added,
     # the copy to (direction, step, gate, batch) order.
-    projected = np.matmul(x.reshape(seq * batch, -1), w_all.T)
+    flat = x.reshape(seq * batch, -1)
+    projected = gemm_2d(flat, w_all.T, np.empty((seq * batch, w_all.shape[0]), dtype))
     xw = np.empty((dirs, seq, gates, batch), dtype)
     np.add(
         projected.reshape(seq, batch, dirs, gates).transpose(2, 0, 3, 1),
@@ -521,42 +575,69 @@ def _lstm_fast(
         return _lstm_results(ys, finals_c, reverse)
     ys = np.empty((dirs, seq, hidden, batch), dtype)
     finals_c = np.empty((dirs, hidden, batch), dtype)
+
+    def directions(first: int, last: int) -> None:
+        for d in range(first, last):
+            h0 = None if initial_h is None else initial_h[d].T
+            c0 = None if initial_c is None else initial_c[d].T
+            _lstm_direction(r_all[d], xw[d], h0, c0, reverse[d], ys[d], finals_c[d])
+
+    # Each direction is one thread's whole loop, bit for bit as on one thread.
+    work = gates * hidden * batch if dirs > 1 else 0
+    if work >= DIRECTIONS_ON_THREADS_WORK:
+        run_parallel(directions, dirs, work=work)
+    else:
+        directions(0, dirs)
+    return _lstm_results(ys, finals_c, reverse)
+
+
+def _lstm_direction(
+    r: np.ndarray,
+    xw: np.ndarray,
+    initial_h: np.ndarray | None,
+    initial_c: np.ndarray | None,
+    reverse: bool,
+    ys: np.ndarray,
+    final_c: np.ndarray,
+) -> None:
+    """The recurrence of one direction of :func:`_lstm_fast`: ``xw`` (step, gate, batch)
+    in, the hidden states (step, hidden, batch) into ``ys`` in time order and the last
+    cell (hidden, batch) into ``final_c``."""
+    seq, gates, batch = xw.shape
+    hidden = gates // 4
+    dtype = xw.dtype
     tanh, multiply, add, dot = np.tanh, np.multiply, np.add, np.dot
     half = np.full((3 * hidden, batch), 0.5, dtype)
-    for d in range(dirs):
-        state = np.empty((5 * hidden, batch), dtype)  # o, i, f, g (the gates), then c
-        pre, sig, i_f, g_c = (
-            state[:gates],
-            state[: 3 * hidden],
-            state[hidden : 3 * hidden],
-            state[3 * hidden :],
-        )
-        out_gate, cell = state[:hidden], state[4 * hidden :]
-        products = np.empty((2 * hidden, batch), dtype)
-        first, second = products[:hidden], products[hidden:]
-        cell_tanh = np.empty((hidden, batch), dtype)
-        h = np.zeros((hidden, batch), dtype) if initial_h is None else initial_h[d].T.copy()
-        if initial_c is None:
-            cell[...] = 0
-        else:
-            cell[...] = initial_c[d].T
-        r_d, xw_d, y_d = r_all[d], xw[d], ys[d]
-        steps = range(seq - 1, -1, -1) if reverse[d] else range(seq)
-        for t in steps:
-            # Positional outs and np.dot: each call's fixed cost is most of a step
-            # (np.matmul costs ~0.4 us more than np.dot here, keyword outs ~0.05 us).
-            dot(r_d, h, pre)
-            add(pre, xw_d[t], pre)
-            tanh(pre, pre)
-            multiply(sig, half, sig)  # the sigmoid gates: (1 + tanh(z / 2)) / 2
-            add(sig, half, sig)
-            multiply(i_f, g_c, products)  # i * g and f * c
-            add(first, second, cell)
-            tanh(cell, cell_tanh)
-            h = y_d[t]
-            multiply(out_gate, cell_tanh, h)
-        finals_c[d] = cell
-    return _lstm_results(ys, finals_c, reverse)
+    state = np.empty((5 * hidden, batch), dtype)  # o, i, f, g (the gates), then c
+    pre, sig, i_f, g_c = (
+        state[:gates],
+        state[: 3 * hidden],
+        state[hidden : 3 * hidden],
+        state[3 * hidden :],
+    )
+    out_gate, cell = state[:hidden], state[4 * hidden :]
+    products = np.empty((2 * hidden, batch), dtype)
+    first, second = products[:hidden], products[hidden:]
+    cell_tanh = np.empty((hidden, batch), dtype)
+    h = np.zeros((hidden, batch), dtype) if initial_h is None else initial_h.copy()
+    if initial_c is None:
+        cell[...] = 0
+    else:
+        cell[...] = initial_c
+    for t in range(seq - 1, -1, -1) if reverse else range(seq):
+        # Positional outs and np.dot: each call's fixed cost is most of a step
+        # (np.matmul costs ~0.4 us more than np.dot here, keyword outs ~0.05 us).
+        dot(r, h, pre)
+        add(pre, xw[t], pre)
+        tanh(pre, pre)
+        multiply(sig, half, sig)  # the sigmoid gates: (1 + tanh(z / 2)) / 2
+        add(sig, half, sig)
+        multiply(i_f, g_c, products)  # i * g and f * c
+        add(first, second, cell)
+        tanh(cell, cell_tanh)
+        h = ys[t]
+        multiply(out_gate, cell_tanh, h)
+    final_c[...] = cell
 
 
 def _lstm_results(

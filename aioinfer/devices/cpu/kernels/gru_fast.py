@@ -1,0 +1,127 @@
+"""The common GRU cell in a lean loop: default activations (sigmoid, tanh), no clip, every
+sequence at full length, layout 0, in the compute dtype.
+
+The general path (:mod:`.recurrent`) allocates every intermediate of every step, about
+twenty numpy calls a step; this one runs twelve on preallocated, contiguous, gate-major
+buffers (the state is (hidden, batch): ``R @ h``, R as stored). As in the LSTM's fast
+path, the rows of the sigmoid gates (z, r) are halved once, so that
+``sigmoid(a) = (1 + tanh(a / 2)) / 2`` (halving is exact in binary floating point), and
+``H_t = (1 - z) h~ + z H_{t-1}`` is computed as ``h~ + z (H_{t-1} - h~)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from aioinfer.devices.cpu.kernels.matmul import gemm_2d
+
+GruWeights = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""W of every direction as one matrix, R (direction, gate, hidden), the input-side biases
+(direction, gate) and the recurrence bias of the candidate (direction, hidden)."""
+
+
+def gru_fast_weights(
+    w: np.ndarray,
+    r: np.ndarray,
+    b: np.ndarray | None,
+    compute: np.dtype,
+    linear_before_reset: bool,
+) -> GruWeights:
+    """The weights of :func:`gru_fast`: the z and r rows of W, R and their biases halved;
+    the biases added once to the projection (with ``linear_before_reset``, the
+    candidate's recurrence bias stays apart: the reset gate multiplies it)."""
+    dirs, gates, hidden = r.shape
+    scale = np.ones(gates, compute)
+    scale[: 2 * hidden] = 0.5
+    w_fast = (w.astype(compute) * scale[:, None]).reshape(-1, w.shape[-1])
+    r_fast = np.ascontiguousarray(r.astype(compute) * scale[:, None])
+    wide = np.zeros((dirs, 2 * gates), compute) if b is None else b.astype(compute)
+    bias = wide[:, :gates] + wide[:, gates:]
+    r_bias_h = np.ascontiguousarray(wide[:, gates + 2 * hidden :])
+    if linear_before_reset:
+        bias[:, 2 * hidden :] = wide[:, 2 * hidden : gates]
+    return w_fast, r_fast, bias * scale, r_bias_h
+
+
+def gru_fast(
+    x: np.ndarray,
+    weights: GruWeights,
+    initial_h: np.ndarray | None,
+    reverse: Sequence[bool],
+    linear_before_reset: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(Y, Y_h) of the GRU of :data:`GruWeights` over ``x`` (seq, batch, input)."""
+    w_all, r_all, bias, r_bias_h = weights
+    seq, batch, _ = x.shape
+    dirs, gates, hidden = r_all.shape
+    dtype = w_all.dtype
+    flat = x.reshape(seq * batch, -1)
+    projected = gemm_2d(flat, w_all.T, np.empty((seq * batch, w_all.shape[0]), dtype))
+    xw = np.empty((dirs, seq, gates, batch), dtype)
+    np.add(
+        projected.reshape(seq, batch, dirs, gates).transpose(2, 0, 3, 1),
+        bias[:, None, :, None],
+        out=xw,
+    )
+    ys = np.empty((dirs, seq, hidden, batch), dtype)
+    for d in range(dirs):
+        h0 = None if initial_h is None else initial_h[d].T
+        _gru_direction(
+            r_all[d], r_bias_h[d][:, None], xw[d], h0, reverse[d], linear_before_reset, ys[d]
+        )
+    last = [ys[d, 0 if reverse[d] else seq - 1] for d in range(dirs)]
+    y = np.ascontiguousarray(ys.transpose(1, 0, 3, 2))
+    y_h = np.ascontiguousarray(np.stack(last).transpose(0, 2, 1))
+    return y, y_h
+
+
+def _gru_direction(
+    r: np.ndarray,
+    r_bias_h: np.ndarray,
+    xw: np.ndarray,
+    initial_h: np.ndarray | None,
+    reverse: bool,
+    linear_before_reset: bool,
+    ys: np.ndarray,
+) -> None:
+    """One direction: ``xw`` (step, gate, batch) in, the hidden states (step, hidden,
+    batch) into ``ys`` in time order."""
+    seq, gates, batch = xw.shape
+    hidden = gates // 3
+    dtype = xw.dtype
+    tanh, multiply, add, subtract, dot = np.tanh, np.multiply, np.add, np.subtract, np.dot
+    half = np.full((2 * hidden, batch), 0.5, dtype)
+    pre = np.empty((gates, batch), dtype)
+    zr, z, reset, cand = (
+        pre[: 2 * hidden],
+        pre[:hidden],
+        pre[hidden : 2 * hidden],
+        pre[2 * hidden :],
+    )
+    r_zr, r_h = r[: 2 * hidden], r[2 * hidden :]
+    gated = np.empty((hidden, batch), dtype)  # r * h, then z * (h - h~)
+    h = np.zeros((hidden, batch), dtype) if initial_h is None else initial_h.copy()
+    for t in range(seq - 1, -1, -1) if reverse else range(seq):
+        if linear_before_reset:
+            dot(r, h, pre)
+            add(zr, xw[t, : 2 * hidden], zr)
+        else:
+            dot(r_zr, h, zr)
+            add(zr, xw[t, : 2 * hidden], zr)
+        tanh(zr, zr)
+        multiply(zr, half, zr)  # z and r: (1 + tanh(a / 2)) / 2
+        add(zr, half, zr)
+        if linear_before_reset:
+            add(cand, r_bias_h, cand)
+            multiply(cand, reset, cand)
+        else:
+            multiply(reset, h, gated)
+            dot(r_h, gated, cand)
+        add(cand, xw[t, 2 * hidden :], cand)
+        tanh(cand, cand)
+        subtract(h, cand, gated)
+        multiply(z, gated, gated)
+        h = ys[t]
+        add(cand, gated, h)
