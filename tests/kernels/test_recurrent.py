@@ -9,7 +9,6 @@ float32 here, compared with the float32 reference within float16's rounding.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +21,7 @@ import onnxruntime as ort
 import pytest
 
 import aioinfer
-from aioinfer.devices.cpu.kernels import parallel
+from aioinfer.devices.cpu.kernels import parallel, recurrent
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
 from aioinfer.devices.cpu.kernels.recurrent import (
     BOTH_DIRECTIONS_MAX_HIDDEN,
@@ -562,14 +561,13 @@ def test_gru_with_constant_weights_in_a_compiled_model_matches_reference(
             np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-def test_gru_common_cell_is_faster_than_the_general_loop() -> None:
-    """The lean GRU loop against the general one (the same cell with a clip no value
-    reaches, which the lean loop does not take), timed in 15 alternating pairs in this
-    test: the median ratio at most 0.6x (measured 0.35-0.53x on 50-100 steps; the general loop
-    without the clip's two calls per step took 0.72-0.82x); the outputs agree (rtol 1e-5,
-    atol 1e-6)."""
+def test_gru_common_cell_takes_the_lean_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The common GRU cell (default activations, no clip) runs the lean loop of
+    :mod:`.gru_fast` (half the general loop's numpy calls per step: its speed is
+    measured in benchmarks, not here); the same cell with a clip no value reaches takes
+    the general loop; both give the same outputs (rtol 1e-5, atol 1e-6)."""
     rng = np.random.default_rng(14)
-    hidden, batch, seq, features = 32, 4, 100, 16
+    hidden, batch, seq, features = 32, 4, 20, 16
     inputs = [
         rng.standard_normal((seq, batch, features)).astype(np.float32),
         (rng.standard_normal((1, 3 * hidden, features)) * 0.3).astype(np.float32),
@@ -578,23 +576,20 @@ def test_gru_common_cell_is_faster_than_the_general_loop() -> None:
     ]
     lean = oh.make_node("GRU", ["X", "W", "R", "B"], ["Y", "Y_h"], hidden_size=hidden)
     general = oh.make_node("GRU", ["X", "W", "R", "B"], ["Y", "Y_h"], hidden_size=hidden, clip=1e30)
-    kernels = {
-        name: find_kernel("", "GRU", 14, name).factory(make_spec(ir.from_proto(node), 14))
-        for name, node in (("lean", lean), ("general", general))
-    }
-    ratios, results = [], {}
-    before = parallel._POOL.threads
-    set_intra_op_threads(1)  # and BLAS on one thread, as in a compiled model
-    try:
-        for _ in range(15):
-            spent = {}
-            for name, run in kernels.items():
-                start = time.perf_counter()
-                results[name] = list(run(*inputs))
-                spent[name] = time.perf_counter() - start
-            ratios.append(spent["lean"] / spent["general"])
-    finally:
-        set_intra_op_threads(before)
+    calls: list[int] = []
+    original = recurrent.gru_fast
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(recurrent, "gru_fast", counted)
+    results, taken = {}, {}
+    for name, node in (("lean", lean), ("general", general)):
+        run = find_kernel("", "GRU", 14, name).factory(make_spec(ir.from_proto(node), 14))
+        calls.clear()
+        results[name] = list(run(*inputs))
+        taken[name] = len(calls)
+    assert taken == {"lean": 1, "general": 0}
     for a, b in zip(results["lean"], results["general"]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert statistics.median(ratios) < 0.6, sorted(ratios)

@@ -324,13 +324,19 @@ def flat_conv(
             _crop(geometry, full.reshape(m, length), y[image].reshape(m, oh, ow))
 
 
+BY_PIXELS_BELOW = 96
+"""Filters below which a large convolution's product is split by pixels: with fewer,
+row blocks of the filters would each pack the whole column matrix again (or not split
+at all, below two blocks of :data:`.matmul.ROW_ALIGN` rows)."""
+
+
 def by_pixels(filters: int, inner: int, pixels: int) -> bool:
     """Whether a convolution's product of ``filters`` rows runs as
-    :func:`product_by_pixels`: large, with too few rows for :func:`.matmul.gemm_2d` to
-    split, and more than one intra-op thread to split it between (on one thread the
-    product of the other orientation is 3-20% faster)."""
+    :func:`product_by_pixels`: large, with too few rows for :func:`.matmul.gemm_2d`'s
+    row blocks to pay, and more than one intra-op thread to split it between (on one
+    thread the product of the other orientation is 3-20% faster)."""
     return (
-        8 <= filters < 2 * ROW_ALIGN
+        8 <= filters < BY_PIXELS_BELOW
         and filters * inner * pixels >= SPLIT_PRODUCT
         and intra_op_threads() > 1
     )
@@ -340,8 +346,8 @@ def product_by_pixels(w: np.ndarray, cols: np.ndarray, y: np.ndarray) -> None:
     """``y`` ``(M, oh, ow)`` = ``w`` ``(M, K)`` @ ``cols`` ``(K, oh * width)`` with the
     first ``ow`` of every ``width`` columns kept, computed as ``cols.T @ w.T``.
 
-    A product of fewer than ``2 * ROW_ALIGN`` rows is not split between threads by
-    :func:`.matmul.gemm_2d` (column blocks change its rounding with the thread count);
+    A product of few rows splits poorly by :func:`.matmul.gemm_2d` (each row block packs
+    the whole column matrix; column blocks change its rounding with the thread count);
     transposed, its rows are the pixels, and blocks of them starting at multiples of
     ``ROW_ALIGN`` give the result of one call bit for bit, however many threads take
     the blocks (equal pixels give equal results wherever the blocks fall). The pixel
