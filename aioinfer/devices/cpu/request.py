@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,7 @@ import numpy as np
 from aioinfer.devices.cpu.kernels.parallel import use_intra_op_threads
 from aioinfer.devices.cpu.memory import RequestMemory, shapes_key
 from aioinfer.devices.cpu.plan import Step
+from aioinfer.devices.cpu.specialize import specialize
 from aioinfer.plugin.state import VariableState, VariableStore, dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
 
@@ -17,6 +19,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from aioinfer.devices.cpu.plugin import CPUCompiledModel
+
+
+CPU_TIME_EVERY = 8
+"""The CPU time of every run of new input shapes is measured, then that of one run in
+this many: reading a thread's CPU clock is a system call (2 us on a virtual machine,
+two per run, a fifth of a one-kernel model's inference), and the running average that
+decides inline runs (see :mod:`.inline`) needs no more."""
 
 
 class CPUInferRequest(SyncInferRequest):
@@ -37,7 +46,9 @@ class CPUInferRequest(SyncInferRequest):
         self._threads = compiled_model.threads_per_stream
         self._produced: list[Any] = []
         self._profiling = bool(compiled_model.config.get("PERF_COUNT", False))
-        self.memory = RequestMemory(self._plan)
+        self._untimed = 0
+        """Runs since the last one whose CPU time was measured."""
+        self.memory = RequestMemory()
         """The request's planned activation buffers (see :mod:`.memory`)."""
 
     def _state_sizes(self) -> dict[str, int]:
@@ -62,6 +73,11 @@ class CPUInferRequest(SyncInferRequest):
 
     def start_pipeline(self) -> None:
         use_intra_op_threads(self._threads)  # this compiled model's, on this thread
+        self._untimed += 1
+        if self._untimed < CPU_TIME_EVERY and self.memory.plan(self._key) is not None:
+            self._run_plan()
+            return
+        self._untimed = 0
         started = time.thread_time()
         try:
             self._run_plan()
@@ -71,25 +87,26 @@ class CPUInferRequest(SyncInferRequest):
     def _run_plan(self) -> None:
         feed, self._feed = self._feed, []
         key = self._key
-        kernels = self.memory.kernels(key)
-        if kernels is not None and not self._profiling:
-            self._produced = self._plan.run(feed, self.cancel_token, kernels)
+        plan = self.memory.plan(key)
+        if plan is not None and not self._profiling:
+            self._produced = plan.run(feed, self.cancel_token)
             return
-        # New input shapes (record them for the memory plan) or profiling: observe steps.
-        recorded: list[Any] = []
-        record = self.memory.recorder(recorded) if kernels is None else None
-        profile = self.node_profile
-        profile.timings.clear()
+        observe = None
+        if self._profiling:
+            profile = self.node_profile
+            profile.timings.clear()
 
-        def observe(step: Step, produced: Sequence[Any], seconds: float) -> None:
-            if record is not None:
-                record(step, produced, seconds)
-            if self._profiling:
+            def observe(step: Step, produced: Sequence[Any], seconds: float) -> None:
                 profile.add(step.name, step.op_type, step.execution_type, seconds)
 
-        self._produced = self._plan.run(feed, self.cancel_token, kernels, observe)
-        if kernels is None:
-            self.memory.commit(key, recorded)
+        if plan is not None:
+            self._produced = plan.run(feed, self.cancel_token, observe)
+            return
+        # New input shapes: specialise the plan for them, and plan memory from the run.
+        offer_gil = threading.current_thread() is not threading.main_thread()
+        made = specialize(self._plan, feed, self.cancel_token, observe, offer_gil=offer_gil)
+        self.memory.commit(key, made.plan, made.first_outputs)
+        self._produced = made.outputs
 
     def infer_postprocess(self) -> None:
         produced, self._produced = self._produced, []

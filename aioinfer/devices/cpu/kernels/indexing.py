@@ -48,7 +48,9 @@ def _gather(spec: NodeSpec) -> Kernel:
 
     def run(data: np.ndarray, indices: np.ndarray) -> tuple:
         ax = normalize_axis(axis, data.ndim, "Gather axis")
-        return (np.take(data, indices, axis=ax),)
+        out = np.take(data, indices, axis=ax)
+        # A scalar index into a vector gives a numpy scalar: outputs are arrays.
+        return (out if type(out) is np.ndarray else np.asarray(out),)
 
     return run
 
