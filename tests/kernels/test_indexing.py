@@ -234,6 +234,25 @@ def test_slice_inputs(
     check_const(oh.make_node("Slice", names, ["y"]), inputs, opset, const=(1, 2, 3, 4))
 
 
+def test_slice_with_constant_operands_keys_each_input_shape() -> None:
+    """The numpy index a constant Slice keeps per input shape: alternating shapes give
+    each its own clamped index."""
+    node = oh.make_node("Slice", ["x", "s", "e", "a"], ["y"])
+    ir_node = ir.from_proto(node)
+    operands = [i64(1), i64(-1), i64(1)]
+    run = find_kernel("", "Slice", 13).factory(make_spec(ir_node, 13, [None, *operands]))
+    for shape in [(2, 5), (3, 2), (2, 5), (1, 1), (3, 2)]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        (y,) = run(x, *operands)
+        np.testing.assert_array_equal(y, run_reference(node, [x, *operands], 13)[0])
+
+
+def test_gather_of_a_scalar_index_into_a_vector_is_an_array() -> None:
+    index = np.array(1, np.int64)  # 0-d
+    (y,) = run_aioinfer(oh.make_node("Gather", ["x", "i"], ["y"]), [i64(4, 5, 6), index], 13)
+    assert type(y) is np.ndarray and y.shape == () and y == 5
+
+
 def test_slice_negative_step_clamps_start_to_first_element() -> None:
     # start -10 -> -5 -> clamped to 0; end -20 -> -15 -> clamped to -1 (before the start):
     # the specification keeps element 0 where Python's slicing would keep nothing.

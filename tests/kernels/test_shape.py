@@ -187,6 +187,38 @@ def test_unsqueeze_input(shape: tuple[int, ...], axes: list[int], opset: int) ->
     check_const(node, [rand(*shape), i64(*axes)], opset)
 
 
+def _bound_with_constant_axes(op: str, axes: list[int]) -> object:
+    """One kernel instance of ``op`` with constant ``axes`` (input 1, opset 13)."""
+    ir_node = ir.from_proto(oh.make_node(op, ["x", "a"], ["y"]))
+    entry = find_kernel("", op, 13)
+    return entry.factory(make_spec(ir_node, 13, [None, i64(*axes)]))
+
+
+def test_squeeze_with_constant_axes_indexes_a_view_once_made_per_rank() -> None:
+    """The indexed path: the same kernel on inputs of several shapes and ranks gives
+    np.squeeze's results as views of the input; dropping every axis gives a 0-d array
+    (not a numpy scalar), and a non-unit axis is still an error."""
+    run = _bound_with_constant_axes("Squeeze", [0, -1])
+    for shape in [(1, 3, 1), (1, 5, 1), (1, 2, 3, 1), (1, 1), (1, 3, 1)]:
+        x = rand(*shape)
+        (y,) = run(x, None)  # type: ignore[operator]
+        assert type(y) is np.ndarray and np.shares_memory(y, x)
+        np.testing.assert_array_equal(y, np.squeeze(x, axis=(0, len(shape) - 1)))
+    with pytest.raises(ValueError, match="not 1"):
+        run(rand(1, 3, 2), None)  # type: ignore[operator]
+
+
+def test_unsqueeze_with_constant_axes_indexes_a_view_once_made_per_rank() -> None:
+    run = _bound_with_constant_axes("Unsqueeze", [-1, 0])
+    for shape in [(3, 4), (), (5,), (3, 4), (2, 3, 4)]:
+        x = rand(*shape)
+        (y,) = run(x, None)  # type: ignore[operator]
+        assert np.shares_memory(y, x) or x.size == 0
+        np.testing.assert_array_equal(y, np.expand_dims(x, (0, len(shape) + 1)))
+    with pytest.raises(ValueError, match="repeat"):
+        _bound_with_constant_axes("Unsqueeze", [0, -3])(rand(4), None)  # type: ignore[operator]
+
+
 # -- Concat, Split, Expand, Tile -------------------------------------------------------
 
 

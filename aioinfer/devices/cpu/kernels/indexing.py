@@ -151,6 +151,10 @@ def _scatter_legacy(spec: NodeSpec) -> Kernel:
     return _scatter_elements_kernel(int(spec.attr("axis", 0)), None, spec.op_type)
 
 
+_KEYS_KEPT = 64
+"""Input shapes a Slice with constant operands remembers its numpy index for."""
+
+
 def _slice_key(
     shape: tuple[int, ...],
     starts: Sequence[int],
@@ -213,9 +217,16 @@ def _slice(spec: NodeSpec) -> Kernel:
             fixed = None
     if fixed is not None:
         operands = fixed
+        by_shape: dict[tuple[int, ...], tuple[slice, ...]] = {}  # the key, once per shape
 
         def run_fixed(data: np.ndarray, *_: Any) -> tuple:
-            return (data[_slice_key(data.shape, *operands)],)
+            shape = data.shape
+            key = by_shape.get(shape)
+            if key is None:
+                if len(by_shape) >= _KEYS_KEPT:
+                    by_shape.clear()
+                key = by_shape[shape] = _slice_key(shape, *operands)
+            return (data[key],)
 
         return run_fixed
 
