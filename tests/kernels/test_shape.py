@@ -219,6 +219,24 @@ def test_unsqueeze_with_constant_axes_indexes_a_view_once_made_per_rank() -> Non
         _bound_with_constant_axes("Unsqueeze", [0, -3])(rand(4), None)  # type: ignore[operator]
 
 
+def test_expand_copies_small_outputs_and_broadcasts_large_ones() -> None:
+    """Up to _EXPAND_COPY_ELEMENTS the output is a fresh array, beyond it a broadcast
+    view of the input; the same values either way, for constant and run-time shapes."""
+    from aioinfer.devices.cpu.kernels.shape import _EXPAND_COPY_ELEMENTS
+
+    node = oh.make_node("Expand", ["x", "s"], ["y"])
+    ir_node = ir.from_proto(node)
+    x = rand(3, 1)
+    for width in (4, _EXPAND_COPY_ELEMENTS // 3 + 1, 4):
+        shape = i64(2, 3, width)
+        want = run_reference(node, [x, shape], 13)[0]
+        for consts in ([None, None], [None, shape]):
+            run = find_kernel("", "Expand", 13).factory(make_spec(ir_node, 13, consts))
+            (y,) = run(x, shape)
+            np.testing.assert_array_equal(y, want)
+            assert np.shares_memory(y, x) == (y.size > _EXPAND_COPY_ELEMENTS)
+
+
 # -- Concat, Split, Expand, Tile -------------------------------------------------------
 
 
