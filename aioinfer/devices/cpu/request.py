@@ -40,6 +40,7 @@ class CPUInferRequest(SyncInferRequest):
         super().__init__(compiled_model)
         self._plan = compiled_model.plan
         self._variables = VariableStore(compiled_model.variables, self._state_sizes)
+        self._stateful = bool(compiled_model.variables)
         self._feed: list[Any] = []
         self._key: tuple[Any, ...] = ()
         self._run_times = compiled_model.run_times
@@ -64,7 +65,10 @@ class CPUInferRequest(SyncInferRequest):
     def infer_preprocess(self) -> None:
         super().infer_preprocess()
         self._produced = []
-        self._feed = [*self._inputs, *self._variables.feed()]
+        if self._stateful:
+            self._feed = [*self._inputs, *self._variables.feed()]
+        else:
+            self._feed = list(self._inputs)
         self._key = shapes_key(self._feed)
 
     def input_shapes(self) -> tuple[Any, ...]:
@@ -111,7 +115,8 @@ class CPUInferRequest(SyncInferRequest):
     def infer_postprocess(self) -> None:
         produced, self._produced = self._produced, []
         count = len(self._output_ports)
-        self._variables.commit([_owned(value, self._inputs) for value in produced[count:]])
+        if self._stateful:
+            self._variables.commit([_owned(value, self._inputs) for value in produced[count:]])
         self.set_results([_owned(value, self._inputs) for value in produced[:count]])
 
 
