@@ -247,6 +247,25 @@ def test_slice_with_constant_operands_keys_each_input_shape() -> None:
         np.testing.assert_array_equal(y, run_reference(node, [x, *operands], 13)[0])
 
 
+@pytest.mark.parametrize(("shape", "axis", "index"), [((5,), 0, -2), ((2, 1, 3), 0, 1), ((2, 4), 1, 3)])
+def test_gather_of_a_constant_scalar_index_is_a_view(
+    shape: tuple[int, ...], axis: int, index: int
+) -> None:
+    """The constant scalar path: onnx.reference's values, as a view of the data (0-d for
+    a vector); an index out of range is still an error."""
+    node = oh.make_node("Gather", ["x", "i"], ["y"], axis=axis)
+    index_array = np.array(index, np.int64)
+    run = find_kernel("", "Gather", 13).factory(
+        make_spec(ir.from_proto(node), 13, [None, index_array])
+    )
+    x = RNG.standard_normal(shape).astype(np.float32)
+    (y,) = run(x, index_array)
+    assert type(y) is np.ndarray and np.shares_memory(y, x)
+    assert_same([y], run_reference(node, [x, index_array], 13))
+    with pytest.raises(IndexError):
+        run(RNG.standard_normal((1, 1, 1)).astype(np.float32), index_array)
+
+
 def test_gather_of_a_scalar_index_into_a_vector_is_an_array() -> None:
     index = np.array(1, np.int64)  # 0-d
     (y,) = run_aioinfer(oh.make_node("Gather", ["x", "i"], ["y"]), [i64(4, 5, 6), index], 13)
