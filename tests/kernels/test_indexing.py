@@ -247,7 +247,9 @@ def test_slice_with_constant_operands_keys_each_input_shape() -> None:
         np.testing.assert_array_equal(y, run_reference(node, [x, *operands], 13)[0])
 
 
-@pytest.mark.parametrize(("shape", "axis", "index"), [((5,), 0, -2), ((2, 1, 3), 0, 1), ((2, 4), 1, 3)])
+@pytest.mark.parametrize(
+    ("shape", "axis", "index"), [((5,), 0, -2), ((2, 1, 3), 0, 1), ((2, 4), 1, 3)]
+)
 def test_gather_of_a_constant_scalar_index_is_a_view(
     shape: tuple[int, ...], axis: int, index: int
 ) -> None:

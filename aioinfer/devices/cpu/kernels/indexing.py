@@ -54,7 +54,8 @@ def _gather(spec: NodeSpec) -> Kernel:
 
         def run_scalar(data: np.ndarray, _indices: Any = None) -> tuple:
             ax = normalize_axis(axis, data.ndim, "Gather axis")
-            return (data[(*(slice(None),) * ax, index, Ellipsis)],)
+            key: tuple[Any, ...] = (*(slice(None),) * ax, index, Ellipsis)
+            return (data[key],)
 
         return run_scalar
 
