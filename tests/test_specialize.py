@@ -191,13 +191,16 @@ def test_an_if_on_data_stays_and_runs_its_branch_specialised() -> None:
 
 
 def test_the_shape_of_a_data_dependent_value_is_not_folded() -> None:
-    """NonZero's output shape depends on the data: a branch chosen from it is chosen
-    again on every run, inputs of the same shape or not."""
+    """NonZero's output shape depends on the data (and so does that of anything made
+    from it): a branch chosen from it is chosen again on every run, inputs of the same
+    shape or not."""
     nodes = [
         _const("zero_f", 0.0, np.float32),
         oh.make_node("Greater", ["x", "zero_f"], ["mask"]),
         oh.make_node("NonZero", ["mask"], ["where"]),
-        oh.make_node("Shape", ["where"], ["shape"]),
+        # Cast keeps its input's shape: data-dependent here too.
+        oh.make_node("Cast", ["where"], ["where_f"], to=onnx.TensorProto.FLOAT),
+        oh.make_node("Shape", ["where_f"], ["shape"]),
         _const("one", 1),
         oh.make_node("Gather", ["shape", "one"], ["count"]),
         _const("two", 2),
