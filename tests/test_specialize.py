@@ -293,11 +293,12 @@ def test_the_plan_runs_alike_on_the_main_thread_and_on_a_compute_thread() -> Non
     np.testing.assert_array_equal(on_thread[0], on_main)
 
 
-def test_cpu_time_is_measured_on_new_shapes_then_one_run_in_a_few() -> None:
-    """Reading the thread's CPU clock costs a system call: runs between samples leave
-    the running average of the shapes' run time exactly as it was."""
+def test_cpu_time_of_short_runs_is_measured_one_run_in_a_few() -> None:
+    """Reading the thread's CPU clock costs a system call: once a run on these shapes
+    is known to be short (a budget no run reaches), runs between samples leave the
+    running average of the shapes' run time exactly as it was."""
     model = _squeeze_if_one_model()
-    compiled = ai.Core().compile_model(model, "CPU")
+    compiled = ai.Core().compile_model(model, "CPU", {"CPU_INLINE_RUN_US": 10**8})
     request = compiled.create_infer_request()
     times = compiled.run_times  # type: ignore[attr-defined]
     x = RNG.standard_normal((2, 3)).astype(np.float32)
@@ -309,3 +310,17 @@ def test_cpu_time_is_measured_on_new_shapes_then_one_run_in_a_few() -> None:
         assert times.seconds[key] == first
     request.infer_sync({"x": x})
     assert times.seconds[key] != first
+
+
+def test_cpu_time_of_runs_that_are_not_short_is_always_measured() -> None:
+    """Runs that would not go inline (here: inline runs off) are measured every time, so
+    the average that may bring a model's runs inline follows every run."""
+    compiled = ai.Core().compile_model(_squeeze_if_one_model(), "CPU", {"CPU_INLINE_RUN_US": 0})
+    request = compiled.create_infer_request()
+    times = compiled.run_times  # type: ignore[attr-defined]
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    seen = []
+    for _ in range(CPU_TIME_EVERY + 1):
+        request.infer_sync({"x": x})
+        seen.extend(times.seconds.values())
+    assert len(set(seen)) == len(seen)

@@ -136,7 +136,7 @@ def lower(graph: ir.Graph, opsets: dict[str, int], captured: Sequence[ir.Value] 
     output_slots = tuple(slot_of(v) for v in graph.outputs)
     output_slots += tuple(assigns[v] for v in variables)
     pinned = set(output_slots) | {s for s, _ in constants} | {NONE_SLOT, SCRATCH_SLOT}
-    free = releases(bound, pinned)
+    free = releases([(step.inputs, step.outputs) for step in bound], pinned)
     steps = [replace(step, release=release) for step, release in zip(bound, free)]
     return Plan(
         num_slots=len(slots) + 2,

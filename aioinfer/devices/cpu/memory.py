@@ -64,9 +64,20 @@ class MemoryPattern:
         for a in self.assignments:
             nbytes = int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
             view = buffers[a.buffer][:nbytes].view(a.dtype).reshape(a.shape)
-            step = steps[a.step]
-            assert step.out_kernel is not None
-            steps[a.step] = replace(step, kernel=functools.partial(step.out_kernel, view))
+            s = steps[a.step]
+            assert s.out_kernel is not None
+            bound = functools.partial(s.out_kernel, view)
+            steps[a.step] = Step(
+                bound,
+                s.inputs,
+                s.outputs,
+                s.release,
+                s.name,
+                s.op_type,
+                s.execution_type,
+                s.out_kernel,
+                s.subplans,
+            )
         return replace(plan, steps=tuple(steps))
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from time import perf_counter, sleep
@@ -44,15 +43,13 @@ def current_cancel_token() -> CancelToken:
     return token if token is not None else CancelToken()
 
 
-@contextmanager
-def running(cancel: CancelToken) -> Iterator[None]:
-    """Make ``cancel`` this thread's :func:`current_cancel_token` while a plan runs."""
+def swap_cancel_token(token: CancelToken | None) -> CancelToken | None:
+    """Make ``token`` this thread's :func:`current_cancel_token`; return the one it was
+    (a plan's run restores it when it ends; a plain function, no context manager: this
+    is per inference)."""
     previous = getattr(_running, "token", None)
-    _running.token = cancel
-    try:
-        yield
-    finally:
-        _running.token = previous
+    _running.token = token
+    return previous
 
 
 NONE_SLOT = 0
@@ -111,16 +108,18 @@ def _failed(step: Step, exc: Exception) -> InferenceError:
     )
 
 
-def releases(steps: Sequence[Step], pinned: set[int]) -> list[tuple[int, ...]]:
-    """The slots each of ``steps`` frees after it runs: those it is the last to read or
-    write, unless ``pinned``."""
+def releases(
+    uses: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], pinned: set[int]
+) -> list[tuple[int, ...]]:
+    """For the ``(inputs, outputs)`` slots of steps in order: the slots each frees after
+    it runs (those it is the last to read or write, unless ``pinned``)."""
     last_use: dict[int, int] = {}
-    for index, step in enumerate(steps):
-        for slot in (*step.inputs, *step.outputs):
+    for index, (ins, outs) in enumerate(uses):
+        for slot in (*ins, *outs):
             last_use[slot] = index
     return [
-        tuple(sorted({s for s in (*step.inputs, *step.outputs) if last_use[s] == index} - pinned))
-        for index, step in enumerate(steps)
+        tuple(sorted({s for s in (*ins, *outs) if last_use[s] == index} - pinned))
+        for index, (ins, outs) in enumerate(uses)
     ]
 
 
@@ -175,8 +174,11 @@ class Plan:
             InferCancelledError: ``cancel.requested`` was set; checked before each kernel.
             InferenceError: a kernel raised; the message names the node.
         """
-        with running(cancel):
+        previous = swap_cancel_token(cancel)
+        try:
             return self.run_steps(inputs, cancel, observe)
+        finally:
+            swap_cancel_token(previous)
 
     def run_steps(
         self, inputs: Sequence[Any], cancel: CancelToken, observe: Observer | None = None

@@ -22,10 +22,11 @@ if TYPE_CHECKING:
 
 
 CPU_TIME_EVERY = 8
-"""The CPU time of every run of new input shapes is measured, then that of one run in
-this many: reading a thread's CPU clock is a system call (2 us on a virtual machine,
-two per run, a fifth of a one-kernel model's inference), and the running average that
-decides inline runs (see :mod:`.inline`) needs no more."""
+"""Of the runs whose shapes already run inline (see :mod:`.inline`), the CPU time of one
+in this many is measured: reading a thread's CPU clock is a system call (2 us on a
+virtual machine, two per run, a fifth of a one-kernel model's inference), and the
+running average needs no more. Every other run is measured: the first of new shapes,
+and those that are not short (yet), so the average comes down at the same pace."""
 
 
 class CPUInferRequest(SyncInferRequest):
@@ -78,7 +79,11 @@ class CPUInferRequest(SyncInferRequest):
     def start_pipeline(self) -> None:
         use_intra_op_threads(self._threads)  # this compiled model's, on this thread
         self._untimed += 1
-        if self._untimed < CPU_TIME_EVERY and self.memory.plan(self._key) is not None:
+        if (
+            self._untimed < CPU_TIME_EVERY
+            and self._run_times.short(self._key)
+            and self.memory.plan(self._key) is not None
+        ):
             self._run_plan()
             return
         self._untimed = 0
