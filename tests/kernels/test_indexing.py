@@ -308,6 +308,22 @@ def test_non_zero(x: np.ndarray, opset: int) -> None:
     exact(oh.make_node("NonZero", ["x"], ["y"]), [x], opset)
 
 
+def test_one_hot_keeps_a_class_column_per_depth_and_rank() -> None:
+    """One kernel, inputs of several ranks and depths in turn (its cached columns are
+    keyed by both): onnx.reference's values every time."""
+    node = oh.make_node("OneHot", ["i", "d", "v"], ["y"], axis=1)
+    run = find_kernel("", "OneHot", 11).factory(make_spec(ir.from_proto(node), 11))
+    values = np.array([0, 1], np.float32)
+    for indices, depth in [
+        (i64(0, 2), 3),
+        (np.array([[1, -1], [0, 4]], np.int64), 5),
+        (i64(1, 0), 3),
+        (np.array([[2, 0]], np.int64), 3),
+    ]:
+        inputs = [indices, np.array(depth, np.int64), values]
+        assert_same(list(run(*inputs)), run_reference(node, inputs, 11))
+
+
 @pytest.mark.parametrize("opset", [9, 11])
 @pytest.mark.parametrize("axis", [-1, 0, 1])
 @pytest.mark.parametrize(

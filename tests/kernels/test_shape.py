@@ -297,7 +297,18 @@ def test_expand(shape: tuple[int, ...], target: list[int], opset: int) -> None:
 
 
 @pytest.mark.parametrize("opset", [6, 13])
-@pytest.mark.parametrize(("shape", "reps"), [((2, 3, 4), [2, 1, 3]), ((2, 3), [0, 2]), ((5,), [1])])
+@pytest.mark.parametrize(
+    ("shape", "reps"),
+    [
+        ((2, 3, 4), [2, 1, 3]),
+        ((2, 3), [0, 2]),
+        ((5,), [1]),
+        # Only unit axes repeat (the broadcast-copy path), a zero repeat among them.
+        ((1, 30, 1), [1, 1, 8]),
+        ((1, 3, 1), [4, 1, 0]),
+        ((3, 1), [1, 5]),
+    ],
+)
 def test_tile(shape: tuple[int, ...], reps: list[int], opset: int) -> None:
     check_const(oh.make_node("Tile", ["x", "r"], ["y"]), [rand(*shape), i64(*reps)], opset)
 

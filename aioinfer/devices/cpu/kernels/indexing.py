@@ -275,6 +275,7 @@ def _non_zero(spec: NodeSpec) -> Kernel:
 @kernel("OneHot", since=9)
 def _one_hot(spec: NodeSpec) -> Kernel:
     axis = int(spec.attr("axis", -1))
+    columns: dict[tuple[int, int], np.ndarray] = {}
 
     def run(indices: np.ndarray, depth: np.ndarray, values: np.ndarray) -> tuple:
         d = int(np.asarray(depth).reshape(-1)[0])
@@ -284,8 +285,15 @@ def _one_hot(spec: NodeSpec) -> Kernel:
         idx = indices.astype(np.int64, copy=False)
         idx = np.where(idx < 0, idx + d, idx)
         ax = normalize_axis(axis, indices.ndim + 1, "OneHot axis")
-        classes = np.arange(d).reshape((d,) + (1,) * (indices.ndim - ax))
-        hit = np.expand_dims(idx, ax) == classes
+        # The class column, kept per depth and trailing rank (a decoding Loop asks for
+        # the same one every step); a reshape instead of np.expand_dims's Python.
+        key = (d, indices.ndim - ax)
+        classes = columns.get(key)
+        if classes is None:
+            if len(columns) >= _KEYS_KEPT:
+                columns.clear()
+            classes = columns[key] = np.arange(d).reshape((d,) + (1,) * (indices.ndim - ax))
+        hit = idx.reshape((*idx.shape[:ax], 1, *idx.shape[ax:])) == classes
         return (np.where(hit, on, off).astype(values.dtype, copy=False),)
 
     return run

@@ -309,6 +309,12 @@ def _tile(spec: NodeSpec) -> Kernel:
         reps = fixed if fixed is not None else int_list(repeats)
         if len(reps) != data.ndim:
             raise ValueError(f"Tile: {len(reps)} repeats for an input of rank {data.ndim}")
+        shape = data.shape
+        if all(r == 1 or n == 1 for n, r in zip(shape, reps)) and min(reps, default=1) >= 0:
+            # Only unit axes repeat: a broadcast copy, without np.tile's Python.
+            out = np.empty([n * r for n, r in zip(shape, reps)], data.dtype)
+            out[...] = data
+            return (out,)
         return (np.tile(data, reps),)
 
     return run
