@@ -172,16 +172,23 @@ def _data_if_model() -> onnx.ModelProto:
     )
 
 
-def test_an_if_on_data_stays_and_runs_its_branch_specialised() -> None:
+def _runs_subplans(plan: Plan) -> bool:
+    return any(step.subplans for step in plan.steps)
+
+
+def test_an_if_on_data_is_guessed_then_stays_and_runs_its_branch_specialised() -> None:
+    """The first plan inlines the branch the data took, behind a guard; once the data
+    takes the other branch, the If stays a step (and its branch runs specialised)."""
     model = _data_if_model()
     reference = ReferenceEvaluator(model)
     request = ai.Core().compile_model(model, "CPU").create_infer_request()
-    for sign, rows in [(1, 1), (-1, 1), (1, 1), (-1, 2), (-1, 1)]:
+    for run, (sign, rows) in enumerate([(1, 1), (1, 1), (-1, 1), (1, 1), (-1, 2), (-1, 1)]):
         x = (sign * np.abs(RNG.standard_normal((rows, 3)))).astype(np.float32)
         y = request.infer_sync({"x": x})["y"]
         np.testing.assert_allclose(y, reference.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
-        assert "If" in _op_types(_specialized(request))  # the condition is data
-    (step,) = [s for s in _specialized(request).steps if s.op_type == "If"]
+        # Runs 0 and 1: the guessed plan (a guard, no sub-plan); then the If itself.
+        assert _runs_subplans(_specialized(request)) == (run >= 2)
+    (step,) = [s for s in _specialized(request).steps if s.subplans]
     branch = step.subplans["else_branch"]
     assert {"If", "Shape"} <= _op_types(branch)
     # One version per shape of x it ran with ((1, 3) and (2, 3)), each without shape ops.
@@ -324,3 +331,58 @@ def test_cpu_time_of_runs_that_are_not_short_is_always_measured() -> None:
         request.infer_sync({"x": x})
         seen.extend(times.seconds.values())
     assert len(set(seen)) == len(seen)
+
+
+def test_a_guessed_branch_on_an_input_value_is_inlined_until_the_value_changes() -> None:
+    """As Silero VAD's If on its sample-rate input: while ``mode`` stays 1, the plan
+    runs the then branch inline (with its own shape-dependent If resolved: no sub-plan
+    at all); a run with mode 0 gets the else branch's results (not the guessed one's),
+    and so do all later runs, whichever the mode."""
+    nested = oh.make_node(
+        "If",
+        ["single"],
+        ["inner"],
+        then_branch=_graph(
+            "sum", [_const("a", [0]), oh.make_node("ReduceSum", ["x", "a"], ["s"])], ["s"], ["r", 3]
+        ),
+        else_branch=_graph("neg", [oh.make_node("Neg", ["x"], ["n"])], ["n"], ["r", 3]),
+    )
+    then_nodes = [
+        oh.make_node("Shape", ["x"], ["shape"]),
+        _const("zero", 0),
+        oh.make_node("Gather", ["shape", "zero"], ["rows"]),
+        _const("one", 1),
+        oh.make_node("Equal", ["rows", "one"], ["single"]),
+        nested,
+    ]
+    nodes = [
+        _const("wanted", 1),
+        oh.make_node("Equal", ["mode", "wanted"], ["is_one"]),
+        oh.make_node(
+            "If",
+            ["is_one"],
+            ["y"],
+            then_branch=_graph("shaped", then_nodes, ["inner"], ["r", 3]),
+            else_branch=_graph(
+                "double",
+                [_const("two", 2.0, np.float32), oh.make_node("Mul", ["x", "two"], ["d"])],
+                ["d"],
+                ["r", 3],
+            ),
+        ),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("x", np.float32, ["n", 3]), tensor_info("mode", np.int64, [])],
+        [tensor_info("y", np.float32, ["r", 3])],
+    )
+    reference = ReferenceEvaluator(model)
+    request = ai.Core().compile_model(model, "CPU").create_infer_request()
+    for run, mode in enumerate([1, 1, 1, 0, 1, 0]):
+        feeds = {"x": RNG.standard_normal((1, 3)).astype(np.float32), "mode": np.array(mode)}
+        y = request.infer_sync(feeds)["y"]
+        np.testing.assert_allclose(y, reference.run(None, feeds)[0], rtol=1e-6, atol=1e-6)
+        plan = _specialized(request)
+        assert _runs_subplans(plan) == (run >= 3)
+        if run < 3:
+            assert _op_types(plan) == {"Equal", "If", "ReduceSum"}  # the If: its guard

@@ -77,6 +77,7 @@ class MemoryPattern:
                 s.execution_type,
                 s.out_kernel,
                 s.subplans,
+                s.scope,
             )
         return replace(plan, steps=tuple(steps))
 

@@ -52,6 +52,11 @@ def swap_cancel_token(token: CancelToken | None) -> CancelToken | None:
     return previous
 
 
+class BranchChanged(Exception):
+    """A guard step of a plan specialised on the branch an ``If`` took saw the other
+    branch's condition (see :mod:`.specialize`): the caller runs a plan without it."""
+
+
 NONE_SLOT = 0
 """Always holds None: omitted optional inputs read it."""
 SCRATCH_SLOT = 1
@@ -74,6 +79,9 @@ class Step:
     which the memory planner binds to a buffer of the request; None without one."""
     subplans: Mapping[str, Plan] = field(default_factory=dict)
     """The plans of the node's graph attributes (If, Loop, Scan), by attribute name."""
+    scope: str = ""
+    """The ``If`` nodes whose branches the step was inlined from (see
+    :mod:`.specialize`), as error messages name them: ``"node 'a' (If): "``."""
 
 
 Call = tuple[
@@ -104,7 +112,7 @@ def _no_inputs(slots: list[Any]) -> tuple[Any, ...]:
 
 def _failed(step: Step, exc: Exception) -> InferenceError:
     return InferenceError(
-        f"node {step.name!r} ({step.op_type}) failed: {type(exc).__name__}: {exc}"
+        f"{step.scope}node {step.name!r} ({step.op_type}) failed: {type(exc).__name__}: {exc}"
     )
 
 
@@ -202,8 +210,8 @@ class Plan:
                 raise InferCancelledError("the inference was cancelled")
             try:
                 produced = kernel(slots[first]) if getter is None else kernel(*getter(slots))
-            except InferCancelledError:
-                raise  # a sub-plan of a control-flow kernel saw the cancellation
+            except (InferCancelledError, BranchChanged):
+                raise  # a sub-plan saw the cancellation; a guard saw its branch change
             except Exception as exc:
                 raise _failed(step, exc) from exc
             if single >= 0:
@@ -223,7 +231,7 @@ class Plan:
                 raise InferCancelledError("the inference was cancelled")
             try:
                 produced = kernel(slots[first]) if getter is None else kernel(*getter(slots))
-            except InferCancelledError:
+            except (InferCancelledError, BranchChanged):
                 raise
             except Exception as exc:
                 raise _failed(step, exc) from exc

@@ -10,7 +10,7 @@ import numpy as np
 
 from aioinfer.devices.cpu.kernels.parallel import use_intra_op_threads
 from aioinfer.devices.cpu.memory import RequestMemory, shapes_key
-from aioinfer.devices.cpu.plan import Step
+from aioinfer.devices.cpu.plan import BranchChanged, Step
 from aioinfer.devices.cpu.specialize import specialize
 from aioinfer.plugin.state import VariableState, VariableStore, dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
@@ -50,6 +50,8 @@ class CPUInferRequest(SyncInferRequest):
         self._profiling = bool(compiled_model.config.get("PERF_COUNT", False))
         self._untimed = 0
         """Runs since the last one whose CPU time was measured."""
+        self._speculate = True
+        """Whether the plan inlines the branch an If on data takes (see specialize.py)."""
         self.memory = RequestMemory()
         """The request's planned activation buffers (see :mod:`.memory`)."""
 
@@ -98,8 +100,12 @@ class CPUInferRequest(SyncInferRequest):
         key = self._key
         plan = self.memory.plan(key)
         if plan is not None and not self._profiling:
-            self._produced = plan.run(feed, self.cancel_token)
-            return
+            try:
+                self._produced = plan.run(feed, self.cancel_token)
+                return
+            except BranchChanged:
+                self._stop_speculating()
+                plan = None
         observe = None
         if self._profiling:
             profile = self.node_profile
@@ -109,13 +115,30 @@ class CPUInferRequest(SyncInferRequest):
                 profile.add(step.name, step.op_type, step.execution_type, seconds)
 
         if plan is not None:
-            self._produced = plan.run(feed, self.cancel_token, observe)
-            return
+            try:
+                self._produced = plan.run(feed, self.cancel_token, observe)
+                return
+            except BranchChanged:
+                self._stop_speculating()
+                profile.timings.clear()
         # New input shapes: specialise the plan for them, and plan memory from the run.
         offer_gil = threading.current_thread() is not threading.main_thread()
-        made = specialize(self._plan, feed, self.cancel_token, observe, offer_gil=offer_gil)
+        made = specialize(
+            self._plan,
+            feed,
+            self.cancel_token,
+            observe,
+            offer_gil=offer_gil,
+            speculate=self._speculate,
+        )
         self.memory.commit(key, made.plan, made.first_outputs)
         self._produced = made.outputs
+
+    def _stop_speculating(self) -> None:
+        """An ``If`` on data took the other branch: specialise again without guessing
+        (see :mod:`.specialize`)."""
+        self._speculate = False
+        self.memory.release()
 
     def infer_postprocess(self) -> None:
         produced, self._produced = self._produced, []

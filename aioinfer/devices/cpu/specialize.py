@@ -19,7 +19,11 @@ shapes alone fix:
 
 An ``If`` whose condition is a static value is replaced by the steps of the branch it
 takes, specialised in turn (nested shape-dependent ``If``s all disappear), and an
-``Identity`` by its input. ``Loop``,
+``Identity`` by its input. A request's plan also *speculates* on an ``If`` on data
+(Silero VAD's on the sample rate it is given, always the same in practice): it inlines
+the branch taken, behind a guard step; when a later run takes the other branch, the
+guard raises :class:`~.plan.BranchChanged` and the request specialises again without
+speculation (once: a condition that changed may change again). ``Loop``,
 ``Scan`` and an ``If`` on data stay single steps; such an ``If`` specialises the branch
 it runs per shapes of the values it passes (:func:`specialized_run`, cached on the
 branch's plan).
@@ -44,6 +48,7 @@ from aioinfer.devices.cpu.plan import (
     GIL_YIELD_SECONDS,
     NONE_SLOT,
     SCRATCH_SLOT,
+    BranchChanged,
     Observer,
     Plan,
     Step,
@@ -141,25 +146,35 @@ class _Builder:
         """slot -> (the scope that made it, its name there): who may free it early."""
         self.scopes = 0
         """Scopes opened: 0 is the plan's own, each inlined branch opens one."""
-        self.steps: list[tuple[Step, tuple[int, ...], tuple[int, ...]]] = []
-        """The kept steps, with their inputs and outputs in this run's slots."""
+        self.steps: list[tuple[Step, tuple[int, ...], tuple[int, ...], str]] = []
+        """The kept steps, with their inputs and outputs in this run's slots, and the Ifs
+        they were inlined from."""
         self.first_outputs: list[Any] = []
         self.started = self.next_yield = perf_counter()
         self.offer_gil = False
+        self.speculate = False
+        """Inline the branch an ``If`` on data takes now, behind a guard step."""
 
     def fresh(self) -> int:
         self.next_slot += 1
         return self.next_slot - 1
 
-    def walk(self, steps: Sequence[Step], where: dict[int, int], scope: int) -> None:
+    def walk(
+        self, steps: Sequence[Step], where: dict[int, int], scope: int, within: str = ""
+    ) -> None:
         """Run ``steps`` (slots named as in their plan; ``where`` maps the names to this
-        run's slots, in ``scope``) and keep those that are neither folded nor inlined."""
+        run's slots, in ``scope``; ``within``: the Ifs they were inlined from, for error
+        messages) and keep those that are neither folded nor inlined."""
         for step in steps:
             if self.cancel.requested:
                 raise InferCancelledError("the inference was cancelled")
             ins = tuple(where[s] for s in step.inputs)
             if step.op_type == "If" and step.subplans and ins[0] in self.static_value:
-                self.inline(step, ins, where)
+                self.inline(step, ins, where, within)
+                continue
+            if step.op_type == "If" and step.subplans and self.speculate:
+                self.guard(step, ins[0], within)
+                self.inline(step, ins, where, within)
                 continue
             if step.op_type == "Identity" and len(ins) == 1 and step.outputs[0] != SCRATCH_SLOT:
                 where[step.outputs[0]] = ins[0]  # its readers read the input itself
@@ -171,7 +186,8 @@ class _Builder:
                 raise
             except Exception as exc:
                 raise InferenceError(
-                    f"node {step.name!r} ({step.op_type}) failed: {type(exc).__name__}: {exc}"
+                    f"{within}node {step.name!r} ({step.op_type}) failed: "
+                    f"{type(exc).__name__}: {exc}"
                 ) from exc
             outs = []
             for name in step.outputs:
@@ -193,7 +209,7 @@ class _Builder:
                         self.static_value.add(slot)
                         self.static_shape.add(slot)
             else:
-                self.steps.append((step, ins, tuple(outs)))
+                self.steps.append((step, ins, tuple(outs), within))
                 self.first_outputs.append(produced[0] if len(produced) else None)
                 if self.keeps_shape(step, ins):
                     self.static_shape.update(outs)
@@ -204,7 +220,7 @@ class _Builder:
                 if mine and slot not in self.aliased and slot not in self.static_value:
                     self.values.pop(slot, None)
 
-    def inline(self, step: Step, ins: tuple[int, ...], where: dict[int, int]) -> None:
+    def inline(self, step: Step, ins: tuple[int, ...], where: dict[int, int], within: str) -> None:
         """Run the branch an ``If`` with a static condition takes, as steps of this plan."""
         taken = bool(np.asarray(self.values[ins[0]]).reshape(-1)[0])
         branch = step.subplans["then_branch" if taken else "else_branch"]
@@ -219,12 +235,19 @@ class _Builder:
         for name, slot in zip(branch.input_slots, ins[1:]):
             inner[name] = slot
         self.scopes += 1
-        self.walk(branch.steps, inner, self.scopes)
+        self.walk(branch.steps, inner, self.scopes, f"{within}node {step.name!r} (If): ")
         for name, result in zip(step.outputs, branch.output_slots):
             if name != SCRATCH_SLOT:
                 slot = inner[result]
                 where[name] = slot
                 self.aliased.add(slot)
+
+    def guard(self, step: Step, cond: int, within: str) -> None:
+        """Keep a step that checks that the ``If`` ``step`` takes the branch it takes now."""
+        taken = bool(np.asarray(self.values[cond]).reshape(-1)[0])
+        check = Step(_guard(taken, step.name), (cond,), (), (), step.name, step.op_type)
+        self.steps.append((check, (cond,), (), within))
+        self.first_outputs.append(None)
 
     def folds(self, step: Step, ins: tuple[int, ...], produced: Sequence[Any]) -> bool:
         """Whether ``step``'s outputs are static values small enough to keep."""
@@ -268,11 +291,14 @@ def specialize(
     observe: Observer | None = None,
     *,
     offer_gil: bool = False,
+    speculate: bool = False,
 ) -> Specialization:
     """Run ``plan`` on ``inputs`` and return the plan specialised for their shapes (see
     the module), the outputs, and every kept step's first output. ``observe`` is called
     after each kept step; ``offer_gil``: offer the GIL as a plan on a compute thread
-    does.
+    does. ``speculate``: an ``If`` on data is inlined too, the branch it takes now, behind
+    a guard step that raises :class:`~.plan.BranchChanged` when a later run would take
+    the other one.
 
     Raises:
         InferCancelledError: ``cancel.requested`` was set; checked before each kernel.
@@ -280,6 +306,7 @@ def specialize(
     """
     builder = _Builder(plan, cancel, observe)
     builder.offer_gil = offer_gil
+    builder.speculate = speculate
     where: dict[int, int] = {NONE_SLOT: NONE_SLOT, SCRATCH_SLOT: SCRATCH_SLOT}
     for slot, array in plan.constants:
         where[slot] = slot
@@ -299,7 +326,7 @@ def specialize(
     output_slots = tuple(where[s] for s in plan.output_slots)
     outputs = [builder.values[s] for s in output_slots]
     pinned = set(output_slots) | {s for s, _ in builder.constants} | {NONE_SLOT, SCRATCH_SLOT}
-    free = releases([(ins, outs) for _, ins, outs in builder.steps], pinned)
+    free = releases([(ins, outs) for _, ins, outs, _ in builder.steps], pinned)
     steps = tuple(
         # The constructor, not dataclasses.replace: five times faster, on the first run
         # of every new input shapes.
@@ -313,8 +340,9 @@ def specialize(
             s.execution_type,
             s.out_kernel,
             s.subplans,
+            within,
         )
-        for (s, ins, outs), release in zip(builder.steps, free)
+        for (s, ins, outs, within), release in zip(builder.steps, free)
     )
     specialized = Plan(
         num_slots=builder.next_slot,
@@ -325,6 +353,15 @@ def specialize(
         variables=plan.variables,
     )
     return Specialization(specialized, outputs, builder.first_outputs)
+
+
+def _guard(taken: bool, name: str) -> Any:
+    def guard(cond: Any) -> tuple[()]:
+        if bool(np.asarray(cond).reshape(-1)[0]) != taken:
+            raise BranchChanged(f"If {name!r} takes the other branch now")
+        return ()
+
+    return guard
 
 
 def may_specialize(plan: Plan) -> bool:
