@@ -333,11 +333,9 @@ def test_cpu_time_of_runs_that_are_not_short_is_always_measured() -> None:
     assert len(set(seen)) == len(seen)
 
 
-def test_a_guessed_branch_on_an_input_value_is_inlined_until_the_value_changes() -> None:
-    """As Silero VAD's If on its sample-rate input: while ``mode`` stays 1, the plan
-    runs the then branch inline (with its own shape-dependent If resolved: no sub-plan
-    at all); a run with mode 0 gets the else branch's results (not the guessed one's),
-    and so do all later runs, whichever the mode."""
+def _mode_model() -> onnx.ModelProto:
+    """``y = (sum(x, 0) if x.shape[0] == 1 else -x) if mode == 1 else 2 * x``: an If on an
+    input value (as Silero VAD's on its sample rate), a shape-dependent If inside."""
     nested = oh.make_node(
         "If",
         ["single"],
@@ -376,6 +374,15 @@ def test_a_guessed_branch_on_an_input_value_is_inlined_until_the_value_changes()
         [tensor_info("x", np.float32, ["n", 3]), tensor_info("mode", np.int64, [])],
         [tensor_info("y", np.float32, ["r", 3])],
     )
+    return model
+
+
+def test_a_guessed_branch_on_an_input_value_is_inlined_until_the_value_changes() -> None:
+    """As Silero VAD's If on its sample-rate input: while ``mode`` stays 1, the plan
+    runs the then branch inline (with its own shape-dependent If resolved: no sub-plan
+    at all); a run with mode 0 gets the else branch's results (not the guessed one's),
+    and so do all later runs, whichever the mode."""
+    model = _mode_model()
     reference = ReferenceEvaluator(model)
     request = ai.Core().compile_model(model, "CPU").create_infer_request()
     for run, mode in enumerate([1, 1, 1, 0, 1, 0]):
@@ -386,3 +393,18 @@ def test_a_guessed_branch_on_an_input_value_is_inlined_until_the_value_changes()
         assert _runs_subplans(plan) == (run >= 3)
         if run < 3:
             assert _op_types(plan) == {"Equal", "If", "ReduceSum"}  # the If: its guard
+
+
+def test_a_profiled_run_that_takes_the_other_branch_reports_the_run_that_completed() -> None:
+    """With PERF_COUNT, the run whose guard saw the other branch is redone: the profile
+    lists the steps of that run (the else branch's Mul), not of the stopped one."""
+    model = _mode_model()
+    compiled = ai.Core().compile_model(model, "CPU", {"PERF_COUNT": True})
+    request = compiled.create_infer_request()
+    reference = ReferenceEvaluator(model)
+    for mode in (1, 1, 0):
+        feeds = {"x": RNG.standard_normal((1, 3)).astype(np.float32), "mode": np.array(mode)}
+        y = request.infer_sync(feeds)["y"]
+        np.testing.assert_allclose(y, reference.run(None, feeds)[0], rtol=1e-6, atol=1e-6)
+    nodes = [e["op_type"] for e in request.get_profiling_info() if e["type"] == "node"]
+    assert nodes == ["Equal", "If"]  # the If a step again, its branch inside it
