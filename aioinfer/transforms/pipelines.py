@@ -17,7 +17,7 @@ from aioinfer.transforms.fuse_activation import FuseActivationPass
 from aioinfer.transforms.fuse_attention import FuseAttentionPass
 from aioinfer.transforms.fuse_gelu import FuseGeluPass
 from aioinfer.transforms.fuse_layernorm import FuseLayerNormPass
-from aioinfer.transforms.loop_invariants import LoopInvariantsPass
+from aioinfer.transforms.loop_invariants import HoistLoopInvariantsPass, LoopInvariantsPass
 from aioinfer.transforms.make_stateful import MakeStatefulPass, SizeStatesPass
 from aioinfer.transforms.matmul_add import FuseMatMulAddPass
 from aioinfer.transforms.prepack_weights import PrepackWeightsPass
@@ -34,6 +34,9 @@ def compile_passes(
     """
 
     def graph_passes(infer_shapes: bool) -> list[ir.passes.PassBase]:
+        return [*folding_passes(infer_shapes), *fusion_passes()]
+
+    def folding_passes(infer_shapes: bool) -> list[ir.passes.PassBase]:
         return [
             ConstantFoldingPass(evaluate),
             FoldQuantizedWeightsPass(evaluate),
@@ -41,6 +44,10 @@ def compile_passes(
             ConstantFoldingPass(evaluate),  # the Gathers/Concats of the folded shapes
             EliminateNoOpsPass(),
             common.RemoveUnusedNodesPass(),
+        ]
+
+    def fusion_passes() -> list[ir.passes.PassBase]:
+        return [
             # Fusions: the larger patterns first, then what remains of matmuls and convs.
             FoldBatchNormPass(),
             FuseLayerNormPass(),
@@ -61,7 +68,10 @@ def compile_passes(
             *graph_passes(infer_shapes=True),
             LoopInvariantsPass(),  # so that the weights a Loop carries fold in its body
             # The bodies of If/Loop/Scan, with the shapes the main graph's inference gave.
-            SubgraphsPass(graph_passes(infer_shapes=False)),
+            SubgraphsPass(folding_passes(infer_shapes=False)),
+            LoopInvariantsPass(),  # the carried values that no-op elimination uncovered
+            HoistLoopInvariantsPass(),  # before the body's fusions hide invariant products
+            SubgraphsPass(fusion_passes()),
             common.RemoveUnusedNodesPass(),
             MakeStatefulPass(stateful or {}),  # after unused-node removal: Assign is a sink
             common.TopologicalSortPass(),

@@ -10,6 +10,7 @@ constant, a scalar.
 from __future__ import annotations
 
 import abc
+import contextvars
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,11 +28,22 @@ def is_op(node: ir.Node | None, *op_types: str, domain: str = "") -> bool:
     return node_domain == domain and node.op_type in op_types
 
 
+_scope: contextvars.ContextVar[ir.Graph | None] = contextvars.ContextVar(
+    "rewrite_scope", default=None
+)
+"""The graph a :class:`RewritePass` rewrites now: patterns never reach into another."""
+
+
 def producer(value: ir.Value | None, *op_types: str, domain: str = "") -> ir.Node | None:
-    """The node of one of ``op_types`` that produced ``value``, else None."""
+    """The node of one of ``op_types`` that produced ``value``, else None (also when it
+    is a node of another graph than the one being rewritten: a subgraph reads values of
+    enclosing graphs, whose nodes it must not fuse or remove)."""
     if value is None:
         return None
     node = value.producer()
+    scope = _scope.get()
+    if node is not None and scope is not None and node.graph is not scope:
+        return None
     return node if is_op(node, *op_types, domain=domain) else None
 
 
@@ -111,11 +123,15 @@ class RewritePass(ir.passes.InPlacePass):
         graph = model.graph
         modified = False
         changed = True
-        while changed:
-            changed = False
-            for node in list(graph):
-                if node.graph is graph and self.rewrite(graph, node):
-                    changed = modified = True
+        token = _scope.set(graph)
+        try:
+            while changed:
+                changed = False
+                for node in list(graph):
+                    if node.graph is graph and self.rewrite(graph, node):
+                        changed = modified = True
+        finally:
+            _scope.reset(token)
         if modified:
             model.opset_imports.setdefault(AIOINFER_DOMAIN, 1)
         return ir.passes.PassResult(model, modified=modified)

@@ -234,6 +234,46 @@ def test_slice_inputs(
     check_const(oh.make_node("Slice", names, ["y"]), inputs, opset, const=(1, 2, 3, 4))
 
 
+def test_slice_with_constant_operands_keys_each_input_shape() -> None:
+    """The numpy index a constant Slice keeps per input shape: alternating shapes give
+    each its own clamped index."""
+    node = oh.make_node("Slice", ["x", "s", "e", "a"], ["y"])
+    ir_node = ir.from_proto(node)
+    operands = [i64(1), i64(-1), i64(1)]
+    run = find_kernel("", "Slice", 13).factory(make_spec(ir_node, 13, [None, *operands]))
+    for shape in [(2, 5), (3, 2), (2, 5), (1, 1), (3, 2)]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        (y,) = run(x, *operands)
+        np.testing.assert_array_equal(y, run_reference(node, [x, *operands], 13)[0])
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis", "index"), [((5,), 0, -2), ((2, 1, 3), 0, 1), ((2, 4), 1, 3)]
+)
+def test_gather_of_a_constant_scalar_index_is_a_view(
+    shape: tuple[int, ...], axis: int, index: int
+) -> None:
+    """The constant scalar path: onnx.reference's values, as a view of the data (0-d for
+    a vector); an index out of range is still an error."""
+    node = oh.make_node("Gather", ["x", "i"], ["y"], axis=axis)
+    index_array = np.array(index, np.int64)
+    run = find_kernel("", "Gather", 13).factory(
+        make_spec(ir.from_proto(node), 13, [None, index_array])
+    )
+    x = RNG.standard_normal(shape).astype(np.float32)
+    (y,) = run(x, index_array)
+    assert type(y) is np.ndarray and np.shares_memory(y, x)
+    assert_same([y], run_reference(node, [x, index_array], 13))
+    with pytest.raises(IndexError):
+        run(RNG.standard_normal((1, 1, 1)).astype(np.float32), index_array)
+
+
+def test_gather_of_a_scalar_index_into_a_vector_is_an_array() -> None:
+    index = np.array(1, np.int64)  # 0-d
+    (y,) = run_aioinfer(oh.make_node("Gather", ["x", "i"], ["y"]), [i64(4, 5, 6), index], 13)
+    assert type(y) is np.ndarray and y.shape == () and y == 5
+
+
 def test_slice_negative_step_clamps_start_to_first_element() -> None:
     # start -10 -> -5 -> clamped to 0; end -20 -> -15 -> clamped to -1 (before the start):
     # the specification keeps element 0 where Python's slicing would keep nothing.
@@ -266,6 +306,22 @@ def test_slice_errors(inputs: list[np.ndarray], match: str) -> None:
 )  # fmt: skip
 def test_non_zero(x: np.ndarray, opset: int) -> None:
     exact(oh.make_node("NonZero", ["x"], ["y"]), [x], opset)
+
+
+def test_one_hot_keeps_a_class_column_per_depth_and_rank() -> None:
+    """One kernel, inputs of several ranks and depths in turn (its cached columns are
+    keyed by both): onnx.reference's values every time."""
+    node = oh.make_node("OneHot", ["i", "d", "v"], ["y"], axis=1)
+    run = find_kernel("", "OneHot", 11).factory(make_spec(ir.from_proto(node), 11))
+    values = np.array([0, 1], np.float32)
+    for indices, depth in [
+        (i64(0, 2), 3),
+        (np.array([[1, -1], [0, 4]], np.int64), 5),
+        (i64(1, 0), 3),
+        (np.array([[2, 0]], np.int64), 3),
+    ]:
+        inputs = [indices, np.array(depth, np.int64), values]
+        assert_same(list(run(*inputs)), run_reference(node, inputs, 11))
 
 
 @pytest.mark.parametrize("opset", [9, 11])

@@ -187,6 +187,56 @@ def test_unsqueeze_input(shape: tuple[int, ...], axes: list[int], opset: int) ->
     check_const(node, [rand(*shape), i64(*axes)], opset)
 
 
+def _bound_with_constant_axes(op: str, axes: list[int]) -> object:
+    """One kernel instance of ``op`` with constant ``axes`` (input 1, opset 13)."""
+    ir_node = ir.from_proto(oh.make_node(op, ["x", "a"], ["y"]))
+    entry = find_kernel("", op, 13)
+    return entry.factory(make_spec(ir_node, 13, [None, i64(*axes)]))
+
+
+def test_squeeze_with_constant_axes_indexes_a_view_once_made_per_rank() -> None:
+    """The indexed path: the same kernel on inputs of several shapes and ranks gives
+    np.squeeze's results as views of the input; dropping every axis gives a 0-d array
+    (not a numpy scalar), and a non-unit axis is still an error."""
+    run = _bound_with_constant_axes("Squeeze", [0, -1])
+    for shape in [(1, 3, 1), (1, 5, 1), (1, 2, 3, 1), (1, 1), (1, 3, 1)]:
+        x = rand(*shape)
+        (y,) = run(x, None)  # type: ignore[operator]
+        assert type(y) is np.ndarray and np.shares_memory(y, x)
+        np.testing.assert_array_equal(y, np.squeeze(x, axis=(0, len(shape) - 1)))
+    with pytest.raises(ValueError, match="not 1"):
+        run(rand(1, 3, 2), None)  # type: ignore[operator]
+
+
+def test_unsqueeze_with_constant_axes_indexes_a_view_once_made_per_rank() -> None:
+    run = _bound_with_constant_axes("Unsqueeze", [-1, 0])
+    for shape in [(3, 4), (), (5,), (3, 4), (2, 3, 4)]:
+        x = rand(*shape)
+        (y,) = run(x, None)  # type: ignore[operator]
+        assert np.shares_memory(y, x) or x.size == 0
+        np.testing.assert_array_equal(y, np.expand_dims(x, (0, len(shape) + 1)))
+    with pytest.raises(ValueError, match="repeat"):
+        _bound_with_constant_axes("Unsqueeze", [0, -3])(rand(4), None)  # type: ignore[operator]
+
+
+def test_expand_copies_small_outputs_and_broadcasts_large_ones() -> None:
+    """Up to _EXPAND_COPY_ELEMENTS the output is a fresh array, beyond it a broadcast
+    view of the input; the same values either way, for constant and run-time shapes."""
+    from aioinfer.devices.cpu.kernels.shape import _EXPAND_COPY_ELEMENTS
+
+    node = oh.make_node("Expand", ["x", "s"], ["y"])
+    ir_node = ir.from_proto(node)
+    x = rand(3, 1)
+    for width in (4, _EXPAND_COPY_ELEMENTS // 3 + 1, 4):
+        shape = i64(2, 3, width)
+        want = run_reference(node, [x, shape], 13)[0]
+        for consts in ([None, None], [None, shape]):
+            run = find_kernel("", "Expand", 13).factory(make_spec(ir_node, 13, consts))
+            (y,) = run(x, shape)
+            np.testing.assert_array_equal(y, want)
+            assert np.shares_memory(y, x) == (y.size > _EXPAND_COPY_ELEMENTS)
+
+
 # -- Concat, Split, Expand, Tile -------------------------------------------------------
 
 
@@ -247,7 +297,18 @@ def test_expand(shape: tuple[int, ...], target: list[int], opset: int) -> None:
 
 
 @pytest.mark.parametrize("opset", [6, 13])
-@pytest.mark.parametrize(("shape", "reps"), [((2, 3, 4), [2, 1, 3]), ((2, 3), [0, 2]), ((5,), [1])])
+@pytest.mark.parametrize(
+    ("shape", "reps"),
+    [
+        ((2, 3, 4), [2, 1, 3]),
+        ((2, 3), [0, 2]),
+        ((5,), [1]),
+        # Only unit axes repeat (the broadcast-copy path), a zero repeat among them.
+        ((1, 30, 1), [1, 1, 8]),
+        ((1, 3, 1), [4, 1, 0]),
+        ((3, 1), [1, 5]),
+    ],
+)
 def test_tile(shape: tuple[int, ...], reps: list[int], opset: int) -> None:
     check_const(oh.make_node("Tile", ["x", "r"], ["y"]), [rand(*shape), i64(*reps)], opset)
 

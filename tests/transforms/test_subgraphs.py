@@ -174,3 +174,109 @@ def test_weights_a_loop_carries_unchanged_are_constants_in_its_body() -> None:
         "h": RNG.standard_normal((1, 8)).astype(np.float32),
     }
     assert_close(run_compiled(model, feeds), run_reference(model, feeds), rtol=1e-5, atol=1e-5)
+
+
+def _slanet_like_loop() -> onnx.ModelProto:
+    """A decoder Loop as paddle2onnx writes it: the features carried through an
+    ``Unsqueeze -> Add(0) -> Squeeze`` assign, the weight carried unchanged, and a body
+    that multiplies the two (the same product every iteration) before adding the state."""
+    body = oh.make_graph(
+        [
+            _constant("axis", np.array([0], np.int64)),
+            _constant("zero", np.array([0.0], np.float32)),
+            oh.make_node("Unsqueeze", ["f_in", "axis"], ["f_wide"]),
+            oh.make_node("Add", ["f_wide", "zero"], ["f_added"]),
+            oh.make_node("Squeeze", ["f_added", "axis"], ["f_out"]),
+            oh.make_node("MatMul", ["f_in", "w_in"], ["projected"]),
+            oh.make_node("Add", ["projected", "h_in"], ["mixed"]),
+            oh.make_node("Tanh", ["mixed"], ["squashed"]),
+            oh.make_node("ReduceMean", ["squashed"], ["h_out"], axes=[1], keepdims=1),
+            oh.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [
+            tensor_info("i", np.int64, []),
+            tensor_info("cond_in", np.bool_, []),
+            tensor_info("h_in", np.float32, [1, 1, 8]),
+            tensor_info("f_in", np.float32, [1, 6, 8]),
+            tensor_info("w_in", np.float32, [8, 8]),
+        ],
+        [
+            tensor_info("cond_out", np.bool_, []),
+            tensor_info("h_out", np.float32, [1, 1, 8]),
+            tensor_info("f_out", np.float32, [1, 6, 8]),
+            tensor_info("w_in", np.float32, [8, 8]),
+        ],
+    )
+    return make_model(
+        [
+            oh.make_node("Relu", ["x"], ["features"]),
+            oh.make_node(
+                "Loop", ["n", "go", "h", "features", "w"], ["h_last", "f_last", "w_last"], body=body
+            ),
+        ],
+        [
+            tensor_info("n", np.int64, []),
+            tensor_info("go", np.bool_, []),
+            tensor_info("h", np.float32, [1, 1, 8]),
+            tensor_info("x", np.float32, [1, 6, 8]),
+        ],
+        [tensor_info("h_last", np.float32, [1, 1, 8])],
+        {"w": (RNG.standard_normal((8, 8)) * 0.5).astype(np.float32)},
+        opsets={"": 17},
+    )
+
+
+def test_a_product_of_loop_invariants_is_computed_once_before_the_loop() -> None:
+    """The body's MatMul reads only values that never change (once the no-op assign is
+    gone): it moves in front of the Loop, unfused with the per-iteration Add. Results
+    equal onnx.reference's, with iterations and with none (float32: rtol 1e-5,
+    atol 1e-6)."""
+    model = _slanet_like_loop()
+    compiled = ai.Core().compile_model(model, "CPU")
+    main = [n.op_type for n in compiled.graph]
+    assert main.index("MatMul") < main.index("Loop")
+    loop = next(n for n in compiled.graph if n.op_type == "Loop")
+    body = [n.op_type for n in loop.attributes["body"].as_graph()]
+    assert not {"MatMul", "FusedMatMul", "Gemm", "FusedGemm"} & set(body), body
+    for trips in (4, 0):
+        feeds = {
+            "n": np.array(trips, np.int64),
+            "go": np.array(True),
+            "h": RNG.standard_normal((1, 1, 8)).astype(np.float32),
+            "x": RNG.standard_normal((1, 6, 8)).astype(np.float32),
+        }
+        want = run_reference(model, feeds)
+        assert_close(run_compiled(model, feeds), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_fusion_never_reaches_into_an_enclosing_graph() -> None:
+    """A branch adds a bias to a product the main graph computed: the branch's
+    MatMul+Add fusion must not take the main graph's MatMul (it is not the branch's to
+    remove); the model compiles and agrees with onnx.reference (float32: rtol 1e-5,
+    atol 1e-6)."""
+    bias = RNG.standard_normal((1, 8)).astype(np.float32)
+    then_branch = oh.make_graph(
+        [_constant("b", bias), oh.make_node("Add", ["product", "b"], ["out"])],
+        "then",
+        [],
+        [tensor_info("out", np.float32, [2, 8])],
+    )
+    else_branch = oh.make_graph(
+        [oh.make_node("Neg", ["x"], ["negated"])],
+        "else",
+        [],
+        [tensor_info("negated", np.float32, [2, 8])],
+    )
+    model = make_model(
+        [
+            oh.make_node("MatMul", ["x", "w"], ["product"]),
+            oh.make_node("If", ["flag"], ["y"], then_branch=then_branch, else_branch=else_branch),
+        ],
+        [tensor_info("x", np.float32, [2, 8]), tensor_info("flag", np.bool_, [])],
+        [tensor_info("y", np.float32, [2, 8])],
+        {"w": RNG.standard_normal((8, 8)).astype(np.float32)},
+    )
+    for flag in (True, False):
+        feeds = {"x": RNG.standard_normal((2, 8)).astype(np.float32), "flag": np.array(flag)}
+        assert_close(run_compiled(model, feeds), run_reference(model, feeds), rtol=1e-5, atol=1e-6)

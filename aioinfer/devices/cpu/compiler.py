@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import onnx_ir as ir
 
 from aioinfer.devices.cpu.kernels.registry import (
-    Kernel,
-    OutKernel,
     find_kernel,
     find_out_kernel,
     make_spec,
 )
-from aioinfer.devices.cpu.plan import NONE_SLOT, SCRATCH_SLOT, Plan, Step
+from aioinfer.devices.cpu.plan import NONE_SLOT, SCRATCH_SLOT, Plan, Step, releases
 from aioinfer.errors import CompileError, UnsupportedOperatorError
 from aioinfer.opsets import node_opset
 from aioinfer.transforms.make_stateful import ASSIGN, READ_VALUE, STATE_DOMAIN
@@ -96,9 +95,7 @@ def lower(graph: ir.Graph, opsets: dict[str, int], captured: Sequence[ir.Value] 
     input_slots = tuple(slot_of(v) for v in (*feeds, *captured))
 
     nodes = list(graph)
-    bound: list[
-        tuple[ir.Node, str, Kernel, tuple[int, ...], tuple[int, ...], str, OutKernel | None]
-    ] = []
+    bound: list[Step] = []
     reads: dict[str, int] = {}
     assigns: dict[str, int] = {}
     for node in nodes:
@@ -129,23 +126,18 @@ def lower(graph: ir.Graph, opsets: dict[str, int], captured: Sequence[ir.Value] 
             ) from exc
         ins = tuple(NONE_SLOT if v is None else slot_of(v) for v in (*node.inputs, *outer))
         outs = tuple(SCRATCH_SLOT if not v.name else slot_of(v) for v in node.outputs)
-        bound.append((node, name, kernel, ins, outs, entry.execution_type, out_form))
+        step = Step(
+            kernel, ins, outs, (), name, node.op_type, entry.execution_type, out_form, subplans
+        )
+        bound.append(step)
 
     variables = tuple(reads)
     input_slots += tuple(reads[v] for v in variables)
     output_slots = tuple(slot_of(v) for v in graph.outputs)
     output_slots += tuple(assigns[v] for v in variables)
     pinned = set(output_slots) | {s for s, _ in constants} | {NONE_SLOT, SCRATCH_SLOT}
-    last_use: dict[int, int] = {}
-    for index, (_, _, _, ins, outs, _, _) in enumerate(bound):
-        for slot in (*ins, *outs):
-            last_use[slot] = index
-    steps = []
-    for index, (node, name, kernel, ins, outs, execution_type, out_form) in enumerate(bound):
-        release = tuple(
-            sorted({s for s in (*ins, *outs) if last_use[s] == index and s not in pinned})
-        )
-        steps.append(Step(kernel, ins, outs, release, name, node.op_type, execution_type, out_form))
+    free = releases([(step.inputs, step.outputs) for step in bound], pinned)
+    steps = [replace(step, release=release) for step, release in zip(bound, free)]
     return Plan(
         num_slots=len(slots) + 2,
         constants=tuple(constants),

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.registry import Kernel
 from aioinfer.devices.cpu.plan import NONE_SLOT, SCRATCH_SLOT, Plan, Step
 
 
@@ -57,18 +56,30 @@ class MemoryPattern:
         """Bytes of all buffers together: a request's planned activation memory."""
         return sum(self.sizes)
 
-    def bind(self, plan: Plan) -> list[Kernel]:
-        """Allocate the buffers; return the plan's kernels with the planned steps' out
-        forms bound to them."""
+    def bind(self, plan: Plan) -> Plan:
+        """Allocate the buffers; return ``plan`` with the planned steps' out forms bound
+        to them as their kernels."""
         buffers = [np.empty(size, dtype=np.uint8) for size in self.sizes]
-        kernels: list[Kernel] = list(plan.kernels)
+        steps = list(plan.steps)
         for a in self.assignments:
             nbytes = int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
             view = buffers[a.buffer][:nbytes].view(a.dtype).reshape(a.shape)
-            out_kernel = plan.steps[a.step].out_kernel
-            assert out_kernel is not None
-            kernels[a.step] = functools.partial(out_kernel, view)
-        return kernels
+            s = steps[a.step]
+            assert s.out_kernel is not None
+            bound = functools.partial(s.out_kernel, view)
+            steps[a.step] = Step(
+                bound,
+                s.inputs,
+                s.outputs,
+                s.release,
+                s.name,
+                s.op_type,
+                s.execution_type,
+                s.out_kernel,
+                s.subplans,
+                s.scope,
+            )
+        return replace(plan, steps=tuple(steps))
 
 
 def _plannable(step: Step, value: Any, pinned: set[int]) -> bool:
@@ -142,40 +153,31 @@ def shapes_key(feed: Sequence[Any]) -> tuple[Any, ...]:
 class RequestMemory:
     """One request's planned buffers, for the input shapes it ran last.
 
-    :meth:`kernels` gives the kernels to run for a feed, or None when the shapes are new:
-    then the caller runs the plan with :meth:`recorder` as its observer, and
-    :meth:`commit` makes the pattern once the run completed.
+    :meth:`plan` gives the plan to run for a feed, or None when the shapes are new: then
+    the caller runs a recording run (:func:`~aioinfer.devices.cpu.specialize.specialize`)
+    and :meth:`commit` makes the pattern once the run completed.
     """
 
-    def __init__(self, plan: Plan) -> None:
-        self._plan = plan
+    def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
-        self._kernels: list[Kernel] | None = None
+        self._plan: Plan | None = None
         self.nbytes = 0
         """Bytes of the current pattern's buffers (0 before the first inference)."""
 
-    def kernels(self, key: tuple[Any, ...]) -> list[Kernel] | None:
-        """The bound kernels of the pattern for ``key``, or None when there is none yet."""
-        return self._kernels if key == self._key else None
-
-    @staticmethod
-    def recorder(first_outputs: list[Any]) -> Any:
-        """An observer that appends every step's first output to ``first_outputs``."""
-
-        def observe(step: Step, produced: Sequence[Any], seconds: float) -> None:
-            first_outputs.append(produced[0] if len(produced) else None)
-
-        return observe
+    def plan(self, key: tuple[Any, ...]) -> Plan | None:
+        """The bound plan of the pattern for ``key``, or None when there is none yet."""
+        return self._plan if key == self._key else None
 
     def release(self) -> None:
         """Drop the buffers; the next inference plans and allocates them again."""
         self._key = None
-        self._kernels = None
+        self._plan = None
         self.nbytes = 0
 
-    def commit(self, key: tuple[Any, ...], first_outputs: Sequence[Any]) -> None:
-        """Make and allocate the pattern for ``key`` from a complete recorded run."""
-        pattern = make_pattern(self._plan, first_outputs)
+    def commit(self, key: tuple[Any, ...], plan: Plan, first_outputs: Sequence[Any]) -> None:
+        """Make and allocate the pattern of ``plan`` (specialised for ``key``) from a
+        complete recorded run: ``first_outputs[i]`` is what step ``i`` produced first."""
+        pattern = make_pattern(plan, first_outputs)
         self._key = key
-        self._kernels = pattern.bind(self._plan)
+        self._plan = pattern.bind(plan)
         self.nbytes = pattern.nbytes

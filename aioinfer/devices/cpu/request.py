@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -9,7 +10,8 @@ import numpy as np
 
 from aioinfer.devices.cpu.kernels.parallel import use_intra_op_threads
 from aioinfer.devices.cpu.memory import RequestMemory, shapes_key
-from aioinfer.devices.cpu.plan import Step
+from aioinfer.devices.cpu.plan import BranchChanged, Step
+from aioinfer.devices.cpu.specialize import specialize
 from aioinfer.plugin.state import VariableState, VariableStore, dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
 
@@ -17,6 +19,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from aioinfer.devices.cpu.plugin import CPUCompiledModel
+
+
+CPU_TIME_EVERY = 8
+"""Of the runs whose shapes already run inline (see :mod:`.inline`), the CPU time of one
+in this many is measured: reading a thread's CPU clock is a system call (2 us on a
+virtual machine, two per run, a fifth of a one-kernel model's inference), and the
+running average needs no more. Every other run is measured: the first of new shapes,
+and those that are not short (yet), so the average comes down at the same pace."""
 
 
 class CPUInferRequest(SyncInferRequest):
@@ -31,13 +41,18 @@ class CPUInferRequest(SyncInferRequest):
         super().__init__(compiled_model)
         self._plan = compiled_model.plan
         self._variables = VariableStore(compiled_model.variables, self._state_sizes)
+        self._stateful = bool(compiled_model.variables)
         self._feed: list[Any] = []
         self._key: tuple[Any, ...] = ()
         self._run_times = compiled_model.run_times
         self._threads = compiled_model.threads_per_stream
         self._produced: list[Any] = []
         self._profiling = bool(compiled_model.config.get("PERF_COUNT", False))
-        self.memory = RequestMemory(self._plan)
+        self._untimed = 0
+        """Runs since the last one whose CPU time was measured."""
+        self._speculate = True
+        """Whether the plan inlines the branch an If on data takes (see specialize.py)."""
+        self.memory = RequestMemory()
         """The request's planned activation buffers (see :mod:`.memory`)."""
 
     def _state_sizes(self) -> dict[str, int]:
@@ -53,7 +68,10 @@ class CPUInferRequest(SyncInferRequest):
     def infer_preprocess(self) -> None:
         super().infer_preprocess()
         self._produced = []
-        self._feed = [*self._inputs, *self._variables.feed()]
+        if self._stateful:
+            self._feed = [*self._inputs, *self._variables.feed()]
+        else:
+            self._feed = list(self._inputs)
         self._key = shapes_key(self._feed)
 
     def input_shapes(self) -> tuple[Any, ...]:
@@ -62,6 +80,15 @@ class CPUInferRequest(SyncInferRequest):
 
     def start_pipeline(self) -> None:
         use_intra_op_threads(self._threads)  # this compiled model's, on this thread
+        self._untimed += 1
+        if (
+            self._untimed < CPU_TIME_EVERY
+            and self._run_times.short(self._key)
+            and self.memory.plan(self._key) is not None
+        ):
+            self._run_plan()
+            return
+        self._untimed = 0
         started = time.thread_time()
         try:
             self._run_plan()
@@ -71,30 +98,53 @@ class CPUInferRequest(SyncInferRequest):
     def _run_plan(self) -> None:
         feed, self._feed = self._feed, []
         key = self._key
-        kernels = self.memory.kernels(key)
-        if kernels is not None and not self._profiling:
-            self._produced = self._plan.run(feed, self.cancel_token, kernels)
-            return
-        # New input shapes (record them for the memory plan) or profiling: observe steps.
-        recorded: list[Any] = []
-        record = self.memory.recorder(recorded) if kernels is None else None
-        profile = self.node_profile
-        profile.timings.clear()
+        plan = self.memory.plan(key)
+        if plan is not None and not self._profiling:
+            try:
+                self._produced = plan.run(feed, self.cancel_token)
+                return
+            except BranchChanged:
+                self._stop_speculating()
+                plan = None
+        observe = None
+        if self._profiling:
+            profile = self.node_profile
+            profile.timings.clear()
 
-        def observe(step: Step, produced: Sequence[Any], seconds: float) -> None:
-            if record is not None:
-                record(step, produced, seconds)
-            if self._profiling:
+            def observe(step: Step, produced: Sequence[Any], seconds: float) -> None:
                 profile.add(step.name, step.op_type, step.execution_type, seconds)
 
-        self._produced = self._plan.run(feed, self.cancel_token, kernels, observe)
-        if kernels is None:
-            self.memory.commit(key, recorded)
+        if plan is not None:
+            try:
+                self._produced = plan.run(feed, self.cancel_token, observe)
+                return
+            except BranchChanged:
+                self._stop_speculating()
+                profile.timings.clear()
+        # New input shapes: specialise the plan for them, and plan memory from the run.
+        offer_gil = threading.current_thread() is not threading.main_thread()
+        made = specialize(
+            self._plan,
+            feed,
+            self.cancel_token,
+            observe,
+            offer_gil=offer_gil,
+            speculate=self._speculate,
+        )
+        self.memory.commit(key, made.plan, made.first_outputs)
+        self._produced = made.outputs
+
+    def _stop_speculating(self) -> None:
+        """An ``If`` on data took the other branch: specialise again without guessing
+        (see :mod:`.specialize`)."""
+        self._speculate = False
+        self.memory.release()
 
     def infer_postprocess(self) -> None:
         produced, self._produced = self._produced, []
         count = len(self._output_ports)
-        self._variables.commit([_owned(value, self._inputs) for value in produced[count:]])
+        if self._stateful:
+            self._variables.commit([_owned(value, self._inputs) for value in produced[count:]])
         self.set_results([_owned(value, self._inputs) for value in produced[:count]])
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 from aioinfer.devices.cpu.plan import Plan, current_cancel_token
+from aioinfer.devices.cpu.specialize import may_specialize, specialized_run
 from aioinfer.errors import InferCancelledError
 from aioinfer.plugin.sync_request import CancelToken
 
@@ -42,12 +43,21 @@ def _stacked(parts: Sequence[np.ndarray], dtype: np.dtype | None) -> np.ndarray:
 def _if(spec: NodeSpec) -> Kernel:
     then_plan: Plan = spec.subplans["then_branch"]
     else_plan: Plan = spec.subplans["else_branch"]
+    # A branch that reads shapes or branches again runs its version specialised for the
+    # shapes it is given (see specialize.py); any other one runs as it is.
+    then_run = specialized_run if may_specialize(then_plan) else Plan.run_steps
+    else_run = specialized_run if may_specialize(else_plan) else Plan.run_steps
 
     def run(cond: np.ndarray, *captured: Any) -> Sequence[Any]:
-        plan = then_plan if _flag(cond) else else_plan
-        return plan.run(list(captured), current_cancel_token())
+        if _flag(cond):
+            return then_run(then_plan, captured, current_cancel_token())
+        return else_run(else_plan, captured, current_cancel_token())
 
     return run
+
+
+_TRUE = np.array(True)
+_TRUE.flags.writeable = False
 
 
 @kernel("Loop", since=1)
@@ -56,10 +66,11 @@ def _loop(spec: NodeSpec) -> Kernel:
     carried_count = spec.num_inputs - 2
     scan_count = len(body.output_slots) - 1 - carried_count
     scan_dtypes = spec.output_dtypes[carried_count:] or (None,) * scan_count
+    run_body = body.run_steps  # bound once; the caller's token is the thread's already
 
     def run(trip_count: Any, cond: Any, *rest: Any) -> tuple[Any, ...]:
-        carried = list(rest[:carried_count])
-        captured = list(rest[carried_count:])
+        carried: Sequence[Any] = rest[:carried_count]
+        captured = rest[carried_count:]
         limit = None if trip_count is None else int(np.asarray(trip_count).reshape(-1)[0])
         going = True if cond is None else _flag(cond)
         token = current_cancel_token()
@@ -67,11 +78,9 @@ def _loop(spec: NodeSpec) -> Kernel:
         iteration = 0
         while going and (limit is None or iteration < limit):
             _check(token)
-            outputs = body.run(
-                [np.array(iteration, np.int64), np.array(going), *carried, *captured], token
-            )
+            outputs = run_body((np.array(iteration, np.int64), _TRUE, *carried, *captured), token)
             going = _flag(outputs[0])
-            carried = list(outputs[1 : 1 + carried_count])
+            carried = outputs[1 : 1 + carried_count]
             for parts, value in zip(scans, outputs[1 + carried_count :]):
                 parts.append(value)
             iteration += 1
@@ -104,7 +113,7 @@ def _scan(
     collected: list[list[np.ndarray]] = [[] for _ in output_axes]
     for step in range(length):
         _check(token)
-        outputs = body.run([*states, *(x[step] for x in scans), *captured], token)
+        outputs = body.run_steps([*states, *(x[step] for x in scans), *captured], token)
         states = list(outputs[:state_count])
         for parts, value in zip(collected, outputs[state_count:]):
             parts.append(value)

@@ -45,10 +45,25 @@ def _scatter(
 @kernel("Gather")
 def _gather(spec: NodeSpec) -> Kernel:
     axis = int(spec.attr("axis", 0))
+    const = spec.const(1)
+    if const is not None and const.ndim == 0:
+        # A constant scalar index (exported models pick one dimension or one state out
+        # of a stack): basic indexing, a view, in a sixth of np.take's time. The
+        # trailing ``...`` keeps a 0-d result an array.
+        index = int(const)
+
+        def run_scalar(data: np.ndarray, _indices: Any = None) -> tuple:
+            ax = normalize_axis(axis, data.ndim, "Gather axis")
+            key: tuple[Any, ...] = (*(slice(None),) * ax, index, Ellipsis)
+            return (data[key],)
+
+        return run_scalar
 
     def run(data: np.ndarray, indices: np.ndarray) -> tuple:
         ax = normalize_axis(axis, data.ndim, "Gather axis")
-        return (np.take(data, indices, axis=ax),)
+        out = np.take(data, indices, axis=ax)
+        # A scalar index into a vector gives a numpy scalar: outputs are arrays.
+        return (out if type(out) is np.ndarray else np.asarray(out),)
 
     return run
 
@@ -149,6 +164,10 @@ def _scatter_legacy(spec: NodeSpec) -> Kernel:
     return _scatter_elements_kernel(int(spec.attr("axis", 0)), None, spec.op_type)
 
 
+_KEYS_KEPT = 64
+"""Input shapes a Slice with constant operands remembers its numpy index for."""
+
+
 def _slice_key(
     shape: tuple[int, ...],
     starts: Sequence[int],
@@ -211,9 +230,16 @@ def _slice(spec: NodeSpec) -> Kernel:
             fixed = None
     if fixed is not None:
         operands = fixed
+        by_shape: dict[tuple[int, ...], tuple[slice, ...]] = {}  # the key, once per shape
 
         def run_fixed(data: np.ndarray, *_: Any) -> tuple:
-            return (data[_slice_key(data.shape, *operands)],)
+            shape = data.shape
+            key = by_shape.get(shape)
+            if key is None:
+                if len(by_shape) >= _KEYS_KEPT:
+                    by_shape.clear()
+                key = by_shape[shape] = _slice_key(shape, *operands)
+            return (data[key],)
 
         return run_fixed
 
@@ -249,6 +275,7 @@ def _non_zero(spec: NodeSpec) -> Kernel:
 @kernel("OneHot", since=9)
 def _one_hot(spec: NodeSpec) -> Kernel:
     axis = int(spec.attr("axis", -1))
+    columns: dict[tuple[int, int], np.ndarray] = {}
 
     def run(indices: np.ndarray, depth: np.ndarray, values: np.ndarray) -> tuple:
         d = int(np.asarray(depth).reshape(-1)[0])
@@ -258,8 +285,15 @@ def _one_hot(spec: NodeSpec) -> Kernel:
         idx = indices.astype(np.int64, copy=False)
         idx = np.where(idx < 0, idx + d, idx)
         ax = normalize_axis(axis, indices.ndim + 1, "OneHot axis")
-        classes = np.arange(d).reshape((d,) + (1,) * (indices.ndim - ax))
-        hit = np.expand_dims(idx, ax) == classes
+        # The class column, kept per depth and trailing rank (a decoding Loop asks for
+        # the same one every step); a reshape instead of np.expand_dims's Python.
+        key = (d, indices.ndim - ax)
+        classes = columns.get(key)
+        if classes is None:
+            if len(columns) >= _KEYS_KEPT:
+                columns.clear()
+            classes = columns[key] = np.arange(d).reshape((d,) + (1,) * (indices.ndim - ax))
+        hit = idx.reshape((*idx.shape[:ax], 1, *idx.shape[ax:])) == classes
         return (np.where(hit, on, off).astype(values.dtype, copy=False),)
 
     return run

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +46,15 @@ def _as_float(x: np.ndarray) -> np.ndarray:
     return x if np.issubdtype(x.dtype, np.inexact) else x.astype(np.float64)
 
 
+# The ufuncs' own reduce, not np.sum/np.max: the same computation without their Python
+# wrappers (1-2 us a call, most of the time on the small tensors of exported models).
+_add_reduce: Callable[..., Any] = np.add.reduce
+_maximum_reduce: Callable[..., Any] = np.maximum.reduce
+_minimum_reduce: Callable[..., Any] = np.minimum.reduce
+
+
 def _reduce_sum(x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:
-    return np.sum(x, axis=axes, keepdims=keepdims, dtype=x.dtype)
+    return _add_reduce(x, axis=axes, keepdims=keepdims, dtype=x.dtype)
 
 
 def _reduce_mean(x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:
@@ -57,16 +65,17 @@ def _reduce_mean(x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:
         return np.full(shape, np.nan if is_float else 0, dtype=x.dtype)
     # Like np.mean: half floats accumulate in float32, integers in their own dtype.
     acc = np.promote_types(x.dtype, np.float32) if is_float else x.dtype
-    total = np.sum(x, axis=axes, keepdims=keepdims, dtype=acc)
-    return np.true_divide(total, count).astype(x.dtype, copy=False)
+    total = _add_reduce(x, axis=axes, keepdims=keepdims, dtype=acc)
+    mean = total / count  # the operator: np.true_divide with a Python int is slower
+    return mean if mean.dtype == x.dtype else mean.astype(x.dtype, copy=False)
 
 
 def _reduce_max(x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:
-    return np.max(x, axis=axes, keepdims=keepdims, initial=_lowest(x.dtype))
+    return _maximum_reduce(x, axis=axes, keepdims=keepdims, initial=_lowest(x.dtype))
 
 
 def _reduce_min(x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:
-    return np.min(x, axis=axes, keepdims=keepdims, initial=_highest(x.dtype))
+    return _minimum_reduce(x, axis=axes, keepdims=keepdims, initial=_highest(x.dtype))
 
 
 def _reduce_prod(x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:

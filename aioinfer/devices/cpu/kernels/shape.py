@@ -19,7 +19,9 @@ from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 
 def int_list(value: Any) -> list[int]:
     """A 1-D integer operand (attribute list or tensor) as a list of Python ints."""
-    return [int(v) for v in np.asarray(value).reshape(-1)]
+    # tolist() makes the Python numbers in one call (iterating an array makes numpy
+    # scalars one by one: three times the time for a shape of four).
+    return [int(v) for v in np.asarray(value).reshape(-1).tolist()]
 
 
 def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
@@ -126,9 +128,35 @@ def _squeeze(data: np.ndarray, axes: list[int] | None) -> np.ndarray:
     return np.squeeze(data, axis=norm)
 
 
+def _squeeze_index(rank: int, axes: list[int]) -> tuple[tuple[Any, ...], tuple[int, ...]]:
+    """For squeezing ``axes`` of a rank-``rank`` array: the numpy index that drops them
+    (ending in ``...``, so that dropping every axis still gives a 0-d array, not a
+    scalar), and the axes, non-negative."""
+    norm = tuple(normalize_axis(a, rank, "Squeeze axis") for a in axes)
+    index = tuple(0 if a in norm else slice(None) for a in range(rank))
+    return (*index, Ellipsis), norm
+
+
 @kernel("Squeeze")
 def _squeeze_kernel(spec: NodeSpec) -> Kernel:
     known, axes = _axes_operand(spec, since_input=13)
+    if known and axes:
+        # Constant axes: the index that drops them, made once per input rank (an index
+        # with 0 on each axis is a view, a third of np.squeeze's time on small arrays).
+        by_rank: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
+
+        def run_indexed(data: np.ndarray, _axes: Any = None) -> tuple:
+            shape = data.shape
+            found = by_rank.get(len(shape))
+            if found is None:
+                found = by_rank[len(shape)] = _squeeze_index(len(shape), axes)
+            index, norm = found
+            for a in norm:
+                if shape[a] != 1:
+                    raise ValueError(f"Squeeze: dimension {a} of shape {shape} is not 1")
+            return (data[index],)
+
+        return run_indexed
     if known:
 
         def run_fixed(data: np.ndarray, _axes: Any = None) -> tuple:
@@ -143,18 +171,16 @@ def _squeeze_kernel(spec: NodeSpec) -> Kernel:
 
 
 def _unsqueeze(data: np.ndarray, axes: list[int]) -> np.ndarray:
-    rank = data.ndim + len(axes)
-    norm = sorted(normalize_axis(a, rank, "Unsqueeze axis") for a in axes)
-    if len(set(norm)) != len(norm):
+    return data[_unsqueeze_index(data.ndim, axes)]
+
+
+def _unsqueeze_index(rank: int, axes: list[int]) -> tuple[Any, ...]:
+    """The numpy index that inserts unit ``axes`` into a rank-``rank`` array (a view)."""
+    out_rank = rank + len(axes)
+    norm = {normalize_axis(a, out_rank, "Unsqueeze axis") for a in axes}
+    if len(norm) != len(axes):
         raise ValueError(f"Unsqueeze: axes {axes} repeat an axis")
-    return data.reshape(_unsqueezed_shape(data.shape, norm))
-
-
-def _unsqueezed_shape(shape: tuple[int, ...], sorted_axes: list[int]) -> tuple[int, ...]:
-    out = list(shape)
-    for a in sorted_axes:
-        out.insert(a, 1)
-    return tuple(out)
+    return tuple(None if a in norm else slice(None) for a in range(out_rank))
 
 
 @kernel("Unsqueeze")
@@ -164,9 +190,13 @@ def _unsqueeze_kernel(spec: NodeSpec) -> Kernel:
         if axes is None:
             raise ValueError("Unsqueeze needs axes")
         fixed = axes
+        by_rank: dict[int, tuple[Any, ...]] = {}  # the index, made once per input rank
 
         def run_fixed(data: np.ndarray, _axes: Any = None) -> tuple:
-            return (_unsqueeze(data, fixed),)
+            index = by_rank.get(data.ndim)
+            if index is None:
+                index = by_rank[data.ndim] = _unsqueeze_index(data.ndim, fixed)
+            return (data[index],)
 
         return run_fixed
 
@@ -203,8 +233,14 @@ def _split(data: np.ndarray, axis: int, sizes: list[int] | None, parts: int) -> 
         sizes = _split_sizes(dim, parts)
     if sum(sizes) != dim or len(sizes) != parts:
         raise ValueError(f"Split: sizes {sizes} do not split dimension {dim} into {parts} outputs")
-    bounds = np.cumsum(sizes)[:-1]
-    return tuple(np.split(data, bounds, axis=ax))
+    # Basic slices, views as np.split makes them, without its Python (10 us a call).
+    lead = (slice(None),) * ax
+    parts_out = []
+    start = 0
+    for size in sizes:
+        parts_out.append(data[(*lead, slice(start, start + size))])
+        start += size
+    return tuple(parts_out)
 
 
 @kernel("Split")
@@ -233,14 +269,33 @@ def _split_kernel(spec: NodeSpec) -> Kernel:
     return run
 
 
+_SHAPES_KEPT = 64
+"""Input shapes an Expand remembers its output shape for."""
+_EXPAND_COPY_ELEMENTS = 4096
+"""Expand copies outputs up to this many elements, and returns a broadcast view of
+larger ones (no copy of a large mask or bias)."""
+
+
 @kernel("Expand", since=8)
 def _expand(spec: NodeSpec) -> Kernel:
     const = spec.const(1)
     fixed = None if const is None else tuple(int_list(const))
 
+    shapes: dict[tuple[Any, ...], tuple[int, ...]] = {}  # the output shape, once per shapes
+
     def run(data: np.ndarray, shape: np.ndarray) -> tuple:
         target = fixed if fixed is not None else tuple(int_list(shape))
-        return (np.broadcast_to(data, np.broadcast_shapes(data.shape, target)),)
+        key = (data.shape, target)
+        out_shape = shapes.get(key)
+        if out_shape is None:
+            if len(shapes) >= _SHAPES_KEPT:
+                shapes.clear()
+            out_shape = shapes[key] = np.broadcast_shapes(data.shape, target)
+        if math.prod(out_shape) > _EXPAND_COPY_ELEMENTS:
+            return (np.broadcast_to(data, out_shape),)
+        out = np.empty(out_shape, data.dtype)
+        out[...] = data  # a small copy costs less than np.broadcast_to's Python
+        return (out,)
 
     return run
 
@@ -254,6 +309,12 @@ def _tile(spec: NodeSpec) -> Kernel:
         reps = fixed if fixed is not None else int_list(repeats)
         if len(reps) != data.ndim:
             raise ValueError(f"Tile: {len(reps)} repeats for an input of rank {data.ndim}")
+        shape = data.shape
+        if all(r == 1 or n == 1 for n, r in zip(shape, reps)) and min(reps, default=1) >= 0:
+            # Only unit axes repeat: a broadcast copy, without np.tile's Python.
+            out = np.empty([n * r for n, r in zip(shape, reps)], data.dtype)
+            out[...] = data
+            return (out,)
         return (np.tile(data, reps),)
 
     return run
