@@ -73,12 +73,12 @@ ENGINE_MAX_BATCH_SIZE = 64
 """The most rows of a batch the server forms for an engine (ORT, OpenVINO) by default;
 and, unless the config sets a hint or ``NUM_STREAMS``, the batches compute on one
 stream (on every core). Every batch reads all the weights, whatever its rows: for the
-MLP of ``benchmarks/serving.py`` a one-row batch cost 0.46 ms of CPU and a 32-row one
-0.07 ms a row. On two streams of 32 rows, a third of the batches held one row (the
-first request back after each batch) and the server's CPU per request was 0.22-0.29 ms;
-on one stream of up to 64 rows, the requests that arrive while a batch computes all
-join the next, and it was 0.16-0.23 ms, with more requests a second in every one of
-five alternating rounds (docs/serving.md)."""
+MLP of ``benchmarks/serving.py`` a one-row batch cost 0.46 ms of CPU, a 32-row one
+0.07 ms a row. On a stream per core with up to 32 rows, the batches held 13-15 rows on
+average; on one stream with up to 64, 17-28 (the requests that arrive while a batch
+computes all join the next one), and the benchmark served more requests a second in
+each of five alternating pairs of rounds (35% more on average; server CPU per request
+0.222 ms instead of 0.245; docs/serving.md)."""
 
 
 @dataclass(frozen=True)
