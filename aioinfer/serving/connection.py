@@ -17,9 +17,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from aioinfer.errors import ServingConfigError
+from aioinfer.serving.direct import DirectInfer
 
 
 @dataclass(frozen=True)
@@ -100,14 +105,24 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._parsed_header_bytes = 0
         self._header_count = 0
         self._refusal: bytes | None = None
+        self._direct = DirectInfer.of(self.app)
+        self._direct_cycle: RequestResponseCycle | None = None
+        self.lost = False
+        """Whether the connection was lost (its client went away)."""
+        self.inferring: asyncio.Task[Any] | None = None
+        """The task of a direct infer request whose inference runs (cancelled when the
+        connection is lost)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         self._disarm_header_timer()
         super().connection_lost(exc)
+        if self.inferring is not None:
+            self.inferring.cancel()
 
     def data_received(self, data: bytes) -> None:
         self._completed_in_chunk = False
@@ -146,7 +161,23 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._disarm_header_timer()
         super().on_headers_complete()
         cycle = self.cycle  # its task has not started: it will write through the wrapper
-        cycle.transport = _OneWriteTransport(self.transport, cycle)  # type: ignore[assignment]
+        if cycle is not None and cycle is not self._direct_cycle:  # (None: an upgrade)
+            cycle.transport = _OneWriteTransport(self.transport, cycle)  # type: ignore[assignment]
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """Start the request's task: an infer request to the app of ``create_app`` is
+        answered by the connection itself (see ``serving/direct.py``), the rest by the
+        app (or by uvicorn's 503 when over ``limit_concurrency``)."""
+        direct = self._direct
+        if direct is not None and app is self.app:
+            target = direct.target(cycle)
+            if target is not None:
+                self._direct_cycle = cycle
+                task = self.loop.create_task(direct.run(self, cycle, *target))
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)
+                return
+        super()._start_asgi_task(cycle, app)
 
     def on_message_complete(self) -> None:
         self._completed_in_chunk = True

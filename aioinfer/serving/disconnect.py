@@ -56,7 +56,7 @@ async def unless_disconnected(receive: Receive, work: Callable[[], Awaitable[T]]
             outcome.append(exc)
         group.cancel_scope.cancel()
     if not outcome:
-        raise _disconnected()
+        raise disconnected_error()
     if isinstance(outcome[0], Exception):
         raise outcome[0]
     return outcome[0]
@@ -141,11 +141,12 @@ async def _on_asyncio(
         uncancel = getattr(task, "uncancel", None)  # Python 3.11+
         if uncancel is not None:
             uncancel()
-        raise _disconnected() from None
+        raise disconnected_error() from None
     finally:
         sweeper.pending.pop(watch, None)
         watch.stop()
 
 
-def _disconnected() -> ClientDisconnectedError:
+def disconnected_error() -> ClientDisconnectedError:
+    """The error of an inference cancelled because its client went away."""
     return ClientDisconnectedError("the client disconnected; its inference was cancelled")

@@ -31,8 +31,8 @@ A version may hold ``model.blob`` instead of ``model.onnx``: a blob of ``aioinfe
 A model whose config names no device (or that has no ``config.json``) is served with
 the defaults that serve single-row traffic best (:meth:`ModelConfig.compile_plan`,
 docs/serving.md): the ``AUTO`` device, the THROUGHPUT hint, and dynamic batching
-(``BATCH``) for a batchable, stateless model; each key given in the config overrides its
-part of that choice.
+(``BATCH``; on an engine, up to 64 rows on one stream) for a batchable, stateless model;
+each key given in the config overrides its part of that choice.
 """
 
 from __future__ import annotations
@@ -67,6 +67,18 @@ OpenVINO) computes without the GIL, and its batches run on threads of the server
 process (``BATCH:AUTO``): measured with ``benchmarks/serving.py`` (docs/serving.md), the
 worker process cost about 10% more CPU per request (pickling, the socket, the worker's
 threads), and ``BATCH:AUTO`` on ORT served more requests per second in 14 rounds of 20."""
+
+
+ENGINE_MAX_BATCH_SIZE = 64
+"""The most rows of a batch the server forms for an engine (ORT, OpenVINO) by default;
+and, unless the config sets a hint or ``NUM_STREAMS``, the batches compute on one
+stream (on every core). Every batch reads all the weights, whatever its rows: for the
+MLP of ``benchmarks/serving.py`` a one-row batch cost 0.46 ms of CPU, a 32-row one
+0.07 ms a row. On a stream per core with up to 32 rows, the batches held 13-15 rows on
+average; on one stream with up to 64, 17-28 (the requests that arrive while a batch
+computes all join the next one), and the benchmark served more requests a second in
+each of five alternating pairs of rounds (35% more on average; server CPU per request
+0.222 ms instead of 0.245; docs/serving.md)."""
 
 
 @dataclass(frozen=True)
@@ -165,13 +177,15 @@ class ModelConfig:
         defaults for single-row traffic, each overridden by the config's own key: the
         ``AUTO`` device (the best installed: ORT, OPENVINO, then CPU), the THROUGHPUT hint
         (streams on every core), and for a model the ``BATCH`` device can batch (a shared
-        symbolic first dimension, no state) dynamic batching (up to ``MAX_BATCH_SIZE`` 32
-        rows, 1 ms: concurrent single rows run as one batch). The batches compute on
-        threads of the server's process (``BATCH:AUTO``) when the device AUTO picks first
-        is an engine; when it is one of :data:`PYTHON_COMPUTE_DEVICES` (the numpy CPU
-        device) and the machine has two cores or more, in a worker process
-        (``BATCH:PROCESS:AUTO``), so that no compute thread waits for the event loop's
-        GIL. Both measured with ``benchmarks/serving.py`` (docs/serving.md).
+        symbolic first dimension, no state) dynamic batching (1 ms: concurrent single
+        rows run as one batch). The batches compute on threads of the server's process
+        (``BATCH:AUTO``) when the device AUTO picks first is an engine: up to
+        :data:`ENGINE_MAX_BATCH_SIZE` rows, on one stream unless the config sets a hint
+        or ``NUM_STREAMS``; when it is one of :data:`PYTHON_COMPUTE_DEVICES` (the numpy
+        CPU device) and the machine has two cores or more, in a worker process
+        (``BATCH:PROCESS:AUTO``, up to the BATCH device's 32 rows), so that no compute
+        thread waits for the event loop's GIL. Measured with ``benchmarks/serving.py``
+        (docs/serving.md).
 
         Raises:
             UnknownDeviceError: the config's device is unknown.
@@ -196,6 +210,14 @@ class ModelConfig:
                 if first in PYTHON_COMPUTE_DEVICES and num_cores() >= 2:
                     decided.append(f"a worker process (PROCESS: {first} computes in Python)")
                     device = f"PROCESS:{DEFAULT_DEVICE}"
+                else:
+                    batching = {"max_batch_size": ENGINE_MAX_BATCH_SIZE}
+                    decided.append(f"batches of up to {ENGINE_MAX_BATCH_SIZE} rows")
+                    defaults = replace(defaults, batching=batching)
+                    if self.hint is None and "NUM_STREAMS" not in self.properties:
+                        decided.append("one stream")
+                        properties = {**self.properties, "NUM_STREAMS": 1}
+                        defaults = replace(defaults, properties=properties)
             else:
                 decided.append(f"no batching: {problem}")
                 defaults = replace(defaults, batching=False)

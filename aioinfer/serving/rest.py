@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -181,23 +181,46 @@ class RestAdapter:
     ) -> None:
         """``POST /v2/models/{name}[/versions/{version}]/infer``, as bare ASGI: the hot
         path skips Starlette's request and response objects."""
+        status, headers, content = await self.answer_infer(
+            name,
+            version,
+            scope["headers"],
+            lambda declared, limit: read_body(receive, declared, limit),
+            lambda work: unless_disconnected(receive, work),
+        )
+        await _respond(send, status, content, headers)
+
+    async def answer_infer(
+        self,
+        name: str,
+        version: str | None,
+        headers: Iterable[tuple[bytes, bytes]],
+        read: BodyReader,
+        guard: Guard,
+    ) -> Answer:
+        """The answer to an infer request for model ``name`` at ``version`` with the
+        (lower-case) request ``headers``, whatever carries it: ``read(declared, limit)``
+        gives the body (``declared``: its ``Content-Length``; TOO_LARGE over
+        ``limit`` bytes), and ``guard(work)`` runs the inference (raising
+        :class:`~aioinfer.errors.ClientDisconnectedError` when the client went away).
+        Every error becomes an answer with its status; the request is counted in the
+        service's statistics."""
         service = self.service
         try:
             call = service.start(name, version)  # before the body: a full model reads none
         except ServiceError as exc:
-            await _respond(send, HTTP_STATUS[exc.kind], _error_body(exc), _JSON)
-            return
+            return HTTP_STATUS[exc.kind], _JSON, _error_body(exc)
         model = call.model
         try:
-            length, json_length, coding, accepted = _headers(scope)
+            length, json_length, coding, accepted = _headers(headers)
             limit = service.max_request_bytes
-            raw = await read_body(receive, length, limit)
+            raw = await read(length, limit)
             if coding is not None:
                 inline = len(raw) <= _INLINE_BYTES // _INFLATION
                 raw = await _off_loop(inline, decompress, raw, coding, limit)
             decoder = self._decoders.get(model) or self._new_decoder(model)
             request = decoder.decode(raw, json_length)
-            response = await unless_disconnected(receive, lambda: call.infer(request))
+            response = await guard(lambda: call.infer(request))
             content, header_length = encode_infer_response(
                 response.model_name,
                 response.model_version,
@@ -213,24 +236,23 @@ class RestAdapter:
                 content = await _off_loop(inline, compress, content, response_encoding)
         except ServiceError as exc:
             call.fail(exc.kind, exc)
-            await _respond(send, HTTP_STATUS[exc.kind], _error_body(exc), _JSON)
-            return
+            return HTTP_STATUS[exc.kind], _JSON, _error_body(exc)
         except Exception as exc:  # a fault of the server's, not of the request
             _logger.exception("infer request to model %r version %s", model.name, model.version)
             call.fail(ErrorKind.INTERNAL)
-            await _respond(send, HTTP_STATUS[ErrorKind.INTERNAL], _internal_error_body(exc), _JSON)
-            return
+            return HTTP_STATUS[ErrorKind.INTERNAL], _JSON, _internal_error_body(exc)
         finally:
             call.end()
         call.succeed()
         if header_length is None:
-            headers = _JSON
+            answer_headers = _JSON
         else:
             length_header = (b"inference-header-content-length", str(header_length).encode())
-            headers = [_OCTETS, length_header]
+            answer_headers = [_OCTETS, length_header]
         if response_encoding is not None:
-            headers = [*headers, (b"content-encoding", response_encoding.encode()), _VARY]
-        await _respond(send, 200, content, headers)
+            encoding = (b"content-encoding", response_encoding.encode())
+            answer_headers = [*answer_headers, encoding, _VARY]
+        return 200, answer_headers, content
 
     def _model_of(self, request: Request) -> ServedModel:
         params = request.path_params
@@ -262,6 +284,13 @@ def _parameters_of(body: dict[str, Any]) -> dict[str, Any]:
     return parameters
 
 
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+"""An HTTP answer: status, headers (without ``Content-Length``) and body."""
+BodyReader = Callable[[bytes | None, int], Awaitable[bytes]]
+"""``read(declared, limit)``: a request's body (see :meth:`RestAdapter.answer_infer`)."""
+Guard = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+"""``guard(work)``: ``work()``, cancelled when the client goes away."""
+
 _JSON = [(b"content-type", b"application/json")]
 _OCTETS = (b"content-type", b"application/octet-stream")
 _VARY = (b"vary", b"accept-encoding")
@@ -275,12 +304,14 @@ _INFLATION = 16
 ``decompress`` stops at the size limit whatever it is."""
 
 
-def _headers(scope: Scope) -> tuple[bytes | None, str | None, str | None, str | None]:
+def _headers(
+    headers: Iterable[tuple[bytes, bytes]],
+) -> tuple[bytes | None, str | None, str | None, str | None]:
     """The request's ``Content-Length``, ``Inference-Header-Content-Length``,
     ``Content-Encoding`` and ``Accept-Encoding`` headers (ASGI gives header names
     lower-case)."""
     length = header_length = coding = accepted = None
-    for name, value in scope["headers"]:
+    for name, value in headers:
         if name == b"content-length":
             length = value
         elif name == HEADER_LENGTH:
@@ -370,6 +401,19 @@ class OipApp(Starlette):
                 await self.adapter.infer(scope, receive, send, *target)
                 return
         await super().__call__(scope, receive, send)
+
+    def direct_infer_target(self, scope: Scope) -> tuple[str, str | None] | None:
+        """(model, version or None) when the HTTP request of ``scope`` is an infer
+        request that :meth:`RestAdapter.answer_infer` may answer without the app
+        (no middleware was added, and the API key, if any, is there); else None: the
+        app answers it."""
+        if scope["method"] != "POST" or self.user_middleware:
+            return None
+        path = _route_path(scope)
+        check = self.api_key_check
+        if check is not None and not check.allows(path, scope):
+            return None
+        return infer_target(path)
 
 
 def _route_path(scope: Scope) -> str:

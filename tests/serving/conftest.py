@@ -18,6 +18,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from aioinfer.serving import create_app
+from aioinfer.serving.connection import ConnectionLimits
 from tests import helpers
 from tests.helpers import make_model, mlp_model, tensor_info, two_input_model
 
@@ -25,11 +26,14 @@ WIDE = 256
 
 
 class LiveServer:
-    """``app`` served by uvicorn on 127.0.0.1 at a free port, in a background thread;
-    ``options`` go to ``uvicorn.Config`` (limits, TLS)."""
+    """``app`` served by uvicorn on 127.0.0.1 at a free port, in a background thread,
+    with the connections of ``serve`` (``ConnectionLimits``' protocol, which answers
+    infer requests itself: ``serving/direct.py``); ``options`` go to ``uvicorn.Config``
+    (limits, TLS, another ``http`` protocol)."""
 
     def __init__(self, app: ASGIApp, graceful_timeout: int = 10, **options: Any) -> None:
         self.app = app
+        options = {**ConnectionLimits().uvicorn_options(), **options}
         # IPPROTO_TCP, as uvicorn's own sockets: asyncio sets TCP_NODELAY on the
         # connections of a TCP socket only, and without it a response written in two
         # parts waits for the client's delayed ACK (~40 ms per request).

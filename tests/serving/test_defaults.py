@@ -16,7 +16,8 @@ from tests.helpers import accumulator_model, mlp_model, reference_outputs, two_i
 from tests.serving.conftest import LiveServer, write_config, write_model
 
 DEVICE = "BATCH:AUTO"
-"""A batchable model batches on the server's threads when AUTO picks an engine (ORT)."""
+"""A batchable model batches on the server's threads when AUTO picks an engine (ORT): up
+to 64 rows, on one stream."""
 
 
 @pytest.fixture
@@ -47,7 +48,8 @@ def test_defaults_are_applied_and_logged(
         assert mlp.get_property("DEVICE_NAME") == DEVICE
         assert mlp.get_property("EXECUTION_DEVICES") == ("ORT",)
         assert mlp.get_property("PERFORMANCE_HINT") == "THROUGHPUT"
-        assert mlp.max_batch_size() == 32
+        assert mlp.max_batch_size() == 64
+        assert mlp.streams == 1
 
         plain = served(app, "plain").compiled
         assert plain.get_property("DEVICE_NAME") == "AUTO"
@@ -77,9 +79,9 @@ def test_defaults_are_applied_and_logged(
 
     lines = {r.getMessage().split(":")[0]: r.getMessage() for r in caplog.records}
     assert lines["model 'mlp' version 1"] == (
-        f"model 'mlp' version 1: {DEVICE} on ORT, hint THROUGHPUT, 2 stream(s), "
-        "batches of up to 32 rows, 128 inferences at once (server defaults: device AUTO, "
-        "hint THROUGHPUT, dynamic batching (BATCH))"
+        f"model 'mlp' version 1: {DEVICE} on ORT, hint THROUGHPUT, 1 stream(s), "
+        "batches of up to 64 rows, 128 inferences at once (server defaults: device AUTO, "
+        "hint THROUGHPUT, dynamic batching (BATCH), batches of up to 64 rows, one stream)"
     )
     assert lines["model 'plain' version 1"].endswith(
         "(server defaults: device AUTO, hint THROUGHPUT, no batching: input 'scale' (scale: "

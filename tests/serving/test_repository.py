@@ -66,20 +66,47 @@ def test_config_becomes_device_and_properties(config, expected) -> None:
     assert config.device_and_config(CPU_PROPERTIES) == expected
 
 
+ENGINE_DECIDED = (
+    "device AUTO",
+    "hint THROUGHPUT",
+    "dynamic batching (BATCH)",
+    "batches of up to 64 rows",
+    "one stream",
+)
+
+
 @pytest.mark.parametrize(
     ("config", "device", "properties", "decided"),
     [
-        (  # ORT first: an engine computes without the GIL, on the server's threads
+        (  # ORT first: an engine computes without the GIL, on the server's threads,
+            # in batches of up to 64 rows on one stream
             {},
             "BATCH:AUTO",
-            {"PERFORMANCE_HINT": "THROUGHPUT"},
-            ("device AUTO", "hint THROUGHPUT", "dynamic batching (BATCH)"),
+            {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 1, "MAX_BATCH_SIZE": 64},
+            ENGINE_DECIDED,
         ),
         (
             {"properties": {"DEVICE_PRIORITIES": "OPENVINO,CPU"}},
             "BATCH:AUTO",
-            {"PERFORMANCE_HINT": "THROUGHPUT", "DEVICE_PRIORITIES": "OPENVINO,CPU"},
-            ("device AUTO", "hint THROUGHPUT", "dynamic batching (BATCH)"),
+            {
+                "PERFORMANCE_HINT": "THROUGHPUT",
+                "DEVICE_PRIORITIES": "OPENVINO,CPU",
+                "NUM_STREAMS": 1,
+                "MAX_BATCH_SIZE": 64,
+            },
+            ENGINE_DECIDED,
+        ),
+        (  # the config's streams (or hint) stand; the batches still hold up to 64 rows
+            {"properties": {"NUM_STREAMS": 2}},
+            "BATCH:AUTO",
+            {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2, "MAX_BATCH_SIZE": 64},
+            ENGINE_DECIDED[:-1],
+        ),
+        (
+            {"hint": "THROUGHPUT"},
+            "BATCH:AUTO",
+            {"PERFORMANCE_HINT": "THROUGHPUT", "MAX_BATCH_SIZE": 64},
+            ("device AUTO", "dynamic batching (BATCH)", "batches of up to 64 rows"),
         ),
         (  # the numpy device computes in Python: a worker process, given two cores
             {"properties": {"DEVICE_PRIORITIES": "CPU"}},

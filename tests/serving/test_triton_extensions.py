@@ -249,7 +249,11 @@ def test_a_model_name_cannot_leave_the_repository(explicit):
 def test_unload_lets_in_flight_inferences_finish(explicit):
     client = httpclient.InferenceServerClient(explicit.url)
     client.load_model("slow")
-    x = np.random.default_rng(0).standard_normal((SLOW_ROWS, SLOW_WIDTH)).astype(np.float32)
+    # Four times the rows of the other tests: on a loaded machine the inference must
+    # outlast the scrapes that look for it in flight (one stream on every core computes
+    # a batch fast).
+    rows = 4 * SLOW_ROWS
+    x = np.random.default_rng(0).standard_normal((rows, SLOW_WIDTH)).astype(np.float32)
     tensor = httpclient.InferInput("x", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x)
     outcome: dict[str, object] = {}
@@ -268,7 +272,7 @@ def test_unload_lets_in_flight_inferences_finish(explicit):
     client.unload_model("slow")  # returns once the inference is done
     thread.join(60)  # closing the model under it would have answered 503 (aborted)
     assert "error" not in outcome, outcome.get("error")
-    assert np.asarray(outcome["result"]).shape == (SLOW_ROWS, SLOW_WIDTH)
+    assert np.asarray(outcome["result"]).shape == (rows, SLOW_WIDTH)
     status, message = message_of(client.infer, "slow", [tensor])
     assert status == "404" and message.startswith("Request for unknown model: 'slow'")
 
