@@ -36,7 +36,7 @@ pytestmark = pytest.mark.anyio
 
 WIDTH = 64
 LONG = chain_model(600, WIDTH, seed=3)
-"""600 (MatMul, Tanh) steps: 512 rows take a few hundred milliseconds."""
+"""600 (MatMul, Tanh) steps: 2048 rows take about a second of CPU time."""
 SHORT = chain_model(20, WIDTH, seed=4)
 TIMEOUT = 2.0
 """WORKER_TIMEOUT_S of the tests that stop a worker."""
@@ -152,7 +152,7 @@ async def test_killed_during_an_inference_it_fails_retryably(core: ai.Core) -> N
     compiled = compile_process(core, LONG)
     async with closing(compiled):
         request = compiled.create_infer_request()
-        slow = feeds(512)
+        slow = feeds(2048)
         await request.infer(slow)
         old = compiled.worker_pid
         assert old is not None
@@ -184,7 +184,7 @@ def test_killed_during_a_synchronous_inference(core: ai.Core) -> None:
     compiled = compile_process(core, LONG)
     try:
         request = compiled.create_infer_request()
-        slow = feeds(512)
+        slow = feeds(2048)
         request.infer_sync(slow)
         old = compiled.worker_pid
         assert old is not None

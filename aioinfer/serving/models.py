@@ -246,6 +246,12 @@ class ServedModel:
         finally:
             self._slots.release()
 
+    @property
+    def waiting(self) -> int:
+        """Inferences admitted to the model's queue, waiting for one of its
+        ``max_concurrency`` slots."""
+        return self._slots.waiting
+
     def check_admission(self) -> None:
         """Refuse now what :meth:`infer` would refuse for a full queue: the server asks
         before it reads a request's body, so that a full model parses no bodies.

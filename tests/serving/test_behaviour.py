@@ -93,9 +93,11 @@ def test_a_full_queue_answers_503(server: LiveServer):
     busy_before = metric(server.url, "aioinfer_inference_failures_total", reason="busy")
     statuses: list[int] = []
 
-    # Four times the usual rows (seconds of compute): the running request cannot finish
-    # between "two in flight" and the third request, even on a loaded machine.
+    # Four times the usual rows (a fraction of a second to seconds of compute): the
+    # running request does not finish between the second one's admission to the queue and
+    # the third request.
     long_input = np.concatenate([slow_input()] * 4)
+    served = server.app.state.server.find("slow", None)
 
     def post() -> None:
         body, headers = binary_body({"x": long_input})
@@ -107,6 +109,8 @@ def test_a_full_queue_answers_503(server: LiveServer):
         thread.start()
     in_flight = "aioinfer_inference_requests_in_flight"
     wait_until(lambda: metric(server.url, in_flight, model="slow") == 2, 30, "two in flight")
+    # In flight counts a request from its arrival; it joins the queue once decoded.
+    wait_until(lambda: served.waiting == 1, 30, "the second request to wait")
     body, headers = binary_body({"x": slow_input()[:1]})
     response = httpx.post(
         f"http://{server.url}/v2/models/slow/infer", content=body, headers=headers

@@ -221,7 +221,7 @@ def test_the_grpc_client_example_runs():
     assert lines[1] == "model tiny_cnn versions ['1']: image FP32[-1, 3, 32, 32]"
     assert re.fullmatch(r"8 concurrent requests: classes \[(\d, ){7}\d\]", lines[2])
     assert lines[3] == "stream answered ['s0', 's1', 's2']"
-    assert lines[4] == "512 images with a 50 ms deadline: StatusCode.DEADLINE_EXCEEDED"
+    assert lines[4] == "512 images with a 5 ms deadline: StatusCode.DEADLINE_EXCEEDED"
     assert re.fullmatch(r"the next request: class \d in \d+ ms", lines[5])
 
 
