@@ -206,15 +206,16 @@ async def test_cancelling_a_waiting_start_async_drops_its_job(core):
     async with ai.AsyncInferQueue(compiled, jobs=1) as queue:
         queue.set_callback(lambda request, userdata: done.append(userdata))
         await queue.start_async(feeds, userdata="running")
+        await queue.start_async(feeds, userdata="queued")  # one queued job per request
         with anyio.CancelScope() as scope:
             scope.cancel()
             await queue.start_async(feeds, userdata="dropped")
         assert scope.cancelled_caught
         await queue.wait_all()
-        assert done == ["running"]
+        assert done == ["running", "queued"]
         await queue.start_async(feeds, userdata="next")
         await queue.wait_all()
-    assert done == ["running", "next"]
+    assert done == ["running", "queued", "next"]
 
 
 async def test_close_cancels_running_jobs_and_refuses_waiting_ones(core):
@@ -229,7 +230,10 @@ async def test_close_cancels_running_jobs_and_refuses_waiting_ones(core):
         except ai.RequestClosedError as exc:
             outcome.append(exc)
 
+    done: list[str] = []
+    queue.set_callback(lambda request, userdata: done.append(userdata))
     await queue.start_async(feeds, userdata="running")
+    await queue.start_async(feeds, userdata="queued")  # dropped by close(), never run
     async with anyio.create_task_group() as group:
         group.start_soon(wait_for_the_request)
         await anyio.wait_all_tasks_blocked()
@@ -238,6 +242,7 @@ async def test_close_cancels_running_jobs_and_refuses_waiting_ones(core):
     assert queue[0].state is ai.RequestState.CLOSED
     assert isinstance(queue[0].error, ai.InferCancelledError)
     assert queue[0].userdata == "running"
+    assert done == ["running"]
     with pytest.raises(ai.RequestClosedError):
         await queue.start_async(feeds)
     with pytest.raises(ai.RequestClosedError):
@@ -306,9 +311,9 @@ async def test_a_stateful_model_keeps_each_requests_state(core):
 
 
 async def test_jobs_ended_while_the_loop_was_blocked_are_published_in_order(core):
-    """With the loop blocked, each job ends on OpenVINO's side and starts the next
-    waiting one (after a failure too, which no OpenVINO callback reports: the failure
-    watch finds it); the loop then publishes the whole batch in order."""
+    """With the loop blocked, a job ends on OpenVINO's side and starts the queued one,
+    which fails (no OpenVINO callback reports it: the failure watch finds it); the
+    loop then publishes the batch in order, and the jobs waiting for room go on."""
     compiled = core.compile_model(slow_add_model(), "OPENVINO")
     x = rows((1, 256), 0)
 
@@ -329,10 +334,11 @@ async def test_jobs_ended_while_the_loop_was_blocked_are_published_in_order(core
             for feeds, name in ((bad, "bad"), (good, "good"), (last, "last")):
                 group.start_soon(start, queue, feeds, name)
                 await anyio.wait_all_tasks_blocked()  # waiting, in this order
+            assert returned == ["bad"]  # queued (one per request); the others wait
             helpers.wait_until(  # the loop is blocked meanwhile
                 lambda: queue.is_ready(), 30, "the jobs to end on OpenVINO's side"
             )
-            assert returned == []  # the loop has not run since
+            assert returned == ["bad"]  # the loop has not run since
         assert sorted(returned) == ["bad", "good", "last"]  # in whichever order woken
         with pytest.raises(ai.InferenceError, match="'add_node' failed in OpenVINO"):
             await queue.wait_all()
