@@ -26,6 +26,7 @@ import onnx.helper as oh
 import pytest
 
 import aioinfer as ai
+from aioinfer.devices.openvino.queue_engine import QUEUED_PER_REQUEST
 from tests import helpers
 from tests.helpers import make_model, reference_outputs, tensor_info
 
@@ -33,6 +34,8 @@ pytestmark = pytest.mark.anyio
 
 F32 = {"rtol": 1e-4, "atol": 1e-5}
 THREAD_NAME = "aioinfer-openvino-queue"
+QUEUED = [f"queued {n}" for n in range(QUEUED_PER_REQUEST)]
+"""The userdata of as many jobs as one busy request's queue takes."""
 
 
 def rows(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -206,16 +209,17 @@ async def test_cancelling_a_waiting_start_async_drops_its_job(core):
     async with ai.AsyncInferQueue(compiled, jobs=1) as queue:
         queue.set_callback(lambda request, userdata: done.append(userdata))
         await queue.start_async(feeds, userdata="running")
-        await queue.start_async(feeds, userdata="queued")  # one queued job per request
+        for name in QUEUED:  # queued at once: the queue is full then
+            await queue.start_async(feeds, userdata=name)
         with anyio.CancelScope() as scope:
             scope.cancel()
             await queue.start_async(feeds, userdata="dropped")
         assert scope.cancelled_caught
         await queue.wait_all()
-        assert done == ["running", "queued"]
+        assert done == ["running", *QUEUED]
         await queue.start_async(feeds, userdata="next")
         await queue.wait_all()
-    assert done == ["running", "queued", "next"]
+    assert done == ["running", *QUEUED, "next"]
 
 
 async def test_close_cancels_running_jobs_and_refuses_waiting_ones(core):
@@ -233,7 +237,8 @@ async def test_close_cancels_running_jobs_and_refuses_waiting_ones(core):
     done: list[str] = []
     queue.set_callback(lambda request, userdata: done.append(userdata))
     await queue.start_async(feeds, userdata="running")
-    await queue.start_async(feeds, userdata="queued")  # dropped by close(), never run
+    for name in QUEUED:  # dropped by close(), never run
+        await queue.start_async(feeds, userdata=name)
     async with anyio.create_task_group() as group:
         group.start_soon(wait_for_the_request)
         await anyio.wait_all_tasks_blocked()
@@ -311,9 +316,10 @@ async def test_a_stateful_model_keeps_each_requests_state(core):
 
 
 async def test_jobs_ended_while_the_loop_was_blocked_are_published_in_order(core):
-    """With the loop blocked, a job ends on OpenVINO's side and starts the queued one,
-    which fails (no OpenVINO callback reports it: the failure watch finds it); the
-    loop then publishes the batch in order, and the jobs waiting for room go on."""
+    """With the loop blocked, each job ends on OpenVINO's side and starts the next
+    queued one (after a failure too, which no OpenVINO callback reports: the failure
+    watch finds it); the loop then publishes the batch in order, and a job waiting for
+    room in the queue goes on."""
     compiled = core.compile_model(slow_add_model(), "OPENVINO")
     x = rows((1, 256), 0)
 
@@ -334,11 +340,12 @@ async def test_jobs_ended_while_the_loop_was_blocked_are_published_in_order(core
             for feeds, name in ((bad, "bad"), (good, "good"), (last, "last")):
                 group.start_soon(start, queue, feeds, name)
                 await anyio.wait_all_tasks_blocked()  # waiting, in this order
-            assert returned == ["bad"]  # queued (one per request); the others wait
+            queued = ["bad", "good", "last"][:QUEUED_PER_REQUEST]
+            assert returned == queued  # queued at once; the others wait for room
             helpers.wait_until(  # the loop is blocked meanwhile
                 lambda: queue.is_ready(), 30, "the jobs to end on OpenVINO's side"
             )
-            assert returned == ["bad"]  # the loop has not run since
+            assert returned == queued  # the loop has not run since
         assert sorted(returned) == ["bad", "good", "last"]  # in whichever order woken
         with pytest.raises(ai.InferenceError, match="'add_node' failed in OpenVINO"):
             await queue.wait_all()

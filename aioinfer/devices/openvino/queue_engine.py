@@ -69,6 +69,10 @@ if TYPE_CHECKING:
 
 Callback = Callable[[Any, Any], Any]
 
+QUEUED_PER_REQUEST = 2
+"""How many jobs per request :meth:`OpenVINOQueue.start_async` may queue while every
+request is busy."""
+
 FAILURE_CHECK_SECONDS = 0.005
 """How often the queue looks for jobs that failed (see the module) while jobs run."""
 
@@ -232,6 +236,8 @@ class OpenVINOQueue(QueueErrors):
         self.userdata: list[Any] = [None] * jobs
         """The userdata of the job each request ran last."""
         self._executor = compiled_model.callback_executor
+        self._room = QUEUED_PER_REQUEST * jobs
+        """How many jobs may be queued (see :meth:`start_async`)."""
         self._checker = _Checker(compiled_model)
         """Checks the inputs of the jobs queued while every request is busy."""
         self._lock = threading.Lock()
@@ -333,7 +339,7 @@ class OpenVINOQueue(QueueErrors):
                 if self._idle and not self._waiting:
                     index = self._idle.popleft()
                     break
-                if len(self._waiting) < len(self._syncs):
+                if len(self._waiting) < self._room:
                     index = -1
                     break
             await self._wait_for_change()
@@ -474,8 +480,10 @@ class OpenVINOQueue(QueueErrors):
             self._held[index] = held
             if not held:
                 started = self._next_waiting(index)
+        urgent = held or job.error is not None
         while started is not None and not self._prepare(index, started):
             # Its inputs were refused: it ends now, and the next waiting job gets a turn.
+            urgent = True
             with self._lock:
                 self._ended.append((index, _NOTHING, started))
                 started = self._next_waiting(index)
@@ -483,7 +491,14 @@ class OpenVINOQueue(QueueErrors):
             # Before the launch: the started job may end (on another thread) before
             # the launch returns, and the loop must see it start first.
             self._ended.append((index, job, started))
-            schedule, self._scheduled = not self._scheduled, True
+            # The loop is told once the queue has room for half its jobs again, or at
+            # once when someone may wait for this end: a callback, an error, an idle
+            # request (the last job ended, or a waiter of get_idle_request_id).
+            schedule = not self._scheduled and (
+                urgent or started is None or len(self._waiting) <= self._room // 2
+            )
+            if schedule:
+                self._scheduled = True
         # Launched before the loop is woken: waking it releases the GIL (a write to its
         # socket), and the loop, once awake, would keep it from this thread for its
         # whole turn while the stream waits for the next job.
