@@ -155,6 +155,68 @@ async def test_a_waiting_job_starts_while_the_event_loop_is_busy(core):
     np.testing.assert_allclose(result, expected, **F32)
 
 
+async def test_jobs_queued_while_every_request_is_busy_start_in_order(core):
+    """While every request is busy, ``start_async`` checks its job, copies its inputs,
+    queues it and returns before any request frees; a job beyond the queue's room waits
+    for room. They start in the order they came, each on its own inputs."""
+    compiled = core.compile_model(slow_model(), "OPENVINO")
+    done: list[str] = []
+    outputs: dict[str, np.ndarray] = {}
+    expected: dict[str, np.ndarray] = {}
+
+    def record(request: Any, userdata: str) -> None:
+        done.append(userdata)
+        outputs[userdata] = request.results["y"].copy()
+
+    seeds = dict(zip([*QUEUED, "later"], range(2, 99)))
+    for name, seed in seeds.items():
+        expected[name] = reference_outputs(slow_model(), {"x": rows((4, 256), seed)})[0]
+    buffer = rows((4, 256), 0)  # one caller buffer, refilled after each start_async
+    async with ai.AsyncInferQueue(compiled, jobs=1) as queue:
+        queue.set_callback(record)
+        await queue.start_async({"x": rows((512, 256), 1)}, userdata="first")
+        for name in QUEUED:
+            buffer[...] = rows((4, 256), seeds[name])
+            await queue.start_async({"x": buffer}, userdata=name)
+        assert done == []  # queued: the first job still runs (seconds of compute)
+        assert queue.userdata == ["first"]
+        buffer[...] = rows((4, 256), seeds["later"])
+        async with anyio.create_task_group() as group:
+            group.start_soon(queue.start_async, {"x": buffer}, "later")  # no room: waits
+        buffer[...] = 0.0
+        await queue.wait_all()
+    assert done == ["first", *QUEUED, "later"]
+    for name, value in expected.items():
+        np.testing.assert_allclose(outputs[name], value, **F32)
+
+
+async def test_no_queued_job_is_stranded_while_the_loop_is_blocked(core):
+    """With two requests busy and jobs queued, the completion callbacks drain the queue
+    on OpenVINO's side with the loop blocked: whichever request ends last takes what
+    is left; the loop then publishes each request's last job."""
+    compiled = core.compile_model(slow_model(), "OPENVINO", {"PERFORMANCE_HINT": "THROUGHPUT"})
+    names = [f"job {n}" for n in range(2 * QUEUED_PER_REQUEST)]
+    feeds = {name: rows((16, 256), seed) for seed, name in enumerate(names, start=2)}
+    feeds.update(a=rows((256, 256), 0), b=rows((256, 256), 1))  # long jobs
+    async with ai.AsyncInferQueue(compiled, jobs=2) as queue:
+        await queue.start_async({"x": feeds["a"]}, userdata="a")
+        await queue.start_async({"x": feeds["b"]}, userdata="b")
+        for name in names:
+            await queue.start_async({"x": feeds[name]}, userdata=name)
+        assert queue.userdata == ["a", "b"]  # none started yet: both requests busy
+        helpers.wait_until(  # blocks the loop: only OpenVINO's threads start jobs
+            lambda: queue.is_ready(), 30, "the queued jobs to run on OpenVINO's side"
+        )
+        await queue.wait_all()
+        last = list(queue.userdata)
+        assert names[-1] in last
+        for index, name in enumerate(last):
+            if name not in names:
+                continue  # a long job outlasted the queue: checked elsewhere
+            want = reference_outputs(slow_model(), {"x": feeds[name]})[0]
+            np.testing.assert_allclose(queue[index].results["y"], want, **F32)
+
+
 async def test_failures_are_raised_once_and_the_queue_goes_on(core):
     compiled = core.compile_model(add_model(), "OPENVINO", {"PERFORMANCE_HINT": "THROUGHPUT"})
     good = {"a": np.ones(3, np.float32), "b": np.full(3, 2, np.float32)}
