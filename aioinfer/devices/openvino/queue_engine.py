@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 Callback = Callable[[Any, Any], Any]
 
-QUEUED_PER_REQUEST = 2
+QUEUED_PER_REQUEST = 4
 """How many jobs per request :meth:`OpenVINOQueue.start_async` may queue while every
 request is busy."""
 
