@@ -16,10 +16,10 @@ the loop, up to :data:`QUEUED_PER_REQUEST` per request), so that a request that 
 finds its next job waiting even when both requests end together. When ``start_async``
 waited for its job to start (one waiting job for two requests), the loop started 27-40 %
 of the jobs (LSTM, tiny CNN; counted under load), each after a loop turn with a request
-idle; with four queued per request, 0.05-5 %. Then it tells the loop (see :mod:`.wake`): once the queue has
-room for half its jobs again, or at once when something waits for this end (a callback,
-an error, a request gone idle); the loop publishes the results, the errors and the
-started jobs of the whole batch in order. Callbacks run on the loop's side as in the
+idle; with four queued per request, 0.05-5 %. Then it tells the loop (see :mod:`.wake`):
+once the queue has room for half its jobs again, or at once when something waits for
+this end (a callback, an error, a request gone idle); the loop publishes the results, the
+errors and the started jobs of the whole batch in order. Callbacks run on the loop's side as in the
 generic queue (a coroutine function on the loop, a plain one on the callback executor),
 and a request with a callback becomes free only once its callback returned (then the loop
 starts its next job): no user code runs on OpenVINO's threads.
