@@ -369,7 +369,11 @@ class OpenVINOQueue(QueueErrors):
             if index < 0:
                 self._waiting.append(job)
         if index >= 0:  # a request became idle while the inputs were checked
-            self._prepare(index, job)  # checked already
+            if not self._prepare(index, job):  # checked already: cannot happen
+                with self._lock:
+                    self._idle.appendleft(index)
+                assert job.refused is not None
+                raise job.refused
             self._run(index, job)
 
     async def wait_all(self) -> None:
