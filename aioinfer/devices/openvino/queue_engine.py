@@ -19,10 +19,10 @@ of the jobs (LSTM, tiny CNN; counted under load), each after a loop turn with a 
 idle; with four queued per request, 0.05-5 %. Then it tells the loop (see :mod:`.wake`):
 once the queue has room for half its jobs again, or at once when something waits for
 this end (a callback, an error, a request gone idle); the loop publishes the results, the
-errors and the started jobs of the whole batch in order. Callbacks run on the loop's side as in the
-generic queue (a coroutine function on the loop, a plain one on the callback executor),
-and a request with a callback becomes free only once its callback returned (then the loop
-starts its next job): no user code runs on OpenVINO's threads.
+errors and the started jobs of the whole batch in order. Callbacks run on the loop's side
+as in the generic queue (a coroutine function on the loop, a plain one on the callback
+executor), and a request with a callback becomes free only once its callback returned
+(then the loop starts its next job): no user code runs on OpenVINO's threads.
 
 Two things make the callback pay:
 
@@ -251,7 +251,7 @@ class OpenVINOQueue(QueueErrors):
         """Guards the fields the request threads share with the loop (below)."""
         self._idle: deque[int] = deque(range(jobs))
         self._waiting: deque[_Job] = deque()
-        """Jobs queued while every request was busy (at most one per request), first
+        """Jobs queued while every request was busy (at most ``_room``), first
         come first started by the request that frees first (see :meth:`start_async`).
         Never holds a job while a request is idle: whoever idles a request (under the
         lock) takes the first queued job instead, so none is stranded."""
@@ -332,10 +332,10 @@ class OpenVINOQueue(QueueErrors):
         self, inputs: Inputs | None, userdata: Any, *, share_inputs: bool = False
     ) -> None:
         """As ``AsyncInferQueue.start_async``, except that it returns once its job
-        started or, while every request is busy, once it is checked and queued (up to one
-        job per request queued; beyond that it waits): the request that frees first
-        starts it on OpenVINO's thread, in the order the jobs came. A job whose
-        ``start_async`` is cancelled while it waits is not started."""
+        started or, while every request is busy, once it is checked and queued (up to
+        :data:`QUEUED_PER_REQUEST` jobs per request; beyond that it waits for room): the
+        request that frees first starts it on OpenVINO's thread, in the order the jobs
+        came. A job whose ``start_async`` is cancelled while it waits is not started."""
         self._raise_pending()
         self._check_open()
         if self._wake is None:
