@@ -1,7 +1,8 @@
 """AsyncInferQueue on the OPENVINO device, which runs it with its own engine
-(aioinfer/devices/openvino/queue_engine.py): a job waiting for a request starts in
-OpenVINO's completion callback of the request that became free (or on the failure
-watch's thread after a failure), and the loop hears of the jobs in batches.
+(aioinfer/devices/openvino/queue_engine.py): a job queued while every request is busy
+starts in OpenVINO's completion callback of the request that became free (or on the
+failure watch's thread after a failure), in the order the jobs came, and the loop hears
+of the jobs in batches.
 
 Results are compared with onnxruntime (float32: rtol 1e-4, atol 1e-5, other summation
 orders). The conformance suite's queue tests run on OPENVINO too (tests/behaviour).
