@@ -134,10 +134,9 @@ async def test_without_a_callback_the_last_results_stay_on_each_request(core):
 
 
 async def test_a_waiting_job_starts_while_the_event_loop_is_busy(core):
-    """When a job ends, the job waiting for its request starts on OpenVINO's side: its
-    inputs are taken (copied) while the loop is still blocked. Through the loop (the
-    generic queue) they would be taken only once the loop ran again, after the change
-    below."""
+    """When a job ends, the job queued for its request starts on OpenVINO's side while
+    the loop is still blocked, on the inputs it was given (copied when it was queued:
+    the change below, after ``start_async`` returned, is not seen)."""
     compiled = core.compile_model(slow_model(), "OPENVINO")
     first = {"x": rows((64, 256), 0)}
     took = await job_seconds(compiled, first)
@@ -147,7 +146,7 @@ async def test_a_waiting_job_starts_while_the_event_loop_is_busy(core):
         await queue.start_async(first, userdata="first")
         async with anyio.create_task_group() as group:
             group.start_soon(queue.start_async, {"x": waiting}, "waiting")
-            await anyio.wait_all_tasks_blocked()  # the job waits for the request
+            await anyio.wait_all_tasks_blocked()  # the job is queued
             time.sleep(20 * took + 0.2)  # blocks the loop well past the first job's end
             waiting[...] = 0.0  # what the generic queue would have read
         await queue.wait_all()
