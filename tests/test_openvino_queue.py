@@ -1,7 +1,8 @@
 """AsyncInferQueue on the OPENVINO device, which runs it with its own engine
-(aioinfer/devices/openvino/queue_engine.py): a job waiting for a request starts in
-OpenVINO's completion callback of the request that became free (or on the failure
-watch's thread after a failure), and the loop hears of the jobs in batches.
+(aioinfer/devices/openvino/queue_engine.py): a job queued while every request is busy
+starts in OpenVINO's completion callback of the request that became free (or on the
+failure watch's thread after a failure), in the order the jobs came, and the loop hears
+of the jobs in batches.
 
 Results are compared with onnxruntime (float32: rtol 1e-4, atol 1e-5, other summation
 orders). The conformance suite's queue tests run on OPENVINO too (tests/behaviour).
@@ -26,6 +27,7 @@ import onnx.helper as oh
 import pytest
 
 import aioinfer as ai
+from aioinfer.devices.openvino.queue_engine import QUEUED_PER_REQUEST
 from tests import helpers
 from tests.helpers import make_model, reference_outputs, tensor_info
 
@@ -33,6 +35,8 @@ pytestmark = pytest.mark.anyio
 
 F32 = {"rtol": 1e-4, "atol": 1e-5}
 THREAD_NAME = "aioinfer-openvino-queue"
+QUEUED = [f"queued {n}" for n in range(QUEUED_PER_REQUEST)]
+"""The userdata of as many jobs as one busy request's queue takes."""
 
 
 def rows(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -130,10 +134,9 @@ async def test_without_a_callback_the_last_results_stay_on_each_request(core):
 
 
 async def test_a_waiting_job_starts_while_the_event_loop_is_busy(core):
-    """When a job ends, the job waiting for its request starts on OpenVINO's side: its
-    inputs are taken (copied) while the loop is still blocked. Through the loop (the
-    generic queue) they would be taken only once the loop ran again, after the change
-    below."""
+    """When a job ends, the job queued for its request starts on OpenVINO's side while
+    the loop is still blocked, on the inputs it was given (copied when it was queued:
+    the change below, after ``start_async`` returned, is not seen)."""
     compiled = core.compile_model(slow_model(), "OPENVINO")
     first = {"x": rows((64, 256), 0)}
     took = await job_seconds(compiled, first)
@@ -143,13 +146,75 @@ async def test_a_waiting_job_starts_while_the_event_loop_is_busy(core):
         await queue.start_async(first, userdata="first")
         async with anyio.create_task_group() as group:
             group.start_soon(queue.start_async, {"x": waiting}, "waiting")
-            await anyio.wait_all_tasks_blocked()  # the job waits for the request
+            await anyio.wait_all_tasks_blocked()  # the job is queued
             time.sleep(20 * took + 0.2)  # blocks the loop well past the first job's end
             waiting[...] = 0.0  # what the generic queue would have read
         await queue.wait_all()
         result = queue[0].results["y"]
     expected = reference_outputs(slow_model(), {"x": original})[0]
     np.testing.assert_allclose(result, expected, **F32)
+
+
+async def test_jobs_queued_while_every_request_is_busy_start_in_order(core):
+    """While every request is busy, ``start_async`` checks its job, copies its inputs,
+    queues it and returns before any request frees; a job beyond the queue's room waits
+    for room. They start in the order they came, each on its own inputs."""
+    compiled = core.compile_model(slow_model(), "OPENVINO")
+    done: list[str] = []
+    outputs: dict[str, np.ndarray] = {}
+    expected: dict[str, np.ndarray] = {}
+
+    def record(request: Any, userdata: str) -> None:
+        done.append(userdata)
+        outputs[userdata] = request.results["y"].copy()
+
+    seeds = dict(zip([*QUEUED, "later"], range(2, 99)))
+    for name, seed in seeds.items():
+        expected[name] = reference_outputs(slow_model(), {"x": rows((4, 256), seed)})[0]
+    buffer = rows((4, 256), 0)  # one caller buffer, refilled after each start_async
+    async with ai.AsyncInferQueue(compiled, jobs=1) as queue:
+        queue.set_callback(record)
+        await queue.start_async({"x": rows((512, 256), 1)}, userdata="first")
+        for name in QUEUED:
+            buffer[...] = rows((4, 256), seeds[name])
+            await queue.start_async({"x": buffer}, userdata=name)
+        assert done == []  # queued: the first job still runs (seconds of compute)
+        assert queue.userdata == ["first"]
+        buffer[...] = rows((4, 256), seeds["later"])
+        async with anyio.create_task_group() as group:
+            group.start_soon(queue.start_async, {"x": buffer}, "later")  # no room: waits
+        buffer[...] = 0.0
+        await queue.wait_all()
+    assert done == ["first", *QUEUED, "later"]
+    for name, value in expected.items():
+        np.testing.assert_allclose(outputs[name], value, **F32)
+
+
+async def test_no_queued_job_is_stranded_while_the_loop_is_blocked(core):
+    """With two requests busy and jobs queued, the completion callbacks drain the queue
+    on OpenVINO's side with the loop blocked: whichever request ends last takes what
+    is left; the loop then publishes each request's last job."""
+    compiled = core.compile_model(slow_model(), "OPENVINO", {"PERFORMANCE_HINT": "THROUGHPUT"})
+    names = [f"job {n}" for n in range(2 * QUEUED_PER_REQUEST)]
+    feeds = {name: rows((16, 256), seed) for seed, name in enumerate(names, start=2)}
+    feeds.update(a=rows((256, 256), 0), b=rows((256, 256), 1))  # long jobs
+    async with ai.AsyncInferQueue(compiled, jobs=2) as queue:
+        await queue.start_async({"x": feeds["a"]}, userdata="a")
+        await queue.start_async({"x": feeds["b"]}, userdata="b")
+        for name in names:
+            await queue.start_async({"x": feeds[name]}, userdata=name)
+        assert queue.userdata == ["a", "b"]  # none started yet: both requests busy
+        helpers.wait_until(  # blocks the loop: only OpenVINO's threads start jobs
+            lambda: queue.is_ready(), 30, "the queued jobs to run on OpenVINO's side"
+        )
+        await queue.wait_all()
+        last = list(queue.userdata)
+        assert names[-1] in last
+        for index, name in enumerate(last):
+            if name not in names:
+                continue  # a long job outlasted the queue: checked elsewhere
+            want = reference_outputs(slow_model(), {"x": feeds[name]})[0]
+            np.testing.assert_allclose(queue[index].results["y"], want, **F32)
 
 
 async def test_failures_are_raised_once_and_the_queue_goes_on(core):
@@ -206,15 +271,17 @@ async def test_cancelling_a_waiting_start_async_drops_its_job(core):
     async with ai.AsyncInferQueue(compiled, jobs=1) as queue:
         queue.set_callback(lambda request, userdata: done.append(userdata))
         await queue.start_async(feeds, userdata="running")
+        for name in QUEUED:  # queued at once: the queue is full then
+            await queue.start_async(feeds, userdata=name)
         with anyio.CancelScope() as scope:
             scope.cancel()
             await queue.start_async(feeds, userdata="dropped")
         assert scope.cancelled_caught
         await queue.wait_all()
-        assert done == ["running"]
+        assert done == ["running", *QUEUED]
         await queue.start_async(feeds, userdata="next")
         await queue.wait_all()
-    assert done == ["running", "next"]
+    assert done == ["running", *QUEUED, "next"]
 
 
 async def test_close_cancels_running_jobs_and_refuses_waiting_ones(core):
@@ -229,7 +296,11 @@ async def test_close_cancels_running_jobs_and_refuses_waiting_ones(core):
         except ai.RequestClosedError as exc:
             outcome.append(exc)
 
+    done: list[str] = []
+    queue.set_callback(lambda request, userdata: done.append(userdata))
     await queue.start_async(feeds, userdata="running")
+    for name in QUEUED:  # dropped by close(), never run
+        await queue.start_async(feeds, userdata=name)
     async with anyio.create_task_group() as group:
         group.start_soon(wait_for_the_request)
         await anyio.wait_all_tasks_blocked()
@@ -238,6 +309,7 @@ async def test_close_cancels_running_jobs_and_refuses_waiting_ones(core):
     assert queue[0].state is ai.RequestState.CLOSED
     assert isinstance(queue[0].error, ai.InferCancelledError)
     assert queue[0].userdata == "running"
+    assert done == ["running"]
     with pytest.raises(ai.RequestClosedError):
         await queue.start_async(feeds)
     with pytest.raises(ai.RequestClosedError):
@@ -307,8 +379,9 @@ async def test_a_stateful_model_keeps_each_requests_state(core):
 
 async def test_jobs_ended_while_the_loop_was_blocked_are_published_in_order(core):
     """With the loop blocked, each job ends on OpenVINO's side and starts the next
-    waiting one (after a failure too, which no OpenVINO callback reports: the failure
-    watch finds it); the loop then publishes the whole batch in order."""
+    queued one (after a failure too, which no OpenVINO callback reports: the failure
+    watch finds it); the loop then publishes the batch in order, and a job waiting for
+    room in the queue goes on."""
     compiled = core.compile_model(slow_add_model(), "OPENVINO")
     x = rows((1, 256), 0)
 
@@ -329,10 +402,12 @@ async def test_jobs_ended_while_the_loop_was_blocked_are_published_in_order(core
             for feeds, name in ((bad, "bad"), (good, "good"), (last, "last")):
                 group.start_soon(start, queue, feeds, name)
                 await anyio.wait_all_tasks_blocked()  # waiting, in this order
+            queued = ["bad", "good", "last"][:QUEUED_PER_REQUEST]
+            assert returned == queued  # queued at once; the others wait for room
             helpers.wait_until(  # the loop is blocked meanwhile
                 lambda: queue.is_ready(), 30, "the jobs to end on OpenVINO's side"
             )
-            assert returned == []  # the loop has not run since
+            assert returned == queued  # the loop has not run since
         assert sorted(returned) == ["bad", "good", "last"]  # in whichever order woken
         with pytest.raises(ai.InferenceError, match="'add_node' failed in OpenVINO"):
             await queue.wait_all()

@@ -1,9 +1,11 @@
 """The OPENVINO queue engine's loop wake (aioinfer/devices/openvino/wake.py): a wake from
-any thread calls on the event loop's thread, under asyncio (an eventfd on Linux) and
-trio (the loop's token); detached, it calls no more."""
+any thread calls on the event loop's thread, under asyncio and trio (an eventfd on
+Linux under both); detached, it calls no more; collected, it closes its eventfd."""
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 
 import anyio
@@ -52,3 +54,32 @@ async def test_a_detached_wake_calls_no_more():
     for _ in range(20):  # turns of the loop in which a call would run
         await anyio.sleep(0.005)
     assert calls == []
+
+
+def open_files() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "eventfd") or not os.path.isdir("/proc/self/fd"), reason="Linux only"
+)
+async def test_a_wake_watches_an_eventfd_and_closes_it_once_collected():
+    before = open_files()
+    calls: list[int] = []
+    called = anyio.Event()
+
+    def call() -> None:
+        calls.append(1)
+        called.set()
+
+    wake = loop_wake(call)
+    assert len(open_files() - before) == 1  # its eventfd (asyncio and trio alike)
+    wake_from_a_thread(wake)
+    with anyio.fail_after(30):
+        await called.wait()
+    del wake
+    gc.collect()
+    with anyio.fail_after(30):
+        while open_files() - before:  # closed on the loop's thread (trio: its task ends)
+            await anyio.sleep(0.005)
+    assert calls == [1]

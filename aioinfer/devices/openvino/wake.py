@@ -10,7 +10,12 @@ never blocks). Then the loop waits for the GIL instead of the stream. Measured o
 AMD EPYC (tiny CNN, two requests, alternating turns): 0.92x OpenVINO's own queue against
 0.84x, 3.4 context switches per job against 3.8.
 
-Elsewhere (no eventfd, or trio) the loop is woken as any other thread would wake it.
+Under trio the same eventfd is watched by a system task of the run
+(``trio.lowlevel.wait_readable``) instead of waking the run through its token, whose
+wake-up socket is written with the GIL released as asyncio's is.
+
+Elsewhere (no eventfd, another anyio backend) the loop is woken as any other thread
+would wake it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import sys
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -112,6 +119,78 @@ class _SoonWake(LoopWake):
         self._call = None
 
 
+class _TrioEventfdWake(LoopWake):
+    """Under trio: an eventfd a system task of the run waits on, written with the GIL
+    kept. The fd stays open until this object is collected (a wake racing with
+    :meth:`detach` writes to it, not to another file given its number) and the task
+    has ended; the task ends when detached, when the run ends, or once this object is
+    collected."""
+
+    def __init__(self, call: Callable[[], None]) -> None:
+        import trio  # only under trio
+
+        self._watch = watch = _EventfdWatch(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+        self._scope = trio.CancelScope()
+        trio.lowlevel.spawn_system_task(watch.run, call, self._scope, name="aioinfer-openvino-wake")
+        weakref.finalize(self, watch.collected)
+
+    def __call__(self) -> None:
+        _WRITE(self._watch.fd, _ONE_ADDRESS, 8)
+
+    def detach(self) -> None:
+        self._scope.cancel()
+
+
+class _EventfdWatch:
+    """The eventfd of a :class:`_TrioEventfdWake` and the task that waits on it; closed
+    by whichever of the task's end and the wake's collection comes last."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = threading.Lock()
+        self._ended = False
+        self._collected = False
+
+    async def run(self, call: Callable[[], None], scope: Any) -> None:
+        import trio
+
+        try:
+            with scope:
+                while True:
+                    await trio.lowlevel.wait_readable(self.fd)
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self.fd)
+                    if self._collected:
+                        return
+                    call()
+        finally:
+            with self._lock:
+                self._ended = True
+                if self._collected:
+                    os.close(self.fd)
+
+    def collected(self) -> None:
+        """The wake was collected (any thread): close the fd, or end the task first."""
+        with self._lock:
+            self._collected = True
+            if self._ended:
+                os.close(self.fd)
+            else:
+                _WRITE(self.fd, _ONE_ADDRESS, 8)  # the task wakes, ends and closes it
+
+
+def _in_trio() -> bool:
+    """Whether this runs in a trio run (trio imported by anyio's backend, if at all)."""
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return False
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return False
+    return True
+
+
 class _TokenWake(LoopWake):
     """Under trio (any anyio backend but asyncio): the loop's token."""
 
@@ -134,6 +213,8 @@ def loop_wake(call: Callable[[], None]) -> LoopWake:
     ``call`` should hold its owner weakly: the loop keeps it while attached."""
     loop = asyncio_loop()
     if loop is None:
+        if _WRITE is not None and _in_trio():
+            return _TrioEventfdWake(call)
         return _TokenWake(call)
     if _WRITE is not None:
         return _EventfdWake(loop, call)
