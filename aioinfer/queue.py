@@ -222,7 +222,10 @@ class AsyncInferQueue:
 
         The inputs are copied into the request before this returns, so one buffer may be
         refilled for the next job at once; ``share_inputs=True`` skips the copy, and the
-        caller must then leave the arrays unchanged until the job completed.
+        caller must then leave the arrays unchanged until the job completed. A device's
+        queue engine may instead take a few jobs more than it has requests, checked and
+        copied here, each started by the completion that frees a request (OPENVINO: up to
+        4 per request; :meth:`close` drops those not started).
 
         Raises:
             RequestClosedError: the queue is closed.
