@@ -436,7 +436,7 @@ async def test_a_queue_dropped_with_jobs_in_flight_lives_until_they_ended(core):
     """OpenVINO's requests are not freed under a running job (its callback would wait
     for the GIL the freeing thread holds)."""
     compiled = core.compile_model(slow_model(), "OPENVINO", {"PERFORMANCE_HINT": "THROUGHPUT"})
-    feeds = {"x": rows((2048, 256), 0)}  # seconds: still running after the collection
+    feeds = {"x": rows((8192, 256), 0)}  # seconds: still running after the collection
     queue = ai.AsyncInferQueue(compiled, jobs=2)
     await queue.start_async(feeds)
     await queue.start_async(feeds)
