@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import aioinfer as ai
+from tests import helpers
 from tests.helpers import mlp_model, reference_outputs
 
 pytestmark = pytest.mark.anyio
@@ -181,3 +182,63 @@ async def test_a_closed_request_is_not_waited_for(core):
         assert_results(await alone.infer(feeds[0]), feeds[0])
     assert compiled.batch_statistics() == {4: 4, 1: 1}
     await compiled.close()
+
+
+async def test_a_lone_caller_sending_one_after_the_other_does_not_wait(core):
+    """A lone direct caller in a closed loop: the first call of a new model waits the
+    whole timeout (the control); every later call is the return the batcher expects
+    after answering it, nobody else is expected, so its batch starts at once."""
+    timeout = 0.4
+    compiled = core.compile_model(
+        mlp_model(), "BATCH:CPU", {"MAX_BATCH_SIZE": 8, "BATCH_TIMEOUT_MS": timeout * 1000}
+    )
+    feeds = rows(6, seed=6)
+    with anyio.fail_after(30):
+        results, waited = await compiled.infer_timed(feeds[0])
+        assert_results(results, feeds[0])
+        assert waited >= timeout
+        for feed in feeds[1:]:
+            results, queued = await compiled.infer_timed(feed)
+            assert_results(results, feed)
+            assert queued < waited / 2
+    assert compiled.batch_statistics() == {1: 6}
+    await compiled.close()
+
+
+async def test_the_callers_of_a_batch_are_waited_for_when_they_come_back(core):
+    """Eight direct callers in a closed loop, each sending again a little after its
+    answer (in order; the timers of their sleeps fire before the batch's deadline). A
+    batch computes for eight timeouts (measured first, the control), so the first caller
+    back finds the device idle after a long gap since the last arrival; its batch still
+    waits for the seven others the batcher expects back, instead of running one row
+    that they would then wait for."""
+    model = helpers.chain_model(400, 256, seed=1)
+    x = np.random.default_rng(7).standard_normal((8, 256)).astype(np.float32)
+    plain = core.compile_model(model, "CPU")
+    request = plain.create_infer_request()
+    expected = (await request.infer({"x": x}))[0]  # the first run of a shape plans it
+    compute = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        await request.infer({"x": x})
+        compute = min(compute, time.perf_counter() - start)
+    timeout = compute / 8
+    compiled = core.compile_model(
+        model, "BATCH:CPU", {"MAX_BATCH_SIZE": 8, "BATCH_TIMEOUT_MS": timeout * 1000}
+    )
+    rounds = 4
+
+    async def caller(index: int) -> None:
+        for _ in range(rounds):
+            results = await compiled.infer({"x": x[index : index + 1]})
+            want = expected[index : index + 1]
+            np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=1e-5)
+            await anyio.sleep(index * timeout / 32)
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as group:
+            for index in range(8):
+                group.start_soon(caller, index)
+    assert compiled.batch_statistics() == {8: rounds}
+    for each in (plain, compiled):
+        await each.close()
