@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
 import aioinfer as ai
-from tests import helpers
 from tests.helpers import mlp_model, reference_outputs
 
 pytestmark = pytest.mark.anyio
@@ -206,39 +206,31 @@ async def test_a_lone_caller_sending_one_after_the_other_does_not_wait(core):
 
 
 async def test_the_callers_of_a_batch_are_waited_for_when_they_come_back(core):
-    """Eight direct callers in a closed loop, each sending again a little after its
-    answer (in order; the timers of their sleeps fire before the batch's deadline). A
-    batch computes for eight timeouts (measured first, the control), so the first caller
-    back finds the device idle after a long gap since the last arrival; its batch still
-    waits for the seven others the batcher expects back, instead of running one row
-    that they would then wait for."""
-    model = helpers.chain_model(400, 256, seed=1)
-    x = np.random.default_rng(7).standard_normal((8, 256)).astype(np.float32)
-    plain = core.compile_model(model, "CPU")
-    request = plain.create_infer_request()
-    expected = (await request.infer({"x": x}))[0]  # the first run of a shape plans it
-    compute = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        await request.infer({"x": x})
-        compute = min(compute, time.perf_counter() - start)
-    timeout = compute / 8
+    """Eight direct callers in a closed loop, as behind a server: six timeouts after a
+    batch is answered (a server writes every answer before it reads the next requests),
+    the first caller comes back and finds the device idle after a gap of more than four
+    timeouts since the last arrival; the seven others come a few loop iterations later,
+    once the batcher has decided what to do with it. Its batch waits for them, the
+    returns the batcher expects, instead of running one row that they would then wait
+    for."""
+    timeout = 0.1
     compiled = core.compile_model(
-        model, "BATCH:CPU", {"MAX_BATCH_SIZE": 8, "BATCH_TIMEOUT_MS": timeout * 1000}
+        mlp_model(), "BATCH:CPU", {"MAX_BATCH_SIZE": 8, "BATCH_TIMEOUT_MS": timeout * 1000}
     )
+    feeds = rows(8, seed=7)
     rounds = 4
 
-    async def caller(index: int) -> None:
-        for _ in range(rounds):
-            results = await compiled.infer({"x": x[index : index + 1]})
-            want = expected[index : index + 1]
-            np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=1e-5)
-            await anyio.sleep(index * timeout / 32)
+    async def call(index: int) -> None:
+        assert_results(await compiled.infer(feeds[index]), feeds[index])
 
-    with anyio.fail_after(60):
-        async with anyio.create_task_group() as group:
-            for index in range(8):
-                group.start_soon(caller, index)
+    with anyio.fail_after(30):
+        for _ in range(rounds):
+            async with anyio.create_task_group() as group:
+                group.start_soon(call, 0)
+                for _ in range(50):  # loop iterations: its batch waits, or runs
+                    await anyio.lowlevel.checkpoint()
+                for index in range(1, 8):
+                    group.start_soon(call, index)
+            await anyio.sleep(6 * timeout)
     assert compiled.batch_statistics() == {8: rounds}
-    for each in (plain, compiled):
-        await each.close()
+    await compiled.close()

@@ -16,18 +16,20 @@ batcher runs the head's batch as soon as one of these holds, and splits the outp
   answers it. Such a batch counts as full (below);
 - everyone expected is back: the batcher expects an arrival for every inference it
   answered (a client in a closed loop sends its next request once answered), until
-  they are all back or none came for four timeouts. When no such arrival is expected
-  any more and every queued inference is one of those returns, the batch starts: a
-  lone client sending one request after the other never waits;
+  they are all back or none came for a while: four timeouts, or four times the mean
+  delay from an answer to the first arrival after it if that is longer (a server
+  writes every answer of a batch before it reads the next requests). When no such
+  arrival is expected any more and every queued inference is one of those returns, the
+  batch starts: a lone client sending one request after the other never waits;
 - waiting cannot pay any more: no further arrival is expected before the head's
   deadline. The batcher keeps the mean gap ``g`` between arrivals (an exponential
   average, weight 1/4, of the last gaps, each counted up to four timeouts) and starts
   the batch at ``enqueued + timeout - g``: under steady traffic the head waits the
   timeout less one gap, and after a quiet spell of four timeouts a lone arrival runs at
   once. A new compiled model starts from ``g = 0`` (it waits the whole timeout).
-  While returns are expected, ``g`` is the mean gap within those bursts of returns
-  instead (each measured from the previous arrival or answer, whichever was later),
-  not the idle gap while a batch computed: the first client back after a batch of
+  While returns are expected, ``g`` is the mean gap between the returns after the first
+  of each burst instead, not the idle gap while a batch computed and was answered (nor
+  the first return's delay): the first client back after a batch of
   ``n`` finds the device idle, and would otherwise start a batch of one row, as costly
   as a full one, that the other ``n - 1`` then wait for;
 - the head has waited ``timeout`` seconds (the bound of every wait).
@@ -216,9 +218,13 @@ class Batcher:
         """Arrivals expected: answered inferences whose callers may send again."""
         self._expected_since = 0.0
         """The last answer or expected arrival (the expectation lapses after a quiet
-        spell of four timeouts)."""
+        spell, see :meth:`_expecting`)."""
+        self._answered_at = 0.0
+        """When inferences were last answered."""
+        self._return_delay = 0.0
+        """The mean time from an answer to the first arrival after it (seconds)."""
         self._burst_gap = 0.0
-        """The mean gap between expected arrivals (seconds)."""
+        """The mean gap between expected arrivals after the first (seconds)."""
 
     def add_member(self, request: object) -> None:
         """Count ``request`` (an infer request of the compiled model) among those whose
@@ -244,12 +250,19 @@ class Batcher:
         else:
             self._direct_in += 1
         now = item.enqueued
+        first = self._last_arrival is None or self._last_arrival < self._answered_at
+        if first and self._answered_at:  # the first arrival since an answer
+            delay = now - self._answered_at
+            if self._return_delay:
+                delay = self._return_delay + (delay - self._return_delay) / 4
+            self._return_delay = delay
         if self._expecting(now):
             item.expected = True
             self._expected -= 1
-            previous = max(self._expected_since, self._last_arrival or now)
-            gap = min(now - previous, 4 * self.timeout)
-            self._burst_gap += (gap - self._burst_gap) / 4
+            if not first:
+                assert self._last_arrival is not None
+                gap = min(now - self._last_arrival, 4 * self.timeout)
+                self._burst_gap += (gap - self._burst_gap) / 4
             self._expected_since = now
         if self._last_arrival is not None:
             gap = min(now - self._last_arrival, 4 * self.timeout)
@@ -268,15 +281,17 @@ class Batcher:
 
     def _expecting(self, now: float) -> bool:
         """Whether an arrival is expected (see the module's docstring); an expectation
-        that saw no arrival for four timeouts lapses."""
-        if self._expected and now - self._expected_since > 4 * self.timeout:
+        that saw no arrival for four timeouts, or for four times the mean delay from an
+        answer to the next arrival if that is longer, lapses."""
+        quiet = now - self._expected_since
+        if self._expected and quiet > 4 * max(self.timeout, self._return_delay):
             self._expected = 0
         return self._expected > 0
 
     def _answering(self, count: int) -> None:
         """Expect ``count`` more arrivals: the callers of inferences being answered."""
         self._expected += count
-        self._expected_since = time.perf_counter()
+        self._expected_since = self._answered_at = time.perf_counter()
 
     def _caught_up(self) -> bool:
         """Whether every queued inference is an expected return and no other is
