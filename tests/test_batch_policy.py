@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -180,4 +181,56 @@ async def test_a_closed_request_is_not_waited_for(core):
         alone = compiled.create_infer_request()
         assert_results(await alone.infer(feeds[0]), feeds[0])
     assert compiled.batch_statistics() == {4: 4, 1: 1}
+    await compiled.close()
+
+
+async def test_a_lone_caller_sending_one_after_the_other_does_not_wait(core):
+    """A lone direct caller in a closed loop: the first call of a new model waits the
+    whole timeout (the control); every later call is the return the batcher expects
+    after answering it, nobody else is expected, so its batch starts at once."""
+    timeout = 0.4
+    compiled = core.compile_model(
+        mlp_model(), "BATCH:CPU", {"MAX_BATCH_SIZE": 8, "BATCH_TIMEOUT_MS": timeout * 1000}
+    )
+    feeds = rows(6, seed=6)
+    with anyio.fail_after(30):
+        results, waited = await compiled.infer_timed(feeds[0])
+        assert_results(results, feeds[0])
+        assert waited >= timeout
+        for feed in feeds[1:]:
+            results, queued = await compiled.infer_timed(feed)
+            assert_results(results, feed)
+            assert queued < waited / 2
+    assert compiled.batch_statistics() == {1: 6}
+    await compiled.close()
+
+
+async def test_the_callers_of_a_batch_are_waited_for_when_they_come_back(core):
+    """Eight direct callers in a closed loop, as behind a server: six timeouts after a
+    batch is answered (a server writes every answer before it reads the next requests),
+    the first caller comes back and finds the device idle after a gap of more than four
+    timeouts since the last arrival; the seven others come a few loop iterations later,
+    once the batcher has decided what to do with it. Its batch waits for them, the
+    returns the batcher expects, instead of running one row that they would then wait
+    for."""
+    timeout = 0.1
+    compiled = core.compile_model(
+        mlp_model(), "BATCH:CPU", {"MAX_BATCH_SIZE": 8, "BATCH_TIMEOUT_MS": timeout * 1000}
+    )
+    feeds = rows(8, seed=7)
+    rounds = 4
+
+    async def call(index: int) -> None:
+        assert_results(await compiled.infer(feeds[index]), feeds[index])
+
+    with anyio.fail_after(30):
+        for _ in range(rounds):
+            async with anyio.create_task_group() as group:
+                group.start_soon(call, 0)
+                for _ in range(50):  # loop iterations: its batch waits, or runs
+                    await anyio.lowlevel.checkpoint()
+                for index in range(1, 8):
+                    group.start_soon(call, index)
+            await anyio.sleep(6 * timeout)
+    assert compiled.batch_statistics() == {8: rounds}
     await compiled.close()

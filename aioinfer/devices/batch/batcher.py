@@ -14,12 +14,24 @@ batcher runs the head's batch as soon as one of these holds, and splits the outp
   cycle in that many batches: some compute while the loop answers and resubmits the
   others, instead of one batch of everyone that leaves the device idle while the loop
   answers it. Such a batch counts as full (below);
+- everyone expected is back: the batcher expects an arrival for every inference it
+  answered (a client in a closed loop sends its next request once answered), until
+  they are all back or none came for a while: four timeouts, or four times the mean
+  delay from an answer to the first arrival after it if that is longer (a server
+  writes every answer of a batch before it reads the next requests). When no such
+  arrival is expected any more and every queued inference is one of those returns, the
+  batch starts: a lone client sending one request after the other never waits;
 - waiting cannot pay any more: no further arrival is expected before the head's
   deadline. The batcher keeps the mean gap ``g`` between arrivals (an exponential
   average, weight 1/4, of the last gaps, each counted up to four timeouts) and starts
   the batch at ``enqueued + timeout - g``: under steady traffic the head waits the
   timeout less one gap, and after a quiet spell of four timeouts a lone arrival runs at
-  once. A new compiled model starts from ``g = 0`` (it waits the whole timeout);
+  once. A new compiled model starts from ``g = 0`` (it waits the whole timeout).
+  While returns are expected, ``g`` is the mean gap between the returns after the first
+  of each burst instead, not the idle gap while a batch computed and was answered (nor
+  the first return's delay): the first client back after a batch of
+  ``n`` finds the device idle, and would otherwise start a batch of one row, as costly
+  as a full one, that the other ``n - 1`` then wait for;
 - the head has waited ``timeout`` seconds (the bound of every wait).
 
 Measured on a shared 2-core machine, ``AsyncInferQueue(compiled)`` on the auto-batched
@@ -113,6 +125,7 @@ class BatchItem:
         "done",
         "enqueued",
         "error",
+        "expected",
         "inputs",
         "loop",
         "member",
@@ -132,6 +145,8 @@ class BatchItem:
         self.signature = tuple([array.shape[1:] for array in self.inputs])
         self.enqueued = time.perf_counter()
         self.dispatched = self.enqueued
+        self.expected = False
+        """Whether the batcher expected it: a return of an inference it answered."""
         # A bare future where the loop is asyncio: an item is made per inference, and
         # anyio's events are several times slower to create.
         self.loop: asyncio.AbstractEventLoop | None
@@ -199,6 +214,17 @@ class Batcher:
         self._gap = 0.0
         """The mean gap between arrivals (seconds; see the module's docstring)."""
         self._last_arrival: float | None = None
+        self._expected = 0
+        """Arrivals expected: answered inferences whose callers may send again."""
+        self._expected_since = 0.0
+        """The last answer or expected arrival (the expectation lapses after a quiet
+        spell, see :meth:`_expecting`)."""
+        self._answered_at = 0.0
+        """When inferences were last answered."""
+        self._return_delay = 0.0
+        """The mean time from an answer to the first arrival after it (seconds)."""
+        self._burst_gap = 0.0
+        """The mean gap between expected arrivals after the first (seconds)."""
 
     def add_member(self, request: object) -> None:
         """Count ``request`` (an infer request of the compiled model) among those whose
@@ -223,18 +249,56 @@ class Batcher:
             self._members_in += 1
         else:
             self._direct_in += 1
+        now = item.enqueued
+        first = self._last_arrival is None or self._last_arrival < self._answered_at
+        if first and self._answered_at:  # the first arrival since an answer
+            delay = now - self._answered_at
+            if self._return_delay:
+                delay = self._return_delay + (delay - self._return_delay) / 4
+            self._return_delay = delay
+        if self._expecting(now):
+            item.expected = True
+            self._expected -= 1
+            if not first:
+                assert self._last_arrival is not None
+                gap = min(now - self._last_arrival, 4 * self.timeout)
+                self._burst_gap += (gap - self._burst_gap) / 4
+            self._expected_since = now
         if self._last_arrival is not None:
-            gap = min(item.enqueued - self._last_arrival, 4 * self.timeout)
+            gap = min(now - self._last_arrival, 4 * self.timeout)
             self._gap += (gap - self._gap) / 4
-        self._last_arrival = item.enqueued
+        self._last_arrival = now
         if self._dispatcher is None:
             self._dispatcher = dispatcher = object()
             spawn_detached(lambda: self._dispatch(dispatcher))
-        elif self._queued_rows >= self.max_batch_size or (
-            member and (self._all_in() or 0 < self._share() <= len(self._queue))
+        elif (
+            self._queued_rows >= self.max_batch_size
+            or (item.expected and not self._expected)
+            or (member and (self._all_in() or 0 < self._share() <= len(self._queue)))
         ):
             self._notify()
         return item
+
+    def _expecting(self, now: float) -> bool:
+        """Whether an arrival is expected (see the module's docstring); an expectation
+        that saw no arrival for four timeouts, or for four times the mean delay from an
+        answer to the next arrival if that is longer, lapses."""
+        quiet = now - self._expected_since
+        if self._expected and quiet > 4 * max(self.timeout, self._return_delay):
+            self._expected = 0
+        return self._expected > 0
+
+    def _answering(self, count: int) -> None:
+        """Expect ``count`` more arrivals: the callers of inferences being answered."""
+        self._expected += count
+        self._expected_since = self._answered_at = time.perf_counter()
+
+    def _caught_up(self) -> bool:
+        """Whether every queued inference is an expected return and no other is
+        expected (see the module's docstring)."""
+        if self._expecting(time.perf_counter()):
+            return False
+        return all(item.expected for item in self._queue)
 
     def _all_in(self) -> bool:
         """Whether nobody else can join: every member is in, and no direct call."""
@@ -345,7 +409,7 @@ class Batcher:
             if self._running >= streams:
                 await self._changes()  # a batch ends, or the queue fills a batch
                 continue
-            if self._all_in():
+            if self._all_in() or self._caught_up():
                 return True
             remaining = self._start_at(head) - time.perf_counter()
             if remaining <= 0:
@@ -356,8 +420,10 @@ class Batcher:
 
     def _start_at(self, head: BatchItem) -> float:
         """When the head's batch starts unless something happens first: its deadline,
-        less the expected wait for the next arrival (the mean gap)."""
-        return head.enqueued + self.timeout - self._gap
+        less the expected wait for the next arrival (the mean gap; within a burst of
+        expected returns, the mean gap between those)."""
+        gap = self._burst_gap if self._expected else self._gap
+        return head.enqueued + self.timeout - gap
 
     def _full(self, head: BatchItem) -> bool:
         """Whether the head's batch is full: ``max_batch_size`` rows, or the members'
@@ -428,12 +494,14 @@ class Batcher:
                 return  # every item was withdrawn; each has its answer already
             except Exception as exc:
                 if len(live) == 1:
+                    self._answering(1)
                     self._resolve(live[0], None, exc)
                 else:
                     # One bad item must not fail the others: run each on its own.
                     await self._run_alone(live, request)
                 return
             outputs = results.to_tuple()  # owned arrays: the request may run again now
+            self._answering(sum(item.state is ItemState.RUNNING for item in live))
             if request.queued_seconds:  # the batch waited in the target for a stream
                 for item in live:
                     item.dispatched += request.queued_seconds
@@ -460,8 +528,10 @@ class Batcher:
             except InferCancelledError:
                 continue
             except Exception as exc:
+                self._answering(1)
                 self._resolve(item, None, exc)
             else:
+                self._answering(1)
                 self._resolve(item, list(results.to_tuple()), None)
 
 
