@@ -30,7 +30,7 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from aioinfer.errors import ClientDisconnectedError
 from aioinfer.serving.body import check_declared, too_large
-from aioinfer.serving.disconnect import disconnected_error
+from aioinfer.serving.disconnect import disconnected_error, disconnected_instead_of
 from aioinfer.serving.rest import OipApp, RestAdapter
 
 T = TypeVar("T")
@@ -138,10 +138,7 @@ async def _cancel_on_disconnect(connection: Connection, work: Callable[[], Await
     except asyncio.CancelledError:
         if not connection.lost:
             raise
-        uncancel = getattr(task, "uncancel", None)  # Python 3.11+
-        if uncancel is not None:
-            uncancel()
-        raise disconnected_error() from None
+        raise disconnected_instead_of(task) from None
     finally:
         connection.inferring = None
 

@@ -138,13 +138,20 @@ async def _on_asyncio(
     except asyncio.CancelledError:
         if not watch.disconnected:
             raise
-        uncancel = getattr(task, "uncancel", None)  # Python 3.11+
-        if uncancel is not None:
-            uncancel()
-        raise disconnected_error() from None
+        raise disconnected_instead_of(task) from None
     finally:
         sweeper.pending.pop(watch, None)
         watch.stop()
+
+
+def disconnected_instead_of(task: asyncio.Task[Any] | None) -> ClientDisconnectedError:
+    """The error to raise instead of the cancellation of ``task`` that a disconnect made:
+    the cancellation is taken back (``uncancel``, Python 3.11+), so that the task's
+    later awaits are not cancelled again."""
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None:
+        uncancel()
+    return disconnected_error()
 
 
 def disconnected_error() -> ClientDisconnectedError:

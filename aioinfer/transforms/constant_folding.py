@@ -23,6 +23,8 @@ NONDETERMINISTIC = frozenset(
         "Bernoulli",
     }
 )
+"""Operators whose outputs are not a function of their inputs: never folded, hoisted out
+of a loop or computed once per input shapes."""
 MAX_FOLDED_ELEMENTS = 1 << 22
 """Larger results stay computed at run time (folding them would bloat the weights). The
 cap is checked before a node is computed wherever its output size can be known (see

@@ -21,18 +21,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from aioinfer.transforms.constant_folding import NONDETERMINISTIC
 from aioinfer.transforms.rewrite import is_op
 
-NONDETERMINISTIC = frozenset(
-    {
-        "Bernoulli",
-        "Multinomial",
-        "RandomNormal",
-        "RandomNormalLike",
-        "RandomUniform",
-        "RandomUniformLike",
-    }
-)
 """Operators whose outputs differ between runs on the same inputs: never hoisted."""
 
 

@@ -57,6 +57,7 @@ from aioinfer.devices.cpu.plan import (
 )
 from aioinfer.errors import InferCancelledError, InferenceError
 from aioinfer.plugin.sync_request import CancelToken
+from aioinfer.transforms.constant_folding import NONDETERMINISTIC
 
 FOLD_BYTES = 1 << 16
 """A static value larger than this stays computed at run time (a specialised plan holds
@@ -65,16 +66,6 @@ its folded values for as long as the request keeps it)."""
 MAX_SPECIALIZED = 16
 """Shapes a sub-plan keeps a specialised version for (beyond: forgotten, made again)."""
 
-NONDETERMINISTIC = frozenset(
-    {
-        "Bernoulli",
-        "Multinomial",
-        "RandomNormal",
-        "RandomNormalLike",
-        "RandomUniform",
-        "RandomUniformLike",
-    }
-)
 """Operators whose outputs differ between runs on the same inputs: never folded."""
 
 SHAPE_READERS = frozenset({"Shape", "Size"})
