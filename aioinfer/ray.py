@@ -512,6 +512,12 @@ def build_app(
     return ingress.bind(path, models, max_request_bytes, api_key, public_metrics)
 
 
+PROXY_READY_VARIABLE = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+PROXY_READY_SECONDS = 60
+"""How long the local Ray instance of :func:`run` gives Ray Serve's HTTP proxy to start
+(Ray's default, 5 s, is too short for a loaded machine; an explicit setting wins)."""
+
+
 def run(
     source: str | Path,
     host: str = "127.0.0.1",
@@ -536,6 +542,9 @@ def run(
     app = build_app(source, num_replicas=num_replicas, **options)
     address = os.environ.get("RAY_ADDRESS") or None
     if address is None:
+        # Ray Serve kills an HTTP proxy not ready within 5 s, which a loaded machine can
+        # take to start its process; the local instance inherits this environment.
+        os.environ.setdefault(PROXY_READY_VARIABLE, str(PROXY_READY_SECONDS))
         ray.init(address="local", include_dashboard=False)
     else:
         ray.init(address=address)

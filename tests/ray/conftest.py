@@ -34,7 +34,13 @@ from tests.serving.conftest import write_config, write_model  # noqa: E402
 SLOW_WIDTH = 256
 """The width of the slow model's chain (its input is ``[n, SLOW_WIDTH]``)."""
 
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "0",
+    # Ray Serve kills a proxy that is not ready within 5 s; on a loaded machine starting
+    # its process takes longer (aioinfer.ray.run allows a local instance as much).
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+}
 
 
 def _replicas(count: int) -> dict[str, Any]:
