@@ -22,6 +22,25 @@ GruWeights = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 (direction, gate) and the recurrence bias of the candidate (direction, hidden)."""
 
 
+def project_steps(x: np.ndarray, w_all: np.ndarray, bias: np.ndarray, gates: int) -> np.ndarray:
+    """The input projections of every step of every direction of a recurrent layer, biases
+    added, in (direction, step, gate, batch) order: one product ``x @ W.T`` for all steps
+    (``x`` (seq, batch, input), ``w_all`` the directions' W stacked, ``bias`` (direction,
+    gate)), then one copy. The GRU's and the LSTM's fast loops start with it."""
+    seq, batch, _ = x.shape
+    dirs = bias.shape[0]
+    dtype = w_all.dtype
+    flat = x.reshape(seq * batch, -1)
+    projected = gemm_2d(flat, w_all.T, np.empty((seq * batch, w_all.shape[0]), dtype))
+    xw = np.empty((dirs, seq, gates, batch), dtype)
+    np.add(
+        projected.reshape(seq, batch, dirs, gates).transpose(2, 0, 3, 1),
+        bias[:, None, :, None],
+        out=xw,
+    )
+    return xw
+
+
 def gru_fast_weights(
     w: np.ndarray,
     r: np.ndarray,
@@ -57,14 +76,7 @@ def gru_fast(
     seq, batch, _ = x.shape
     dirs, gates, hidden = r_all.shape
     dtype = w_all.dtype
-    flat = x.reshape(seq * batch, -1)
-    projected = gemm_2d(flat, w_all.T, np.empty((seq * batch, w_all.shape[0]), dtype))
-    xw = np.empty((dirs, seq, gates, batch), dtype)
-    np.add(
-        projected.reshape(seq, batch, dirs, gates).transpose(2, 0, 3, 1),
-        bias[:, None, :, None],
-        out=xw,
-    )
+    xw = project_steps(x, w_all, bias, gates)
     ys = np.empty((dirs, seq, hidden, batch), dtype)
     for d in range(dirs):
         h0 = None if initial_h is None else initial_h[d].T

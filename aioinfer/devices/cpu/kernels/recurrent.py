@@ -24,8 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.gru_fast import GruWeights, gru_fast, gru_fast_weights
-from aioinfer.devices.cpu.kernels.matmul import gemm_2d
+from aioinfer.devices.cpu.kernels.gru_fast import (
+    GruWeights,
+    gru_fast,
+    gru_fast_weights,
+    project_steps,
+)
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 
@@ -560,16 +564,7 @@ def _lstm_fast(
     seq, batch, _ = x.shape
     dirs, gates, hidden = r_all.shape[0], r_all.shape[1], r_all.shape[2]
     dtype = w_all.dtype
-    # One product projects every step of every direction; then, with the biases added,
-    # the copy to (direction, step, gate, batch) order.
-    flat = x.reshape(seq * batch, -1)
-    projected = gemm_2d(flat, w_all.T, np.empty((seq * batch, w_all.shape[0]), dtype))
-    xw = np.empty((dirs, seq, gates, batch), dtype)
-    np.add(
-        projected.reshape(seq, batch, dirs, gates).transpose(2, 0, 3, 1),
-        bias[:, None, :, None],
-        out=xw,
-    )
+    xw = project_steps(x, w_all, bias, gates)
     if r_both is not None and list(reverse) == [False, True]:
         ys, finals_c = _lstm_both_directions(xw, r_both, initial_h, initial_c)
         return _lstm_results(ys, finals_c, reverse)
