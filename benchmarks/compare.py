@@ -105,7 +105,8 @@ RUNNERS = {
 }
 
 
-def _timed(run: Callable[[], object], count: int) -> list[float]:
+def timed(run: Callable[[], object], count: int) -> list[float]:
+    """The seconds of ``count`` calls of ``run``, one by one."""
     times = []
     for _ in range(count):
         start = time.perf_counter()
@@ -140,8 +141,8 @@ def measure(name: str, blocks: int, runs: int, warmup: int, budget: float) -> Ro
     times: dict[str, list[float]] = {"aioinfer": [], "onnxruntime": []}
     for _ in range(blocks):
         for runtime, runner in (("onnxruntime", theirs), ("aioinfer", ours)):
-            _timed(lambda runner=runner: runner(feeds), warmup)
-            times[runtime] += _timed(lambda runner=runner: runner(feeds), runs)
+            timed(lambda runner=runner: runner(feeds), warmup)
+            times[runtime] += timed(lambda runner=runner: runner(feeds), runs)
     diff = max(
         float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
         for a, b in zip(ours(feeds), theirs(feeds))
@@ -150,7 +151,7 @@ def measure(name: str, blocks: int, runs: int, warmup: int, budget: float) -> Ro
     if budget > 0:
         evaluate = reference_runner(model)
         while len(reference_times) < 3 and sum(reference_times) < budget:
-            reference_times += _timed(lambda: evaluate(feeds), 1)
+            reference_times += timed(lambda: evaluate(feeds), 1)
     return Row(
         name,
         title,

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from benchmarks.compare import geomean, machine
+from benchmarks.compare import geomean, machine, timed
 
 Feeds = Callable[[np.random.Generator], dict[str, np.ndarray]]
 
@@ -296,15 +296,6 @@ class Row:
         return self.sync_ms / self.ort_ms
 
 
-def _timed(run: Callable[[], object], count: int) -> list[float]:
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return times
-
-
 async def _atimed(request: Any, feeds: Mapping[str, np.ndarray], count: int) -> list[float]:
     times = []
     for _ in range(count):
@@ -330,10 +321,10 @@ def measure(case: Case, path: Path, blocks: int, runs: int, warmup: int) -> Row:
     loop = asyncio.new_event_loop()
     try:
         for _ in range(blocks):
-            _timed(lambda: theirs(feeds), warmup)
-            times["ort"] += _timed(lambda: theirs(feeds), runs)
-            _timed(ours, warmup)
-            times["sync"] += _timed(ours, runs)
+            timed(lambda: theirs(feeds), warmup)
+            times["ort"] += timed(lambda: theirs(feeds), runs)
+            timed(ours, warmup)
+            times["sync"] += timed(ours, runs)
             loop.run_until_complete(_atimed(request, feeds, warmup))
             times["async"] += loop.run_until_complete(_atimed(request, feeds, runs))
     finally:
