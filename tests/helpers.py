@@ -346,8 +346,11 @@ async def assert_inline_runs_share_the_loop(
     assert turns > 0 and turns >= span / (budget + gap) - 1, (turns, span, gap)
 
 
-def replace_compute_stage(request: Any, stage: Callable[[], None]) -> None:
+def replace_compute_stage(request: Any, stage: Callable[[], None], threaded: bool = False) -> None:
     """Make ``stage`` the compute stage (the second) of an AsyncInferRequest's pipeline,
-    for tests that watch or interrupt the compute."""
+    for tests that watch or interrupt the compute; ``threaded``: always on the device's
+    compute thread, never inline on the loop (for a stage that blocks until cancelled)."""
     name, executor, _, committing = request._steps[1]
+    if threaded:
+        executor = getattr(executor, "_threads", executor)  # a RunExecutor's threads
     request._steps[1] = (name, executor, stage, committing)

@@ -368,7 +368,9 @@ def hold_mid_plan(request: ai.InferRequest) -> tuple[threading.Event, list[type 
             raise
         outcome.append(None)
 
-    replace_compute_stage(request, start_pipeline)
+    # The held kernel blocks until cancelled: on a thread, never inline on the loop
+    # (runs of these shapes on other requests may have been short enough for it).
+    replace_compute_stage(request, start_pipeline, threaded=True)
     return reached, outcome
 
 
