@@ -1,7 +1,7 @@
 """Serving under load: 64 tritonclient ``http.aio`` clients sending single rows to an MLP.
 
-    python -m benchmarks.serving [--clients 64] [--requests 300] [--seconds 20] [--rounds 5]
-                                 [--only abc] [--config-b JSON]
+    python -m benchmarks.serving [--clients 64] [--client-processes 2] [--requests 300]
+                                 [--seconds 20] [--rounds 5] [--only abc] [--config-b JSON]
 
 Three servers, one after the other in the same run, each in its own process under the
 same uvicorn settings (uvloop and httptools when installed) and the same interpreter
@@ -21,11 +21,15 @@ switch interval (the one ``aioinfer serve`` sets), on the MLP of ``benchmarks/mo
 Every client is a ``tritonclient.http.aio.InferenceServerClient`` of its own (one
 connection) and sends 5 untimed requests; once every client has, the timed phase starts
 (connecting and warming up count for no server), and each sends ``--requests`` more, one
-after the other; a phase stops after ``--seconds`` at the latest. The clients run in
-this process, on uvloop when installed. Only 127.0.0.1 is contacted. Throughput is
+after the other; a phase stops after ``--seconds`` at the latest. The clients are shared
+among ``--client-processes`` processes (2 by default; 1: this process), each on uvloop when
+installed: 64 clients on one event loop made that loop the bottleneck of a fast server (it
+was 76-87% busy at 6,400-7,300 requests/s, each client request costing it 0.12 ms), as
+independent clients would not be. Only 127.0.0.1 is contacted. Throughput is
 completed requests per second of the timed phase; latency percentiles are per request;
-the CPU time per request is the server process's (user and system, all its threads) and,
-apart, its child processes' (a PROCESS worker's), over the timed phase.
+the CPU time per request is the server process's (user and system, all its threads),
+apart its child processes' (a PROCESS worker's), and the clients' processes', over the
+timed phase.
 The servers take turns for ``--rounds`` rounds, and the medians over the rounds are
 reported, with the ratio of the medians and each round's ratio: on a shared, noisy
 machine a change of load then hits every server alike.
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -220,6 +225,84 @@ async def load(
     return latencies, time.perf_counter() - phase.started
 
 
+Load = tuple[list[float], float, float]
+"""Each timed request's latency, the timed phase's length (s) and the CPU time the
+clients' processes spent in it (s)."""
+
+
+def load_in_processes(
+    port: int,
+    x: np.ndarray,
+    clients: int,
+    count: int,
+    seconds: float,
+    processes: int,
+    on_start: Callable[[], None] = lambda: None,
+) -> Load:
+    """The load of :func:`load`, its clients shared among ``processes`` processes (this
+    one when 1). Each process starts its timed phase when all processes' clients have
+    warmed up; the phase lasts from the first process's start to the last one's end."""
+    if processes == 1:
+        marks: list[float] = []
+
+        def start() -> None:
+            marks.append(time.process_time())
+            on_start()
+
+        latencies, elapsed = run(load(port, x, clients, count, seconds, start))
+        return latencies, elapsed, time.process_time() - marks[0]
+    context = multiprocessing.get_context("spawn")
+    ready, results = context.Queue(), context.Queue()
+    go = context.Event()
+    shares = [clients // processes + (i < clients % processes) for i in range(processes)]
+    workers = [
+        context.Process(
+            target=_client_process, args=(port, x, share, count, seconds, ready, go, results)
+        )
+        for share in shares
+        if share
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in workers:
+            ready.get(timeout=120)
+        on_start()
+        go.set()
+        parts = [results.get(timeout=seconds + 120) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(60)
+            if worker.is_alive():
+                worker.kill()
+    latencies = [latency for part in parts for latency in part[0]]
+    elapsed = max(part[2] for part in parts) - min(part[1] for part in parts)
+    return latencies, elapsed, sum(part[3] for part in parts)
+
+
+def _client_process(
+    port: int,
+    x: np.ndarray,
+    clients: int,
+    count: int,
+    seconds: float,
+    ready: Any,
+    go: Any,
+    results: Any,
+) -> None:
+    """One client process of :func:`load_in_processes`: its clients warm up, then wait
+    for ``go``; it puts (latencies, start, end, CPU seconds) on ``results``."""
+    marks: list[float] = []
+
+    def start() -> None:  # every client of this process is waiting: block the loop
+        ready.put(None)
+        go.wait()
+        marks.extend((time.perf_counter(), time.process_time()))
+
+    latencies, elapsed = run(load(port, x, clients, count, seconds, start))
+    results.put((latencies, marks[0], marks[0] + elapsed, time.process_time() - marks[1]))
+
+
 async def one(port: int, x: np.ndarray) -> np.ndarray:
     """One answer, through tritonclient."""
     import tritonclient.http.aio as httpclient
@@ -267,8 +350,9 @@ class CpuTimes:
         self.spent = (server - self.begin[0], children - self.begin[1])
 
 
-Result = tuple[float, float, float, int, float, float]
-"""requests/s, p50 and p99 (ms), requests, server and worker CPU per request (ms)."""
+Result = tuple[float, float, float, int, float, float, float]
+"""requests/s, p50 and p99 (ms), requests, the CPU time per request (ms) of the server, of
+its worker and of the clients."""
 
 
 def measure(
@@ -294,8 +378,8 @@ def measure(
         y = run(one(port, x))
         np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
         cpu = CpuTimes(server.pid)
-        latencies, elapsed = run(
-            load(port, x, args.clients, args.requests, args.seconds, cpu.start)
+        latencies, elapsed, clients_cpu = load_in_processes(
+            port, x, args.clients, args.requests, args.seconds, args.client_processes, cpu.start
         )
         cpu.stop()
     finally:
@@ -303,8 +387,8 @@ def measure(
         server.wait(60)
     p50, p99 = np.percentile(latencies, [50, 99]) * 1e3
     count = len(latencies)
-    server_ms, worker_ms = (spent / count * 1e3 for spent in cpu.spent)
-    return count / elapsed, float(p50), float(p99), count, server_ms, worker_ms
+    server_ms, worker_ms, clients_ms = (spent / count * 1e3 for spent in (*cpu.spent, clients_cpu))
+    return count / elapsed, float(p50), float(p99), count, server_ms, worker_ms, clients_ms
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
@@ -363,6 +447,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=20, help="time limit of each phase")
     parser.add_argument("--only", default="ac", help="which servers to run (default: ac)")
     parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=2,
+        help="processes the clients are shared among (default: 2; 1: this process)",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=5, help="rounds of every server, interleaved (medians)"
     )
     parser.add_argument(
@@ -391,20 +481,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         del session
         print(f"machine: {machine()}")
         print(
-            f"MLP 4x{WIDTH}, {args.clients} tritonclient http.aio clients x {args.requests} "
-            f"single-row requests (limit {args.seconds:g} s per server), loopback HTTP/1.1"
+            f"MLP 4x{WIDTH}, {args.clients} tritonclient http.aio clients in "
+            f"{args.client_processes} process(es) x {args.requests} single-row requests "
+            f"(limit {args.seconds:g} s per server), loopback HTTP/1.1"
         )
         runs: dict[str, list[Result]] = {kind: [] for kind in args.only}
         for round_ in range(1, args.rounds + 1):
             for kind in args.only:  # interleaved: a change of load hits every server alike
                 result = measure(kind, repository, x, expected, args)
                 runs[kind].append(result)
-                rate, p50, p99, count, server_ms, worker_ms = result
+                rate, p50, p99, count, server_ms, worker_ms, clients_ms = result
                 print(
                     f"  round {round_} ({kind}) {KINDS[kind]:38s} {rate:8.0f} req/s   "
                     f"p50 {p50:7.1f} ms   p99 {p99:7.1f} ms   ({count} requests; CPU per "
-                    f"request: server {server_ms:.3f} ms, worker {worker_ms:.3f} ms; "
-                    f"load average {os.getloadavg()[0]:.1f})",
+                    f"request: server {server_ms:.3f} ms, worker {worker_ms:.3f} ms, "
+                    f"clients {clients_ms:.3f} ms; load average {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
             if "a" in runs and "c" in runs:
@@ -413,14 +504,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"medians of {args.rounds} rounds:")
         rates = {}
         for kind, results in runs.items():
-            rate, p50, p99, _, server_ms, worker_ms = (
-                float(np.median([r[i] for r in results])) for i in range(6)
+            rate, p50, p99, _, server_ms, worker_ms, clients_ms = (
+                float(np.median([r[i] for r in results])) for i in range(7)
             )
             rates[kind] = rate
             print(
                 f"  ({kind}) {KINDS[kind]:38s} {rate:8.0f} req/s   p50 {p50:7.1f} ms   "
                 f"p99 {p99:7.1f} ms   CPU per request: server {server_ms:.3f} ms, "
-                f"worker {worker_ms:.3f} ms"
+                f"worker {worker_ms:.3f} ms, clients {clients_ms:.3f} ms"
             )
         if "a" in rates and "c" in rates:
             ratios = [a[0] / c[0] for a, c in zip(runs["a"], runs["c"])]

@@ -12,23 +12,48 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 
-from benchmarks import serving
+from benchmarks import models, serving
 
 
 def test_a_small_run_reports_every_server_and_the_ratios(capsys: pytest.CaptureFixture[str]):
     serving.main(["--clients", "3", "--requests", "4", "--rounds", "1", "--only", "abc"])
     out = capsys.readouterr().out
     assert out.startswith("machine: ")
-    cpu = r"CPU per request: server [\d.]+ ms, worker [\d.]+ ms"
+    cpu = r"CPU per request: server [\d.]+ ms, worker [\d.]+ ms, clients [\d.]+ ms"
     for kind in ("(a)", "(b)", "(c)"):
         line = rf"round 1 {re.escape(kind)} .* req/s .*\(12 requests; {cpu}; load average [\d.]+\)"
         assert re.search(line, out), out
         assert re.search(rf"  {re.escape(kind)} .* req/s .* {cpu}\n", out), out
     assert "(a)/(c) throughput:" in out and "median" in out
     assert "(a)/(b) throughput:" in out
+    assert "3 tritonclient http.aio clients in 2 process(es)" in out
+
+
+def test_clients_in_one_process_or_several_send_every_request(tmp_path: Path):
+    """Split among processes (3 clients in 2) or in this one, every client's timed
+    requests are counted, and the clients' CPU time is measured."""
+    model = tmp_path / serving.MODEL / "1" / "model.onnx"
+    model.parent.mkdir(parents=True)
+    onnx.save(models.mlp(serving.WIDTH, 4), model)
+    port = serving.free_port()
+    command = [sys.executable, "-m", "benchmarks.serving", "--serve", "c", str(tmp_path)]
+    server = subprocess.Popen([*command, str(port)])
+    try:
+        serving.wait_ready(port)
+        x = np.ones((1, serving.WIDTH), np.float32)
+        for processes in (1, 2):
+            latencies, elapsed, cpu = serving.load_in_processes(port, x, 3, 4, 30, processes)
+            assert len(latencies) == 12 and all(latency > 0 for latency in latencies)
+            assert 0 < max(latencies) <= elapsed and cpu > 0
+    finally:
+        server.terminate()
+        server.wait(60)
 
 
 def test_the_phase_starts_when_every_client_has_warmed_up():
