@@ -363,22 +363,17 @@ GRPC_LOADS = {
 
 
 def grpc_versus_rest(model: Path, x: np.ndarray, expected: np.ndarray, args: Any) -> None:
-    """``aioinfer serve --grpc-port`` with server (a)'s model config, in one process;
+    """``aioinfer serve --grpc-port`` with the server's defaults (no ``config.json``, as
+    ``benchmarks/serving.py``'s server (a)), in one process;
     the same load over each transport in turn, ``--rounds`` times: with tritonclient's
     asyncio clients on both (the clients users run), and with bare clients (HTTP/1.1
     protocols as above; grpc.aio calls of pre-serialised requests), which take less of
     the shared cores. Each client has a connection of its own."""
-    config = {
-        "device": "PROCESS:CPU",
-        "batching": {"max_batch_size": 32, "timeout_ms": 1},
-        "properties": {"NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": 1},
-    }
     port, grpc_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         (repo / "mlp" / "1").mkdir(parents=True)
         (repo / "mlp" / "1" / "model.onnx").write_bytes(model.read_bytes())
-        (repo / "mlp" / "config.json").write_text(json.dumps(config))
         command = [sys.executable, "-m", "aioinfer.cli", "serve", str(repo)]
         command += ["--port", str(port), "--grpc-port", str(grpc_port)]
         server = subprocess.Popen(command, stderr=subprocess.DEVNULL)

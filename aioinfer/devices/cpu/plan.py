@@ -10,11 +10,12 @@ took the executor's own cost per step from about 390 ns to about 110 ns.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from time import perf_counter, sleep
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,11 +27,34 @@ if TYPE_CHECKING:  # kernel modules import this one (control flow runs sub-plans
     from aioinfer.devices.cpu.kernels.registry import Kernel, OutKernel
 
 GIL_YIELD_SECONDS = 0.0005
-"""The compute thread offers the GIL at least this often, so the event loop's thread
-never waits the interpreter's whole switch interval (5 ms) for it. A plan running in the
-main thread (``infer_sync`` in a script) does not: no loop there waits for it, and on a
-busy machine each offer (``sleep(0)``) can hand the core to another process for
-milliseconds."""
+"""The longest the event loop's thread should wait for the GIL while a plan computes on
+another thread: the interpreter's switch interval that :func:`keep_loop_responsive` sets
+(the default, 5 ms, is the wait otherwise).
+
+A plan used to offer the GIL itself (``sleep(0)`` every 0.5 ms between kernels), but an
+offer is paid whether anybody wants the GIL or not: with the loop idle (a single awaited
+inference) an intra-op helper took it, and each offer cost 70-80 us of wall time on
+the development machine (oww_embedding: 5 offers, +35% on a 2.8 ms inference). The
+switch interval makes the interpreter switch only when a thread has waited that long
+for the GIL: nothing to pay when nobody waits."""
+
+_responsive = False
+
+
+def keep_loop_responsive() -> None:
+    """Lower the interpreter's switch interval to :data:`GIL_YIELD_SECONDS` (once per
+    process, and only when it is longer: ``aioinfer serve`` sets the same), so that a
+    thread waiting for the GIL, an event loop's above all, gets it within that time
+    while a plan computes on another thread. Called by every inference; nothing happens
+    on the main thread (``infer_sync`` in a script: no loop waits there). A later
+    :func:`sys.setswitchinterval` of the application's wins."""
+    global _responsive
+    if _responsive or threading.current_thread() is threading.main_thread():
+        return
+    _responsive = True
+    if sys.getswitchinterval() > GIL_YIELD_SECONDS:
+        sys.setswitchinterval(GIL_YIELD_SECONDS)
+
 
 _running = threading.local()
 """``token``: the CancelToken of the plan running on this thread (None outside a plan)."""
@@ -196,9 +220,7 @@ class Plan:
         slots = self.initial_slots()
         for slot, array in zip(self.input_slots, inputs):
             slots[slot] = array
-        if observe is None and threading.current_thread() is threading.main_thread():
-            # Neither an observer nor GIL offers: no clock readings (the event loop's
-            # thread runs short plans inline, see inline.py).
+        if observe is None:  # no clock readings
             self._run_fast(slots, cancel)
         else:
             self._run_timed(slots, cancel, observe)
@@ -222,10 +244,8 @@ class Plan:
             for slot in release:
                 slots[slot] = None
 
-    def _run_timed(self, slots: list[Any], cancel: CancelToken, observe: Observer | None) -> None:
-        started = next_yield = perf_counter()
-        next_yield += GIL_YIELD_SECONDS
-        offer_gil = threading.current_thread() is not threading.main_thread()
+    def _run_timed(self, slots: list[Any], cancel: CancelToken, observe: Observer) -> None:
+        started = perf_counter()
         for kernel, getter, first, single, outputs, release, step in self.calls:
             if cancel.requested:
                 raise InferCancelledError("the inference was cancelled")
@@ -243,10 +263,5 @@ class Plan:
             for slot in release:
                 slots[slot] = None
             now = perf_counter()
-            if observe is not None:
-                observe(step, produced, now - started)
-            if offer_gil and now > next_yield:
-                sleep(0)
-                now = perf_counter()
-                next_yield = now + GIL_YIELD_SECONDS
+            observe(step, produced, now - started)
             started = now

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +9,7 @@ import numpy as np
 
 from aioinfer.devices.cpu.kernels.parallel import use_intra_op_threads
 from aioinfer.devices.cpu.memory import RequestMemory, shapes_key
-from aioinfer.devices.cpu.plan import BranchChanged, Step
+from aioinfer.devices.cpu.plan import BranchChanged, Step, keep_loop_responsive
 from aioinfer.devices.cpu.specialize import specialize
 from aioinfer.plugin.state import VariableState, VariableStore, dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
@@ -80,6 +79,7 @@ class CPUInferRequest(SyncInferRequest):
 
     def start_pipeline(self) -> None:
         use_intra_op_threads(self._threads)  # this compiled model's, on this thread
+        keep_loop_responsive()
         self._untimed += 1
         if (
             self._untimed < CPU_TIME_EVERY
@@ -127,15 +127,7 @@ class CPUInferRequest(SyncInferRequest):
                 self._stop_speculating()
                 profile.timings.clear()
         # New input shapes: specialise the plan for them, and plan memory from the run.
-        offer_gil = threading.current_thread() is not threading.main_thread()
-        made = specialize(
-            self._plan,
-            feed,
-            self.cancel_token,
-            observe,
-            offer_gil=offer_gil,
-            speculate=self._speculate,
-        )
+        made = specialize(self._plan, feed, self.cancel_token, observe, speculate=self._speculate)
         self.memory.commit(key, made.plan, made.first_outputs)
         self._produced = made.outputs
 

@@ -38,14 +38,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from time import perf_counter, sleep
+from time import perf_counter
 from typing import Any
 
 import numpy as np
 
 from aioinfer.devices.cpu.memory import shapes_key
 from aioinfer.devices.cpu.plan import (
-    GIL_YIELD_SECONDS,
     NONE_SLOT,
     SCRATCH_SLOT,
     BranchChanged,
@@ -141,8 +140,7 @@ class _Builder:
         """The kept steps, with their inputs and outputs in this run's slots, and the Ifs
         they were inlined from."""
         self.first_outputs: list[Any] = []
-        self.started = self.next_yield = perf_counter()
-        self.offer_gil = False
+        self.started = perf_counter()
         self.speculate = False
         """Inline the branch an ``If`` on data takes now, behind a guard step."""
 
@@ -264,14 +262,10 @@ class _Builder:
         )
 
     def tick(self, step: Step, produced: Sequence[Any]) -> None:
-        """Observe a kept step, and offer the GIL as a plan's run does."""
+        """Observe a kept step."""
         now = perf_counter()
         if self.observe is not None:
             self.observe(step, produced, now - self.started)
-        if self.offer_gil and now > self.next_yield:
-            sleep(0)
-            now = perf_counter()
-            self.next_yield = now + GIL_YIELD_SECONDS
         self.started = now
 
 
@@ -281,22 +275,19 @@ def specialize(
     cancel: CancelToken,
     observe: Observer | None = None,
     *,
-    offer_gil: bool = False,
     speculate: bool = False,
 ) -> Specialization:
     """Run ``plan`` on ``inputs`` and return the plan specialised for their shapes (see
     the module), the outputs, and every kept step's first output. ``observe`` is called
-    after each kept step; ``offer_gil``: offer the GIL as a plan on a compute thread
-    does. ``speculate``: an ``If`` on data is inlined too, the branch it takes now, behind
-    a guard step that raises :class:`~.plan.BranchChanged` when a later run would take
-    the other one.
+    after each kept step. ``speculate``: an ``If`` on data is inlined too, the branch it
+    takes now, behind a guard step that raises :class:`~.plan.BranchChanged` when a
+    later run would take the other one.
 
     Raises:
         InferCancelledError: ``cancel.requested`` was set; checked before each kernel.
         InferenceError: a kernel raised; the message names the node.
     """
     builder = _Builder(plan, cancel, observe)
-    builder.offer_gil = offer_gil
     builder.speculate = speculate
     where: dict[int, int] = {NONE_SLOT: NONE_SLOT, SCRATCH_SLOT: SCRATCH_SLOT}
     for slot, array in plan.constants:
