@@ -107,6 +107,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._refusal: bytes | None = None
         self._direct = DirectInfer.of(self.app)
         self._direct_cycle: RequestResponseCycle | None = None
+        self._idle_since: float | None = None
+        """When the last response ended with no request after it (None: busy)."""
+        self._keep_alive_timer: asyncio.TimerHandle | None = None
         self.lost = False
         """Whether the connection was lost (its client went away)."""
         self.inferring: asyncio.Task[Any] | None = None
@@ -120,12 +123,16 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self._disarm_header_timer()
+        if self._keep_alive_timer is not None:
+            self._keep_alive_timer.cancel()
+            self._keep_alive_timer = None
         super().connection_lost(exc)
         if self.inferring is not None:
             self.inferring.cancel()
 
     def data_received(self, data: bytes) -> None:
         self._completed_in_chunk = False
+        self._idle_since = None
         super().data_received(data)
         if self._request_begun and self._header_timer is None and self._refusal is None:
             # Armed only for headers that did not arrive in one chunk: most requests'
@@ -182,6 +189,38 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._completed_in_chunk = True
         super().on_message_complete()
+
+    # -- keep-alive -------------------------------------------------------------------
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, but the keep-alive timeout is one timer per connection that checks
+        how long the connection has been idle, not a new timer per response (arming and
+        cancelling one cost about 3 us a request)."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:  # pipelined requests: start the next one
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self._keep_alive_timer is None:
+            self._keep_alive_timer = self.loop.call_later(
+                self.timeout_keep_alive, self._keep_alive_expired
+            )
+
+    def _keep_alive_expired(self) -> None:
+        self._keep_alive_timer = None
+        since = self._idle_since
+        if since is None or self.transport.is_closing():
+            return  # a request came: the end of its response arms the timer again
+        left = since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self._keep_alive_timer = self.loop.call_later(left, self._keep_alive_expired)
+        else:
+            self.timeout_keep_alive_handler()
 
     # -- refusals ---------------------------------------------------------------------
 

@@ -199,6 +199,27 @@ def test_the_connection_limit_answers_503_until_a_connection_closes(tmp_path: Pa
         held[0].close()
 
 
+def test_keep_alive_closes_an_idle_connection_never_a_busy_one(tmp_path: Path):
+    """One keep-alive timer per connection checks how long it has been idle: a connection
+    idle for the timeout is closed, one that keeps sending requests stays open over several
+    timeouts (the timer re-arms for what is left of a recent response's timeout)."""
+    onnx.save(mlp_model(), tmp_path / "mlp.onnx")
+    limits = ConnectionLimits(timeout_keep_alive=2)
+    with LiveServer(create_app(tmp_path / "mlp.onnx"), **limits.uvicorn_options()) as live:
+        busy, idle = connect(live), connect(live)
+        for connection in (busy, idle):
+            connection.sendall(LIVE + b"\r\n")
+            assert read_response(connection)[0] == 200
+        started = time.monotonic()
+        while time.monotonic() - started < 5:  # two and a half timeouts
+            time.sleep(0.05)
+            busy.sendall(LIVE + b"\r\n")
+            assert read_response(busy)[0] == 200
+        assert idle.recv(65536) == b""  # the server closed it
+        busy.close()
+        idle.close()
+
+
 # -- open sequences -----------------------------------------------------------------------
 
 
