@@ -5,13 +5,16 @@
 For each model of :mod:`benchmarks.compare` and :mod:`benchmarks.real_models` (those
 whose package is installed), onnxruntime runs it once with profiling on (basic graph
 optimisations, so that its nodes keep the model's operators) to learn the shapes every
-``Conv``, ``MatMul`` and ``Gemm`` computes on. Each such product is then timed alone in
-numpy, with every favour granted: its operands already laid out as one matrix product
-(no im2col copy, no epilogue, the output preallocated), the best of OpenBLAS on one
-thread halved (a perfect split over two cores) and OpenBLAS on two threads. A
-depthwise convolution, which BLAS cannot do as one product, gets the cheaper of one
-multiply-add per kernel tap over contiguous planes (two numpy passes a tap, the window
-gathering free) and a batched matrix product per channel over ready-made columns.
+``Conv``, ``MatMul``, ``Gemm``, ``LSTM`` and ``GRU`` computes on. Each such product is
+then timed alone in numpy, with every favour granted: its operands already laid out as
+one matrix product (no im2col copy, no epilogue, the output preallocated), the best of
+OpenBLAS on one thread halved (a perfect split over two cores) and OpenBLAS on two
+threads. A depthwise convolution, which BLAS cannot do as one product, gets the cheaper
+of one multiply-add per kernel tap over contiguous planes (two numpy passes a tap, the
+window gathering free) and a batched matrix product per channel over ready-made
+columns. A recurrent layer gets the input projection of all steps as one product, then
+per step, one after the other, its product and the fewest numpy calls of its gates
+(:data:`STEP_CALLS`).
 
 The sum of those times is a floor for any numpy implementation of the model's products
 alone; everything else (activations, normalisations, pooling, reshapes, per-call
@@ -39,7 +42,13 @@ import onnx
 
 from benchmarks import compare, real_models
 
-PRODUCTS = ("Conv", "MatMul", "Gemm")
+PRODUCTS = ("Conv", "MatMul", "Gemm", "LSTM", "GRU")
+GATES = {"LSTM": 4, "GRU": 3}
+STEP_CALLS = 10
+"""The fewest numpy calls an LSTM or GRU step makes besides its product, each on arrays
+of batch x hidden: adding the step's input projection, the gates' sigmoid (numpy has
+none: 0.5 * tanh(0.5 x) + 0.5, three calls), the candidate's tanh, the state update (three
+calls) and the output (two)."""
 
 
 @dataclass(frozen=True)
@@ -145,9 +154,31 @@ def _floor(product: Product) -> float:
         return _gemm(n * group, filters // group, (channels // group) * taps, out)
     if product.op == "Gemm":
         return _gemm(1, output[0], a[0] if product.trans_a else a[1], output[1])
+    if product.op in GATES:
+        return _recurrent(a, output, GATES[product.op])
     if len(output) < 2:  # a vector product
         return _gemm(1, 1, a[-1], output[-1] if output else 1)
     return _gemm(math.prod(output[:-2]), output[-2], a[-1], output[-1])
+
+
+def _recurrent(x: tuple[int, ...], y: tuple[int, ...], gates: int) -> float:
+    """An LSTM's or GRU's products: the input projection of all steps as one product, and
+    each step's product of the hidden state, one after the other (the directions of a
+    bidirectional layer on the two cores)."""
+    steps, batch, size = x
+    directions, hidden = y[1], y[-1]
+    projection = _gemm(1, steps * batch, size, directions * gates * hidden)
+    step = _gemm_one_thread(1, batch, hidden, gates * hidden) + STEP_CALLS * _call(
+        batch * gates * hidden
+    )
+    return projection + steps * step * directions / min(directions, 2)
+
+
+def _call(size: int) -> float:
+    """One numpy call on ``size`` float32 elements, output preallocated."""
+    a = np.ones(size, np.float32)
+    out = np.empty_like(a)
+    return _best(lambda: np.add(a, a, out=out), repeats=50)
 
 
 def _best(run: Callable[[], object], repeats: int = 7) -> float:
@@ -174,6 +205,18 @@ def _gemm(batch: int, m: int, k: int, n: int) -> float:
     with threadpool_limits(2, user_api="blas"):
         two = _best(lambda: np.matmul(a, b, out=out))
     return min(one / 2, two)
+
+
+def _gemm_one_thread(batch: int, m: int, k: int, n: int) -> float:
+    """``batch`` products (m x k) @ (k x n) on one BLAS thread (work too small to split)."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, k, n)).astype(np.float32)
+    out = np.empty((batch, m, n), np.float32)
+    with threadpool_limits(1, user_api="blas"):
+        return _best(lambda: np.matmul(a, b, out=out))
 
 
 def _depthwise(n: int, channels: int, out: int, taps: int) -> float:
@@ -232,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
         found = products(model, feeds)
         floor = sum(floor_seconds(p, cache) for p in found)
         theirs = onnxruntime_seconds(model, feeds, args.runs)
-        ratios.append(floor / theirs)
+        if floor > 0:
+            ratios.append(floor / theirs)
         print(
             f"| {name} | {len(found)} | {theirs * 1e3:.3f} | {floor * 1e3:.3f} | "
             f"{floor / theirs:.2f} |",

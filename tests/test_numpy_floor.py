@@ -71,3 +71,25 @@ def test_the_report_has_a_row_per_model(capsys):
     row = [line for line in out.splitlines() if line.startswith("| mlp |")]
     assert len(row) == 1 and row[0].split("|")[2].strip() == "4", out  # 4 Gemms
     assert "geometric mean of the floor ratios:" in out
+
+
+def test_a_recurrent_layer_counts_its_steps():
+    rng = np.random.default_rng(1)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+        for name, shape in (("W", (1, 16, 5)), ("R", (1, 16, 4)))
+    ]
+    node = helper.make_node("LSTM", ["x", "W", "R"], ["y"], name="lstm", hidden_size=4)
+    graph = helper.make_graph(
+        [node],
+        "recurrent",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    found = numpy_floor.products(model, {"x": np.ones((3, 2, 5), np.float32)})
+    assert [(p.op, p.first, p.output) for p in found] == [("LSTM", (3, 2, 5), (3, 1, 2, 4))]
+    one_step = numpy_floor.floor_seconds(found[0], {})
+    longer = numpy_floor.Product("LSTM", (30, 2, 5), (30, 1, 2, 4))
+    assert numpy_floor.floor_seconds(longer, {}) > one_step  # ten times the steps
