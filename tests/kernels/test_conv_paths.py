@@ -18,7 +18,6 @@ import pytest
 
 from aioinfer.devices.cpu.kernels import parallel
 from aioinfer.devices.cpu.kernels.conv import KEPT_COLUMNS_BYTES
-from aioinfer.devices.cpu.kernels.conv_banded import BandGeometry, band_fits, band_geometry
 from aioinfer.devices.cpu.kernels.conv_flat import PER_TAP_LENGTH, flat_geometry
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
@@ -80,21 +79,6 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         {"group": 5, "pads": [1] * 4, "strides": [2, 2]},
     ),
     "depthwise-1d": ((2, 16, 50), (16, 1, 5), {"group": 16, "pads": [2, 2]}),
-    # Banded products (kernels 5 wide or more): rows cut into tiles of 32 columns, with
-    # and without columns past the width, one image (written in place) and several.
-    "banded-5x5-tiles": ((1, 6, 9, 96), (6, 1, 5, 5), {"group": 6, "pads": [2] * 4}),
-    "banded-5x5-ragged-tiles-batch": (
-        (3, 5, 7, 67),
-        (5, 1, 5, 5),
-        {"group": 5, "pads": [2] * 4},
-    ),
-    # Dilated kernel rows, of which the outer ones read only padding.
-    "banded-7x5-dilated-rows-stride-1-2": (
-        (2, 4, 4, 13),
-        (4, 1, 7, 5),
-        {"group": 4, "pads": [5, 2, 5, 1], "strides": [1, 2], "dilations": [2, 1]},
-    ),
-    "banded-1d-stride-2": ((2, 8, 150), (8, 1, 7), {"group": 8, "pads": [3, 2], "strides": [2]}),
     # Taps of one phase whose offsets do not form one run (stride 3, dilation 2, and
     # padding that leaves out a middle tap's rows for no output).
     "general-stride-3-dilation-2": (
@@ -136,60 +120,35 @@ def test_conv_paths_match_onnxruntime(case: str, with_bias: bool, threads: int) 
     np.testing.assert_allclose(got, run_reference(node, inputs, 11)[0], rtol=RTOL, atol=ATOL)
 
 
-def _attributes(case: str) -> tuple[list[int], ...]:
-    """Strides, dilations, begin and end pads, and output shape of a case."""
-    x_shape, w_shape, attrs = CASES[case]
-    rank = len(x_shape) - 2
-    pads = attrs.get("pads", [0] * 2 * rank)
-    strides = attrs.get("strides", [1] * rank)
-    dilations = attrs.get("dilations", [1] * rank)
-    out = [
-        (size + pads[i] + pads[i + rank] - (k - 1) * d - 1) // s + 1
-        for i, (size, k, s, d) in enumerate(
-            zip(x_shape[2:], w_shape[2:], strides, dilations, strict=True)
-        )
-    ]
-    return strides, dilations, pads[:rank], pads[rank:], out
-
-
 def test_the_cases_take_the_paths_they_name() -> None:
     """The geometry of each case leads where its name says (the tests above would pass
     on any correct path)."""
 
     def geometry(case: str) -> Any:
         x_shape, w_shape, attrs = CASES[case]
-        strides, dilations, begins, ends, out = _attributes(case)
+        rank = len(x_shape) - 2
+        pads = attrs.get("pads", [0] * 2 * rank)
+        strides = attrs.get("strides", [1] * rank)
+        dilations = attrs.get("dilations", [1] * rank)
+        out = [
+            (size + pads[i] + pads[i + rank] - (k - 1) * d - 1) // s + 1
+            for i, (size, k, s, d) in enumerate(
+                zip(x_shape[2:], w_shape[2:], strides, dilations, strict=True)
+            )
+        ]
         group = attrs.get("group", 1)
         return flat_geometry(
             x_shape[2:],
             w_shape[2:],
             strides,
             dilations,
-            begins,
-            ends,
+            pads[:rank],
+            pads[rank:],
             out,
             w_shape[0] // group,
             w_shape[1],
         ), out
 
-    def band(case: str) -> BandGeometry:
-        x_shape, w_shape, attrs = CASES[case]
-        assert attrs["group"] == x_shape[1] == w_shape[0] and w_shape[1] == 1, case
-        strides, dilations, begins, ends, out = _attributes(case)
-        assert band_fits(w_shape[2:], dilations), case
-        return band_geometry(x_shape[2:], w_shape[2:], strides, dilations, begins, ends, out)
-
-    for case, (_, w_shape, attrs) in CASES.items():
-        if case.startswith("depthwise-3x3"):
-            assert not band_fits(w_shape[2:], attrs.get("dilations", [1, 1])), case
-    tiles = band("banded-5x5-tiles")
-    assert (tiles.tile, tiles.tiles) == (32, 3)
-    ragged = band("banded-5x5-ragged-tiles-batch")
-    assert ragged.tiles * ragged.tile > ragged.out_shape[1] and ragged.tiles > 1
-    assert band("banded-7x5-dilated-rows-stride-1-2").rows == (2, 3)
-    assert band("depthwise-5x5-short-maps").rows == (1, 3)
-    assert band("banded-1d-stride-2").tiles == 3
-    assert band("depthwise-1d").tiles == 1
     for case, (x_shape, w_shape, _) in CASES.items():
         if case.startswith("general") or case == "grouped":  # not kept im2col columns
             _, out = geometry(case)
@@ -220,7 +179,6 @@ def test_the_cases_take_the_paths_they_name() -> None:
         ("general-exact-columns", (1, 2, 1, 2)),
         ("winograd-even", (1, 2, 1, 2)),
         ("depthwise-5x5-many-channels", (1, 2, 1, 2)),
-        ("banded-5x5-ragged-tiles-batch", (1, 2, 1, 2)),
     ],
 )
 def test_conv_paths_are_deterministic(case: str, counts: tuple[int, ...]) -> None:
@@ -245,9 +203,7 @@ def test_conv_paths_are_deterministic(case: str, counts: tuple[int, ...]) -> Non
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(np.float64, 1e-10), (np.float16, 2e-2)])
-@pytest.mark.parametrize(
-    "case", ["winograd-odd-asymmetric", "depthwise-3x3-batch", "banded-5x5-ragged-tiles-batch"]
-)
+@pytest.mark.parametrize("case", ["winograd-odd-asymmetric", "depthwise-3x3-batch"])
 def test_conv_paths_dtypes(case: str, dtype: type, tol: float) -> None:
     x_shape, w_shape, attrs = CASES[case]
     inputs = [_random(*x_shape, dtype=dtype), _random(*w_shape, dtype=dtype)]
@@ -266,14 +222,7 @@ def test_conv_paths_dtypes(case: str, dtype: type, tol: float) -> None:
 )
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize(
-    "case",
-    [
-        "depthwise-5x5-many-channels",
-        "depthwise-3x3-large-map",
-        "depthwise-1d",
-        "banded-5x5-tiles",
-        "banded-5x5-ragged-tiles-batch",
-    ],
+    "case", ["depthwise-5x5-many-channels", "depthwise-3x3-large-map", "depthwise-1d"]
 )
 def test_fused_depthwise_epilogue(
     activation: str, unfused_op: str | None, residual: bool, case: str, threads: int

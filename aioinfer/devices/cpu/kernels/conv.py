@@ -22,13 +22,6 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aioinfer.devices.cpu.kernels.conv_banded import (
-    BandGeometry,
-    band_depthwise,
-    band_fits,
-    band_geometry,
-    band_weights,
-)
 from aioinfer.devices.cpu.kernels.conv_flat import (
     Epilogue,
     FlatGeometry,
@@ -174,8 +167,6 @@ class _ConvPlan:
     """1-D and 2-D kernels other than pointwise ones: their phase-flattened windows."""
     winograd: bool
     """A 3x3 stride-1 convolution with many channels: Winograd F(2x2, 3x3)."""
-    band: BandGeometry | None
-    """Depthwise 1-D and 2-D kernels that run as banded products (:mod:`.conv_banded`)."""
     small: bool
     """im2col columns of at most :data:`KEPT_COLUMNS_BYTES` (float32): kept per node,
     which costs a small convolution less than the phase-flattened columns."""
@@ -249,12 +240,6 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if rank <= 2 and not pointwise
             else None
         )
-        depthwise = group == x_shape[1] and tuple(w_shape[:2]) == (group, 1)
-        band = (
-            band_geometry(x_shape[2:], kshape, strides, dilations, begins, ends, out)
-            if rank <= 2 and depthwise and band_fits(kshape, dilations)
-            else None
-        )
         return _ConvPlan(
             kshape,
             strides,
@@ -274,7 +259,6 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 w_shape[0],
                 tuple(out),
             ),
-            band,
             x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out) * 4 <= KEPT_COLUMNS_BYTES,
         )
 
@@ -290,8 +274,6 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
     """Constant weights transformed for Winograd, made at the first call that uses them."""
     ordered: dict[tuple[int, ...], np.ndarray] = {}
     """Constant weights with their taps in the order of a geometry's columns."""
-    banded: dict[tuple[BandGeometry, np.dtype], np.ndarray] = {}
-    """Constant depthwise weights as the banded matrices of a geometry."""
 
     def tap_ordered(w: np.ndarray, wmat: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
         """``wmat`` (or depthwise ``(C, taps)``) with the taps of ``order``, cached when
@@ -342,16 +324,6 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if b is not None:
                 y += b.reshape(-1, 1, 1)
             return y.astype(x.dtype, copy=False), False
-        if plan.band is not None and n:
-            y = out if out is not None else np.empty((n, c, *plan.out_shape), work.dtype)
-            band, dtype = plan.band, work.dtype
-            if w_const is None:
-                bands = band_weights(band, w, dtype)
-            else:
-                bands = cached_plan(banded, (band, dtype), lambda: band_weights(band, w, dtype))
-            finish = _chain(_bias_epilogue(b, c, dtype), epilogue)
-            band_depthwise(band, work, bands, y, finish)
-            return y.astype(x.dtype, copy=False), epilogue is not None
         if flat is not None and n and (depthwise or not plan.small):
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             weights = tap_ordered(w, wmat, flat.order)
