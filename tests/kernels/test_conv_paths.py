@@ -18,8 +18,9 @@ import pytest
 
 from aioinfer.devices.cpu.kernels import parallel
 from aioinfer.devices.cpu.kernels.conv import KEPT_COLUMNS_BYTES
-from aioinfer.devices.cpu.kernels.conv_flat import DEPTHWISE_BLOCK_BYTES, flat_geometry
+from aioinfer.devices.cpu.kernels.conv_flat import DEPTHWISE_BLOCK_BYTES, by_pixels, flat_geometry
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
+from aioinfer.devices.cpu.kernels.matmul import columns_split_exactly
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 from tests.kernels._check import run_aioinfer, run_reference
 from tests.kernels.test_conv import check_onnxruntime, run_with_constant_weights
@@ -180,6 +181,28 @@ def test_the_cases_take_the_paths_they_name() -> None:
         out = tuple(geometry(case)[1])
         assert winograd_fits((3, 3), (1, 1), (1, 1), 1, x_shape[1], w_shape[0], out)
     assert not winograd_fits((3, 3), (1, 1), (1, 1), 1, 32, 256, (7, 7))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_few_filters_split_by_pixels_only_where_columns_do_not_split_exactly(
+    dtype: type,
+) -> None:
+    """A large product of few filters on two threads is split by pixels (and transposed
+    into the output) only where matmul's column blocks are not bit for bit one call's
+    columns; where they are, its column blocks write the output directly."""
+    x_shape, w_shape, _ = CASES["few-filters-pointwise"]
+    filters, inner, pixels = w_shape[0], x_shape[1], x_shape[2] * x_shape[3]
+    before = parallel._POOL._inside.threads
+    parallel.use_intra_op_threads(2)
+    try:
+        split = by_pixels(filters, inner, pixels, np.dtype(dtype))
+        parallel.use_intra_op_threads(1)
+        alone = by_pixels(filters, inner, pixels, np.dtype(dtype))
+    finally:
+        parallel._POOL._inside.threads = before
+    exact = dtype == np.float32 and columns_split_exactly()
+    assert split is not exact
+    assert not alone
 
 
 @pytest.mark.parametrize(
