@@ -18,8 +18,9 @@ import pytest
 
 from aioinfer.devices.cpu.kernels import parallel
 from aioinfer.devices.cpu.kernels.conv import KEPT_COLUMNS_BYTES
-from aioinfer.devices.cpu.kernels.conv_flat import PER_TAP_LENGTH, flat_geometry
+from aioinfer.devices.cpu.kernels.conv_flat import DEPTHWISE_BLOCK_BYTES, by_pixels, flat_geometry
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
+from aioinfer.devices.cpu.kernels.matmul import columns_split_exactly
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 from tests.kernels._check import run_aioinfer, run_reference
 from tests.kernels.test_conv import check_onnxruntime, run_with_constant_weights
@@ -71,12 +72,19 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (4, 1, 3, 3),
         {"group": 4, "pads": [3, 3, 3, 3], "dilations": [3, 2]},
     ),
-    # Large maps: tap by tap over long runs.
+    # Large maps; the columns of one channel of the last two exceed a block: done in
+    # pieces of output rows (the last one shorter).
     "depthwise-3x3-large-map": ((2, 6, 60, 61), (6, 1, 3, 3), {"group": 6, "pads": [1] * 4}),
     "depthwise-3x3-large-map-stride-2": (
         (1, 5, 130, 121),
         (5, 1, 3, 3),
         {"group": 5, "pads": [1] * 4, "strides": [2, 2]},
+    ),
+    "depthwise-3x3-pieces": ((2, 3, 150, 131), (3, 1, 3, 3), {"group": 3, "pads": [1] * 4}),
+    "depthwise-3x3-pieces-stride-2": (
+        (1, 2, 301, 257),
+        (2, 1, 3, 3),
+        {"group": 2, "pads": [1, 0, 1, 1], "strides": [2, 2]},
     ),
     "depthwise-1d": ((2, 16, 50), (16, 1, 5), {"group": 16, "pads": [2, 2]}),
     # Taps of one phase whose offsets do not form one run (stride 3, dilation 2, and
@@ -154,9 +162,14 @@ def test_the_cases_take_the_paths_they_name() -> None:
             _, out = geometry(case)
             columns = x_shape[0] * x_shape[1] * np.prod(w_shape[2:]) * np.prod(out) * 4
             assert columns > KEPT_COLUMNS_BYTES, case
-    for case in ("depthwise-3x3-large-map", "depthwise-3x3-large-map-stride-2"):
-        assert geometry(case)[0].length >= PER_TAP_LENGTH
-    assert geometry("depthwise-5x5-many-channels")[0].length < PER_TAP_LENGTH
+
+    def channel_columns(case: str) -> int:
+        flat = geometry(case)[0]
+        return len(flat.order) * flat.length * 4
+
+    for case in ("depthwise-3x3-pieces", "depthwise-3x3-pieces-stride-2"):
+        assert channel_columns(case) > DEPTHWISE_BLOCK_BYTES, case  # in pieces of rows
+    assert channel_columns("depthwise-3x3-large-map") < DEPTHWISE_BLOCK_BYTES
     short, _ = geometry("depthwise-5x5-short-maps")
     assert len(short.order) == 15  # kernel rows 0 and 4 read only padding
     irregular, _ = geometry("general-stride-3-dilation-2")
@@ -170,6 +183,28 @@ def test_the_cases_take_the_paths_they_name() -> None:
     assert not winograd_fits((3, 3), (1, 1), (1, 1), 1, 32, 256, (7, 7))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_few_filters_split_by_pixels_only_where_columns_do_not_split_exactly(
+    dtype: type,
+) -> None:
+    """A large product of few filters on two threads is split by pixels (and transposed
+    into the output) only where matmul's column blocks are not bit for bit one call's
+    columns; where they are, its column blocks write the output directly."""
+    x_shape, w_shape, _ = CASES["few-filters-pointwise"]
+    filters, inner, pixels = w_shape[0], x_shape[1], x_shape[2] * x_shape[3]
+    before = parallel._POOL._inside.threads
+    parallel.use_intra_op_threads(2)
+    try:
+        split = by_pixels(filters, inner, pixels, np.dtype(dtype))
+        parallel.use_intra_op_threads(1)
+        alone = by_pixels(filters, inner, pixels, np.dtype(dtype))
+    finally:
+        parallel._POOL._inside.threads = before
+    exact = dtype == np.float32 and columns_split_exactly()
+    assert split is not exact
+    assert not alone
+
+
 @pytest.mark.parametrize(
     ("case", "counts"),
     [
@@ -179,6 +214,7 @@ def test_the_cases_take_the_paths_they_name() -> None:
         ("general-exact-columns", (1, 2, 1, 2)),
         ("winograd-even", (1, 2, 1, 2)),
         ("depthwise-5x5-many-channels", (1, 2, 1, 2)),
+        ("depthwise-3x3-pieces", (1, 2, 1, 2)),
     ],
 )
 def test_conv_paths_are_deterministic(case: str, counts: tuple[int, ...]) -> None:
@@ -222,7 +258,13 @@ def test_conv_paths_dtypes(case: str, dtype: type, tol: float) -> None:
 )
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize(
-    "case", ["depthwise-5x5-many-channels", "depthwise-3x3-large-map", "depthwise-1d"]
+    "case",
+    [
+        "depthwise-5x5-many-channels",
+        "depthwise-3x3-large-map",
+        "depthwise-3x3-pieces",
+        "depthwise-1d",
+    ],
 )
 def test_fused_depthwise_epilogue(
     activation: str, unfused_op: str | None, residual: bool, case: str, threads: int

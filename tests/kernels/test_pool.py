@@ -289,11 +289,36 @@ def test_lp_pool_ceil_mode_against_onnxruntime() -> None:
 # -- Global pools ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 5), (1, 2, 4, 3), (1, 2, 3, 2, 4), (2, 3, 1, 1)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 3, 5),
+        (1, 2, 4, 3),
+        (1, 2, 3, 2, 4),
+        (2, 3, 1, 1),
+        # Squeeze-and-excite maps (summed by a product with ones), the largest such map,
+        # and one larger (numpy's pairwise sum).
+        (6, 40, 2, 96),
+        (1, 3, 64, 64),
+        (2, 3, 65, 64),
+    ],
+)
 @pytest.mark.parametrize("opset", [1, 22])
 def test_global_average_pool(shape: tuple[int, ...], opset: int) -> None:
     node = oh.make_node("GlobalAveragePool", ["x"], ["y"])
     check_node(node, [_random(*shape)], opset=opset, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_global_average_pool_of_a_view(dtype: type) -> None:
+    """A non-contiguous input (a transposed view) and float64: the same means."""
+    x = _random(3, 7, 6, 5, dtype=dtype).transpose(0, 1, 3, 2)
+    node = oh.make_node("GlobalAveragePool", ["x"], ["y"])
+    got = run_aioinfer(node, [x], 22)[0]
+    assert got.dtype == dtype and got.shape == (3, 7, 1, 1)
+    want = x.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+    tol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
 def test_global_average_pool_float16() -> None:

@@ -352,7 +352,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if out is None
             else out.reshape(n, group, m // group, pixels)
         )
-        if group == 1 and plan.pointwise and by_pixels(m, c, pixels):
+        if group == 1 and plan.pointwise and by_pixels(m, c, pixels, work.dtype):
             for image in range(n):  # split between the threads by pixels
                 product_by_pixels(wmat[0], cols[image, 0], y[image, 0].reshape(m, 1, pixels))
         elif group == 1:

@@ -9,6 +9,7 @@ windows. MaxPool's Indices output walks the full window view tap by tap instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -257,18 +258,33 @@ def _spatial_axes(x: np.ndarray) -> tuple[int, ...]:
     return tuple(range(2, x.ndim))
 
 
+SUM_BY_PRODUCT = 4096
+"""Maps up to this many pixels are summed by a matrix-vector product with ones (BLAS),
+larger ones by numpy's pairwise sum, whose rounding error grows with the logarithm of
+the count rather than the count. The product is 4-5 times as fast on squeeze-and-excite
+blocks' maps: 6x200x192 in 9 instead of 45 us, 1x512x49 in 2 instead of 11 us."""
+
+
 @kernel("GlobalAveragePool", since=1)
 def global_average_pool(spec: NodeSpec) -> Kernel:
     """GlobalAveragePool-1/22: mean over all spatial axes, kept as size-1 dims."""
 
+    ones: dict[tuple[int, np.dtype], np.ndarray] = {}
+    """Vectors of ones by length and dtype (a few per model)."""
+
     def run(x: np.ndarray) -> tuple[np.ndarray]:
         if x.dtype.kind == "f" and x.dtype.itemsize >= 4 and x.ndim > 2:
-            # What np.mean computes (a pairwise sum in x's dtype, then a division),
-            # without its Python wrapper: 4.4 -> 1.5 us on a 32x8x8 map.
+            # A sum in x's dtype, then a division (what np.mean computes), without
+            # np.mean's Python wrapper.
             n, c = x.shape[:2]
-            flat = x.reshape(n, c, -1)
-            total = np.add.reduce(flat, axis=2)
-            np.divide(total, flat.shape[2], out=total)
+            size = math.prod(x.shape[2:])
+            if 0 < size <= SUM_BY_PRODUCT:
+                dtype = x.dtype
+                vector = cached_plan(ones, (size, dtype), lambda: np.ones(size, dtype))
+                total = np.matmul(x.reshape(n * c, size), vector)
+            else:
+                total = np.add.reduce(x.reshape(n, c, -1), axis=2)
+            np.divide(total, size, out=total)
             return (total.reshape(n, c, *(1,) * (x.ndim - 2)),)
         return (np.mean(x, axis=_spatial_axes(x), keepdims=True).astype(x.dtype, copy=False),)
 
