@@ -72,13 +72,22 @@ threads), and ``BATCH:AUTO`` on ORT served more requests per second in 14 rounds
 ENGINE_MAX_BATCH_SIZE = 64
 """The most rows of a batch the server forms for an engine (ORT, OpenVINO) by default;
 and, unless the config sets a hint or ``NUM_STREAMS``, the batches compute on one
-stream (on every core). Every batch reads all the weights, whatever its rows: for the
-MLP of ``benchmarks/serving.py`` a one-row batch cost 0.46 ms of CPU, a 32-row one
-0.07 ms a row. On a stream per core with up to 32 rows, the batches held 13-15 rows on
-average; on one stream with up to 64, 17-28 (the requests that arrive while a batch
-computes all join the next one), and the benchmark served more requests a second in
-each of five alternating pairs of rounds (35% more on average; server CPU per request
-0.222 ms instead of 0.245; docs/serving.md)."""
+stream (of :func:`engine_threads` threads). Every batch reads all the weights,
+whatever its rows: for the MLP of ``benchmarks/serving.py`` a one-row batch cost
+0.46 ms of CPU, a 32-row one 0.07 ms a row. On a stream per core with up to 32 rows,
+the batches held 13-15 rows on average; on one stream with up to 64, 17-28 (the
+requests that arrive while a batch computes all join the next one), and the benchmark
+served more requests a second in each of five alternating pairs of rounds (35% more on
+average; server CPU per request 0.222 ms instead of 0.245; docs/serving.md)."""
+
+
+def engine_threads() -> int:
+    """The threads of the one stream an engine's batches compute on by default: every
+    core but one, which the event loop keeps (it parses, answers and batches every
+    request). With both cores of two, onnxruntime's second thread and the loop took turns
+    on one core: ``benchmarks/serving.py`` served 16-38% more requests a second with one
+    compute thread in five of six alternating rounds (docs/serving.md)."""
+    return max(1, num_cores() - 1)
 
 
 @dataclass(frozen=True)
@@ -181,7 +190,8 @@ class ModelConfig:
         rows run as one batch). The batches compute on threads of the server's process
         (``BATCH:AUTO``) when the device AUTO picks first is an engine: up to
         :data:`ENGINE_MAX_BATCH_SIZE` rows, on one stream unless the config sets a hint
-        or ``NUM_STREAMS``; when it is one of :data:`PYTHON_COMPUTE_DEVICES` (the numpy
+        or ``NUM_STREAMS``, of :func:`engine_threads` threads unless it sets
+        ``INFERENCE_NUM_THREADS``; when it is one of :data:`PYTHON_COMPUTE_DEVICES` (the numpy
         CPU device) and the machine has two cores or more, in a worker process
         (``BATCH:PROCESS:AUTO``, up to the BATCH device's 32 rows), so that no compute
         thread waits for the event loop's GIL. Measured with ``benchmarks/serving.py``
@@ -217,6 +227,10 @@ class ModelConfig:
                     if self.hint is None and "NUM_STREAMS" not in self.properties:
                         decided.append("one stream")
                         properties = {**self.properties, "NUM_STREAMS": 1}
+                        if "INFERENCE_NUM_THREADS" not in self.properties:
+                            threads = engine_threads()
+                            decided.append(f"{threads} compute thread(s): a core for the loop")
+                            properties["INFERENCE_NUM_THREADS"] = threads
                         defaults = replace(defaults, properties=properties)
             else:
                 decided.append(f"no batching: {problem}")

@@ -12,6 +12,7 @@ import tritonclient.http as httpclient
 
 from aioinfer.serving import create_app
 from aioinfer.serving.models import ServedModel
+from aioinfer.serving.repository import engine_threads
 from tests.helpers import accumulator_model, mlp_model, reference_outputs, two_input_model
 from tests.serving.conftest import LiveServer, write_config, write_model
 
@@ -81,7 +82,8 @@ def test_defaults_are_applied_and_logged(
     assert lines["model 'mlp' version 1"] == (
         f"model 'mlp' version 1: {DEVICE} on ORT, hint THROUGHPUT, 1 stream(s), "
         "batches of up to 64 rows, 128 inferences at once (server defaults: device AUTO, "
-        "hint THROUGHPUT, dynamic batching (BATCH), batches of up to 64 rows, one stream)"
+        "hint THROUGHPUT, dynamic batching (BATCH), batches of up to 64 rows, one stream, "
+        f"{engine_threads()} compute thread(s): a core for the loop)"
     )
     assert lines["model 'plain' version 1"].endswith(
         "(server defaults: device AUTO, hint THROUGHPUT, no batching: input 'scale' (scale: "

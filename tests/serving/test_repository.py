@@ -11,6 +11,7 @@ import pytest
 from aioinfer import Core, RepositoryError
 from aioinfer.properties import num_cores
 from aioinfer.serving import ModelConfig, ModelRepository
+from aioinfer.serving.repository import engine_threads
 from tests.helpers import mlp_model
 from tests.serving.conftest import write_config, write_model
 
@@ -66,13 +67,16 @@ def test_config_becomes_device_and_properties(config, expected) -> None:
     assert config.device_and_config(CPU_PROPERTIES) == expected
 
 
+THREADS = engine_threads()  # every core but one: the event loop keeps one
 ENGINE_DECIDED = (
     "device AUTO",
     "hint THROUGHPUT",
     "dynamic batching (BATCH)",
     "batches of up to 64 rows",
     "one stream",
+    f"{THREADS} compute thread(s): a core for the loop",
 )
+ONE_STREAM = {"NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": THREADS}
 
 
 @pytest.mark.parametrize(
@@ -82,7 +86,7 @@ ENGINE_DECIDED = (
             # in batches of up to 64 rows on one stream
             {},
             "BATCH:AUTO",
-            {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 1, "MAX_BATCH_SIZE": 64},
+            {"PERFORMANCE_HINT": "THROUGHPUT", **ONE_STREAM, "MAX_BATCH_SIZE": 64},
             ENGINE_DECIDED,
         ),
         (
@@ -91,7 +95,7 @@ ENGINE_DECIDED = (
             {
                 "PERFORMANCE_HINT": "THROUGHPUT",
                 "DEVICE_PRIORITIES": "OPENVINO,CPU",
-                "NUM_STREAMS": 1,
+                **ONE_STREAM,
                 "MAX_BATCH_SIZE": 64,
             },
             ENGINE_DECIDED,
@@ -100,6 +104,17 @@ ENGINE_DECIDED = (
             {"properties": {"NUM_STREAMS": 2}},
             "BATCH:AUTO",
             {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2, "MAX_BATCH_SIZE": 64},
+            ENGINE_DECIDED[:-2],
+        ),
+        (  # the config's threads stand on the one stream
+            {"properties": {"INFERENCE_NUM_THREADS": 2}},
+            "BATCH:AUTO",
+            {
+                "PERFORMANCE_HINT": "THROUGHPUT",
+                "INFERENCE_NUM_THREADS": 2,
+                "NUM_STREAMS": 1,
+                "MAX_BATCH_SIZE": 64,
+            },
             ENGINE_DECIDED[:-1],
         ),
         (
