@@ -1,0 +1,168 @@
+"""The gRPC stack's own cost per request, against aioinfer's gRPC and REST paths.
+
+    python -m benchmarks.grpc_floor [--clients 64] [--requests 300] [--rounds 3]
+
+Three servers take turns, each in its own process, under 64 bare clients (one connection
+each, on uvloop in this process) sending single rows of the MLP of ``benchmarks/models.py``:
+
+(floor) a ``grpc.aio`` server on uvloop, as ``aioinfer serve`` runs it, whose only method
+    (``ModelInfer``, a generic handler on raw bytes) returns a response prepared ahead,
+    holding the right outputs: what grpcio costs per request before any work is done;
+(grpc) ``aioinfer serve --grpc-port`` with the server's defaults (no ``config.json``),
+    asked over gRPC;
+(rest) the same server asked over REST (HTTP/1.1, the binary tensor extension).
+
+For each: requests per second, and the server process's CPU time per request (user and
+system, all its threads, over the whole load: the 5 untimed requests of each client
+included). The gRPC floor costing more than aioinfer's whole REST request is what bounds
+gRPC against REST on the same cores (docs/grpc.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from benchmarks import models
+from benchmarks.serving import CpuTimes
+from benchmarks.serving_bare import WIDTH, free_port, run, transport_load, wait_ready
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+def serve_floor(port: int, answer: bytes) -> None:
+    """The floor server: ``ModelInfer`` answers ``answer`` whatever it is asked."""
+    import asyncio
+
+    import grpc
+
+    async def infer(request: bytes, context: object) -> bytes:
+        return answer
+
+    async def main() -> None:
+        handler = grpc.unary_unary_rpc_method_handler(infer)
+        server = grpc.aio.server(
+            handlers=(grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": handler}),)
+        )
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
+
+
+def prepared_answer(expected: np.ndarray) -> bytes:
+    """A ``ModelInferResponse`` holding ``expected`` as output ``y``."""
+    from tritonclient.grpc import service_pb2
+
+    response = service_pb2.ModelInferResponse(model_name="mlp", model_version="1")
+    response.outputs.add(name="y", datatype="FP32", shape=expected.shape)
+    response.raw_output_contents.append(expected.astype(np.float32).tobytes())
+    return bytes(response.SerializeToString())
+
+
+def wait_grpc(port: int, timeout: float = 120) -> None:
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    finally:
+        channel.close()
+
+
+def measure(
+    kind: str, server: subprocess.Popen[bytes], port: int, x: np.ndarray, expected: np.ndarray
+) -> tuple[float, float]:
+    """Requests/s and server CPU (ms) per request of one load of ``kind``."""
+    cpu = CpuTimes(server.pid)
+    cpu.start()
+    latencies, elapsed = run(
+        transport_load(kind, port, x, expected, ARGS.clients, ARGS.requests, ARGS.seconds)
+    )
+    cpu.stop()
+    count = len(latencies) + 5 * ARGS.clients
+    return len(latencies) / elapsed, cpu.spent[0] / count * 1e3
+
+
+ARGS = argparse.Namespace(clients=64, requests=300, seconds=20.0)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--floor-server", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.floor_server:
+        port, answer = args.floor_server
+        serve_floor(int(port), Path(answer).read_bytes())
+        return
+    ARGS.clients, ARGS.requests, ARGS.seconds = args.clients, args.requests, args.seconds
+    import onnxruntime as ort
+
+    from benchmarks.compare import machine
+
+    x = np.random.default_rng(0).standard_normal((1, WIDTH)).astype(np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "repo" / "mlp" / "1" / "model.onnx"
+        model.parent.mkdir(parents=True)
+        onnx.save(models.mlp(WIDTH, 4), model)
+        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        expected = session.run(None, {"x": x})[0]
+        answer = Path(tmp) / "answer.bin"
+        answer.write_bytes(prepared_answer(expected))
+        print(f"machine: {machine()}")
+        print(f"MLP 4x{WIDTH}, {args.clients} bare clients x {args.requests} single rows")
+        results: dict[str, list[tuple[float, float]]] = {"floor": [], "grpc": [], "rest": []}
+        for round_ in range(1, args.rounds + 1):
+            for kind in results:
+                port, grpc_port = free_port(), free_port()
+                if kind == "floor":
+                    command = [sys.executable, "-m", "benchmarks.grpc_floor"]
+                    command += ["--floor-server", str(grpc_port), str(answer)]
+                else:
+                    command = [sys.executable, "-m", "aioinfer.cli", "serve", str(model.parents[2])]
+                    command += ["--port", str(port), "--grpc-port", str(grpc_port)]
+                server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+                try:
+                    if kind == "floor":
+                        wait_grpc(grpc_port)
+                    else:
+                        wait_ready(port, "/v2/health/ready")
+                    load = "rest-bare" if kind == "rest" else "grpc-bare"
+                    target = port if kind == "rest" else grpc_port
+                    rate, cpu_ms = measure(load, server, target, x, expected)
+                finally:
+                    server.terminate()
+                    server.wait(60)
+                results[kind].append((rate, cpu_ms))
+                print(
+                    f"  round {round_} {kind:6s} {rate:8.0f} req/s   server CPU per request "
+                    f"{cpu_ms:.3f} ms",
+                    flush=True,
+                )
+                time.sleep(0.5)
+    print(f"medians of {args.rounds} rounds:")
+    for kind, values in results.items():
+        rate, cpu_ms = (float(np.median([v[i] for v in values])) for i in range(2))
+        print(f"  {kind:6s} {rate:8.0f} req/s   server CPU per request {cpu_ms:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
