@@ -209,12 +209,17 @@ def _check_inputs(
     specification does not allow is an error naming the input, the expected and the
     actual shape.
     """
-    x_text, state_text = (
-        ("[batch_size, seq_length, input_size]", "[batch_size, num_directions, hidden_size]")
+    state_text = (
+        "[batch_size, num_directions, hidden_size]"
         if attrs.layout
-        else ("[seq_length, batch_size, input_size]", "[num_directions, batch_size, hidden_size]")
+        else "[num_directions, batch_size, hidden_size]"
     )
     if x.ndim != 3:
+        x_text = (
+            "[batch_size, seq_length, input_size]"
+            if attrs.layout
+            else "[seq_length, batch_size, input_size]"
+        )
         raise ValueError(f"{op_type}: X must have rank 3 {x_text}, got shape {list(x.shape)}")
     gated = f"{gates}*hidden_size" if gates > 1 else "hidden_size"
     if r.ndim != 3:
@@ -227,15 +232,31 @@ def _check_inputs(
     if attrs.hidden_size is not None and attrs.hidden_size != hidden:
         raise ValueError(f"{op_type}: hidden_size is {attrs.hidden_size} but R gives {hidden}")
     state = (batch, dirs, hidden) if attrs.layout else (dirs, batch, hidden)
-    expected: list[tuple[str, np.ndarray | None, tuple[int, ...], str]] = [
-        ("W", w, (dirs, gates * hidden, size), f"[num_directions, {gated}, input_size]"),
-        ("R", r, (dirs, gates * hidden, hidden), f"[num_directions, {gated}, hidden_size]"),
-        ("B", b, (dirs, 2 * gates * hidden), f"[num_directions, 2*{gated}]"),
-        ("sequence_lens", lengths, (batch,), "[batch_size]"),
-    ]
-    expected += [(n, s, state, state_text) for n, s in zip(_STATE_NAMES, initial)]
-    for name, array, shape, meaning in expected:
-        _check_shape(op_type, name, array, shape, meaning)
+    gated_rows = gates * hidden
+    if (
+        w.shape == (dirs, gated_rows, size)
+        and r.shape == (dirs, gated_rows, hidden)
+        and (b is None or b.shape == (dirs, 2 * gated_rows))
+        and (lengths is None or lengths.shape == (batch,))
+        and all(s is None or s.shape == state for s in initial)
+    ):
+        return seq, batch, hidden  # every call checks: the messages wait for an error
+    expected = (
+        ("W", w, (dirs, gates * hidden, size)),
+        ("R", r, (dirs, gates * hidden, hidden)),
+        ("B", b, (dirs, 2 * gates * hidden)),
+        ("sequence_lens", lengths, (batch,)),
+        *((name, s, state) for name, s in zip(_STATE_NAMES, initial)),
+    )
+    for name, array, shape in expected:
+        if array is not None and array.shape != shape:
+            meaning = {
+                "W": f"[num_directions, {gated}, input_size]",
+                "R": f"[num_directions, {gated}, hidden_size]",
+                "B": f"[num_directions, 2*{gated}]",
+                "sequence_lens": "[batch_size]",
+            }.get(name, state_text)
+            _check_shape(op_type, name, array, shape, meaning)
     return seq, batch, hidden
 
 
@@ -640,10 +661,11 @@ def _lstm_results(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Y, Y_h and Y_c from the hidden states (direction, step, hidden, batch) in time
     order and the final cells (direction, hidden, batch)."""
-    dirs, seq = ys.shape[:2]
-    last = [ys[d, 0 if reverse[d] else seq - 1] for d in range(dirs)]
+    dirs, seq, hidden, batch = ys.shape
     y = np.ascontiguousarray(ys.transpose(1, 0, 3, 2))
-    y_h = np.ascontiguousarray(np.stack(last).transpose(0, 2, 1))
+    y_h = np.empty((dirs, batch, hidden), ys.dtype)
+    for d in range(dirs):
+        y_h[d] = y[0 if reverse[d] else seq - 1, d]
     y_c = np.ascontiguousarray(finals_c.transpose(0, 2, 1))
     return y, y_h, y_c
 
