@@ -22,16 +22,21 @@ COPIES_PER_BATCH_MAX = 8
 time (at batch 16 one copy of the whole is faster)."""
 
 GruWeights = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-"""W of every direction as one matrix, R (direction, gate, hidden), the input-side biases
-(direction, gate) and the recurrence bias of the candidate (direction, hidden)."""
+"""W of every direction as one matrix, transposed (see :func:`project_steps`), R
+(direction, gate, hidden), the input-side biases (direction, gate) and the recurrence
+bias of the candidate (direction, hidden)."""
 
 
-def project_steps(x: np.ndarray, w_all: np.ndarray, bias: np.ndarray, gates: int) -> np.ndarray:
+def project_steps(x: np.ndarray, w_t: np.ndarray, bias: np.ndarray, gates: int) -> np.ndarray:
     """The input projections of every step of every direction of a recurrent layer, biases
     added, in (direction, step, gate, batch) order: one product ``x @ W.T`` for all steps
-    (``x`` (seq, batch, input), ``w_all`` the directions' W stacked, ``bias`` (direction,
-    gate)), the biases added in place, then the batch moved last. The GRU's and the
-    LSTM's fast loops start with it.
+    (``x`` (seq, batch, input), ``w_t`` the directions' W stacked and transposed, in a
+    contiguous (input, direction * gate) array, ``bias`` (direction, gate)), the biases
+    added in place, then the batch moved last. The GRU's and the LSTM's fast loops start
+    with it.
+
+    OpenBLAS multiplies by a contiguous right operand 2.7x faster than by a transposed
+    view (16 x 96 times 96 x 512: 8.7 against 23 us), hence ``w_t``, transposed once.
 
     The move is a view for a batch of one; else a copy per batch entry up to
     :data:`COPIES_PER_BATCH_MAX`: numpy's one transposing copy (or addition) runs an
@@ -39,9 +44,9 @@ def project_steps(x: np.ndarray, w_all: np.ndarray, bias: np.ndarray, gates: int
     and 200 gates, four times the copies."""
     seq, batch, _ = x.shape
     dirs = bias.shape[0]
-    dtype = w_all.dtype
+    dtype = w_t.dtype
     flat = x.reshape(seq * batch, -1)
-    projected = gemm_2d(flat, w_all.T, np.empty((seq * batch, w_all.shape[0]), dtype))
+    projected = gemm_2d(flat, w_t, np.empty((seq * batch, w_t.shape[1]), dtype))
     np.add(projected, bias.reshape(-1), out=projected)
     moved = projected.reshape(seq, batch, dirs, gates).transpose(2, 0, 3, 1)
     if batch == 1:
@@ -69,13 +74,14 @@ def gru_fast_weights(
     scale = np.ones(gates, compute)
     scale[: 2 * hidden] = 0.5
     w_fast = (w.astype(compute) * scale[:, None]).reshape(-1, w.shape[-1])
+    w_t = np.ascontiguousarray(w_fast.T)
     r_fast = np.ascontiguousarray(r.astype(compute) * scale[:, None])
     wide = np.zeros((dirs, 2 * gates), compute) if b is None else b.astype(compute)
     bias = wide[:, :gates] + wide[:, gates:]
     r_bias_h = np.ascontiguousarray(wide[:, gates + 2 * hidden :])
     if linear_before_reset:
         bias[:, 2 * hidden :] = wide[:, 2 * hidden : gates]
-    return w_fast, r_fast, bias * scale, r_bias_h
+    return w_t, r_fast, bias * scale, r_bias_h
 
 
 def gru_fast(
@@ -86,11 +92,11 @@ def gru_fast(
     linear_before_reset: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(Y, Y_h) of the GRU of :data:`GruWeights` over ``x`` (seq, batch, input)."""
-    w_all, r_all, bias, r_bias_h = weights
+    w_t, r_all, bias, r_bias_h = weights
     seq, batch, _ = x.shape
     dirs, gates, hidden = r_all.shape
-    dtype = w_all.dtype
-    xw = project_steps(x, w_all, bias, gates)
+    dtype = w_t.dtype
+    xw = project_steps(x, w_t, bias, gates)
     ys = np.empty((dirs, seq, hidden, batch), dtype)
     for d in range(dirs):
         h0 = None if initial_h is None else initial_h[d].T

@@ -461,8 +461,9 @@ _FAST_LSTM_ACTIVATIONS = ("sigmoid", "tanh", "tanh")
 
 
 FastWeights = tuple[np.ndarray, np.ndarray, np.ndarray, "np.ndarray | None"]
-"""W, R, the summed biases, and (bidirectional, small hidden size) R of both directions
-as one block-diagonal matrix for :func:`_lstm_both_directions`."""
+"""W transposed (see :func:`~.gru_fast.project_steps`), R, the summed biases, and
+(bidirectional, small hidden size) R of both directions as one block-diagonal matrix for
+:func:`_lstm_both_directions`."""
 
 BOTH_DIRECTIONS_MAX_HIDDEN = 64
 """Up to this hidden size a bidirectional LSTM runs both directions in one loop over
@@ -482,13 +483,13 @@ two threads would mostly wait for each other."""
 def _lstm_fast_weights(
     w: np.ndarray, r: np.ndarray, b: np.ndarray | None, compute: np.dtype
 ) -> FastWeights:
-    """W, R and the summed biases of every direction for :func:`_lstm_fast`: gate rows in
-    the order o, i, f, c (from ONNX's i, o, f, c), the rows of the three sigmoid gates
-    halved, since ``sigmoid(z) = (1 + tanh(z / 2)) / 2`` lets one tanh call serve all four
-    gates (halving is exact in binary floating point). For two directions with a hidden
-    size up to :data:`BOTH_DIRECTIONS_MAX_HIDDEN`, also R of both as one block-diagonal
-    matrix, its rows gate-major (o of both directions, then i, f and c), its columns the
-    hidden states of both directions."""
+    """W (transposed), R and the summed biases of every direction for :func:`_lstm_fast`:
+    gate rows in the order o, i, f, c (from ONNX's i, o, f, c), the rows of the three
+    sigmoid gates halved, since ``sigmoid(z) = (1 + tanh(z / 2)) / 2`` lets one tanh call
+    serve all four gates (halving is exact in binary floating point). For two directions
+    with a hidden size up to :data:`BOTH_DIRECTIONS_MAX_HIDDEN`, also R of both as one
+    block-diagonal matrix, its rows gate-major (o of both directions, then i, f and c),
+    its columns the hidden states of both directions."""
     hidden = r.shape[-1]
     order = np.r_[hidden : 2 * hidden, 0:hidden, 2 * hidden : 4 * hidden]
     scale = np.ones(4 * hidden, compute)
@@ -506,7 +507,8 @@ def _lstm_fast_weights(
         for d in range(2):
             r_both[:, d, :, d, :] = r_fast[d].reshape(4, hidden, hidden)
         r_both = r_both.reshape(8 * hidden, 2 * hidden)
-    return w_fast.reshape(-1, w.shape[-1]), r_fast, bias, r_both
+    w_t = np.ascontiguousarray(w_fast.reshape(-1, w.shape[-1]).T)
+    return w_t, r_fast, bias, r_both
 
 
 def _lstm_both_directions(
@@ -581,11 +583,11 @@ def _lstm_fast(
     elementwise call works on contiguous memory. The cell state sits right after the
     candidate gate in the same buffer, so ``[i, f] * [g, c]`` is one multiply.
     """
-    w_all, r_all, bias, r_both = weights
+    w_t, r_all, bias, r_both = weights
     seq, batch, _ = x.shape
     dirs, gates, hidden = r_all.shape[0], r_all.shape[1], r_all.shape[2]
-    dtype = w_all.dtype
-    xw = project_steps(x, w_all, bias, gates)
+    dtype = w_t.dtype
+    xw = project_steps(x, w_t, bias, gates)
     if r_both is not None and list(reverse) == [False, True]:
         ys, finals_c = _lstm_both_directions(xw, r_both, initial_h, initial_c)
         return _lstm_results(ys, finals_c, reverse)
