@@ -66,15 +66,18 @@ def gru_fast_weights(
     b: np.ndarray | None,
     compute: np.dtype,
     linear_before_reset: bool,
+    reused: bool,
 ) -> GruWeights:
     """The weights of :func:`gru_fast`: the z and r rows of W, R and their biases halved;
     the biases added once to the projection (with ``linear_before_reset``, the
-    candidate's recurrence bias stays apart: the reset gate multiplies it)."""
+    candidate's recurrence bias stays apart: the reset gate multiplies it). W transposed
+    into a contiguous matrix when the weights are ``reused`` by many runs (see
+    :func:`project_steps`; a view otherwise: the copy costs more than one run saves)."""
     dirs, gates, hidden = r.shape
     scale = np.ones(gates, compute)
     scale[: 2 * hidden] = 0.5
     w_fast = (w.astype(compute) * scale[:, None]).reshape(-1, w.shape[-1])
-    w_t = np.ascontiguousarray(w_fast.T)
+    w_t = np.ascontiguousarray(w_fast.T) if reused else w_fast.T
     r_fast = np.ascontiguousarray(r.astype(compute) * scale[:, None])
     wide = np.zeros((dirs, 2 * gates), compute) if b is None else b.astype(compute)
     bias = wide[:, :gates] + wide[:, gates:]

@@ -395,10 +395,10 @@ def gru(spec: NodeSpec) -> Kernel:
         compute = np.dtype(np.float32 if out_dtype == np.float16 else out_dtype)
         if w is consts[0] and r is consts[1] and b is consts[2]:
             if compute not in cache:
-                cache[compute] = gru_fast_weights(w, r, b, compute, linear_before_reset)
+                cache[compute] = gru_fast_weights(w, r, b, compute, linear_before_reset, True)
             weights = cache[compute]
         else:
-            weights = gru_fast_weights(w, r, b, compute, linear_before_reset)
+            weights = gru_fast_weights(w, r, b, compute, linear_before_reset, False)
         if attrs.layout == 1:
             x = x.swapaxes(0, 1)
             initial_h = None if initial_h is None else initial_h.swapaxes(0, 1)
@@ -481,7 +481,7 @@ two threads would mostly wait for each other."""
 
 
 def _lstm_fast_weights(
-    w: np.ndarray, r: np.ndarray, b: np.ndarray | None, compute: np.dtype
+    w: np.ndarray, r: np.ndarray, b: np.ndarray | None, compute: np.dtype, reused: bool
 ) -> FastWeights:
     """W (transposed), R and the summed biases of every direction for :func:`_lstm_fast`:
     gate rows in the order o, i, f, c (from ONNX's i, o, f, c), the rows of the three
@@ -489,7 +489,13 @@ def _lstm_fast_weights(
     serve all four gates (halving is exact in binary floating point). For two directions
     with a hidden size up to :data:`BOTH_DIRECTIONS_MAX_HIDDEN`, also R of both as one
     block-diagonal matrix, its rows gate-major (o of both directions, then i, f and c),
-    its columns the hidden states of both directions."""
+    its columns the hidden states of both directions.
+
+    ``reused``: the weights serve many runs (constants), so W is transposed into a
+    contiguous matrix and each direction's R into Fortran order, as OpenBLAS multiplies
+    them fastest (:func:`~.gru_fast.project_steps`; R by the hidden state 5-35% faster,
+    hidden 32 to 256, batch 1 and 4). Weights fed as inputs, prepared on every run, stay
+    views: the two transposing copies (ddddocr's 8 MB W) cost more than one run saves."""
     hidden = r.shape[-1]
     order = np.r_[hidden : 2 * hidden, 0:hidden, 2 * hidden : 4 * hidden]
     scale = np.ones(4 * hidden, compute)
@@ -507,11 +513,11 @@ def _lstm_fast_weights(
         for d in range(2):
             r_both[:, d, :, d, :] = r_fast[d].reshape(4, hidden, hidden)
         r_both = np.asfortranarray(r_both.reshape(8 * hidden, 2 * hidden))
-    w_t = np.ascontiguousarray(w_fast.reshape(-1, w.shape[-1]).T)
-    # Each direction's R in Fortran order (a view of R transposed): OpenBLAS multiplies
-    # it by the hidden state 5-35% faster (hidden 32 to 256, batch 1 and 4).
-    r_columns = np.ascontiguousarray(r_fast.transpose(0, 2, 1)).transpose(0, 2, 1)
-    return w_t, r_columns, bias, r_both
+    w_t = w_fast.reshape(-1, w.shape[-1]).T
+    if reused:
+        w_t = np.ascontiguousarray(w_t)
+        r_fast = np.ascontiguousarray(r_fast.transpose(0, 2, 1)).transpose(0, 2, 1)
+    return w_t, r_fast, bias, r_both
 
 
 def _lstm_both_directions(
@@ -700,9 +706,9 @@ def lstm(spec: NodeSpec) -> Kernel:
     ) -> FastWeights:
         if w is consts[0] and r is consts[1] and b is consts[2]:
             if compute not in cache:
-                cache[compute] = _lstm_fast_weights(w, r, b, compute)
+                cache[compute] = _lstm_fast_weights(w, r, b, compute, reused=True)
             return cache[compute]
-        return _lstm_fast_weights(w, r, b, compute)
+        return _lstm_fast_weights(w, r, b, compute, reused=False)
 
     def run_fast(
         x: np.ndarray,
