@@ -28,6 +28,7 @@ from aioinfer.devices.cpu.kernels.gru_fast import (
     GruWeights,
     gru_fast,
     gru_fast_weights,
+    halves,
     project_steps,
 )
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
@@ -549,7 +550,7 @@ def _lstm_both_directions(
     products = np.empty((2 * width, batch), dtype)
     first, second = products[:width], products[width:]
     cell_tanh = np.empty((width, batch), dtype)
-    half = np.full((3 * width, batch), 0.5, dtype)
+    half = halves(3 * width, batch, dtype)
     h = np.zeros((width, batch), dtype)
     cell[...] = 0
     for d in range(2):
@@ -634,7 +635,7 @@ def _lstm_direction(
     hidden = gates // 4
     dtype = xw.dtype
     tanh, multiply, add, dot = np.tanh, np.multiply, np.add, np.dot
-    half = np.full((3 * hidden, batch), 0.5, dtype)
+    half = halves(3 * hidden, batch, dtype)
     state = np.empty((5 * hidden, batch), dtype)  # o, i, f, g (the gates), then c
     pre, sig, i_f, g_c = (
         state[:gates],
@@ -646,7 +647,7 @@ def _lstm_direction(
     products = np.empty((2 * hidden, batch), dtype)
     first, second = products[:hidden], products[hidden:]
     cell_tanh = np.empty((hidden, batch), dtype)
-    h = np.zeros((hidden, batch), dtype) if initial_h is None else initial_h.copy()
+    h = np.zeros((hidden, batch), dtype) if initial_h is None else initial_h  # only read
     if initial_c is None:
         cell[...] = 0
     else:
