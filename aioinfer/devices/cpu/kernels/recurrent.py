@@ -409,7 +409,6 @@ def gru(spec: NodeSpec) -> Kernel:
             weights,
             None if initial_h is None else initial_h.astype(compute, copy=False),
             reverse,
-            linear_before_reset,
         )
         if attrs.layout == 1:
             y, y_h = y.transpose(2, 0, 1, 3), y_h.swapaxes(0, 1)
