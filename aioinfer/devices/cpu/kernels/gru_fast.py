@@ -3,7 +3,7 @@ sequence at full length, layout 0, in the compute dtype.
 
 The general path (:mod:`.recurrent`) allocates every intermediate of every step, about
 twenty numpy calls a step; this one runs twelve on preallocated, contiguous, gate-major
-buffers (the state is (hidden, batch): ``R @ h``, R as stored). As in the LSTM's fast
+buffers (the state is (hidden, batch): ``R @ h``, R in Fortran order). As in the LSTM's fast
 path, the rows of the sigmoid gates (z, r) are halved once, so that
 ``sigmoid(a) = (1 + tanh(a / 2)) / 2`` (halving is exact in binary floating point), and
 ``H_t = (1 - z) h~ + z H_{t-1}`` is computed as ``h~ + z (H_{t-1} - h~)``.
