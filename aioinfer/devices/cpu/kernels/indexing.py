@@ -64,7 +64,8 @@ def _gather(spec: NodeSpec) -> Kernel:
         if indices.ndim == 0:
             # A scalar index known at run time only (inside a branch that specialisation
             # inlined, it is a folded constant): basic indexing as above.
-            return (data[(*(slice(None),) * ax, int(indices), Ellipsis)],)
+            key: tuple[Any, ...] = (*(slice(None),) * ax, int(indices), Ellipsis)
+            return (data[key],)
         out = np.take(data, indices, axis=ax)
         # A scalar index into a vector gives a numpy scalar: outputs are arrays.
         return (out if type(out) is np.ndarray else np.asarray(out),)
