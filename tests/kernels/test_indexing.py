@@ -268,6 +268,23 @@ def test_gather_of_a_constant_scalar_index_is_a_view(
         run(RNG.standard_normal((1, 1, 1)).astype(np.float32), index_array)
 
 
+@pytest.mark.parametrize(("shape", "axis", "index"), [((5,), 0, -2), ((2, 4), 1, 3)])
+def test_gather_of_a_scalar_index_given_at_run_time_is_a_view(
+    shape: tuple[int, ...], axis: int, index: int
+) -> None:
+    """A scalar index that is not a constant of the node (a branch's constant, folded
+    when specialisation inlines the branch) takes basic indexing too: onnx.reference's
+    values, as a view of the data; an index out of range is still an error."""
+    node = oh.make_node("Gather", ["x", "i"], ["y"], axis=axis)
+    index_array = np.array(index, np.int64)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    (y,) = run_aioinfer(node, [x, index_array], 13)
+    assert type(y) is np.ndarray and np.shares_memory(y, x)
+    assert_same([y], run_reference(node, [x, index_array], 13))
+    with pytest.raises(IndexError):
+        run_aioinfer(node, [RNG.standard_normal((1, 1)).astype(np.float32), index_array], 13)
+
+
 def test_gather_of_a_scalar_index_into_a_vector_is_an_array() -> None:
     index = np.array(1, np.int64)  # 0-d
     (y,) = run_aioinfer(oh.make_node("Gather", ["x", "i"], ["y"]), [i64(4, 5, 6), index], 13)

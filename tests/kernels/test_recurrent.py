@@ -22,6 +22,7 @@ import pytest
 
 import aioinfer
 from aioinfer.devices.cpu.kernels import parallel, recurrent
+from aioinfer.devices.cpu.kernels.gru_fast import COPIES_PER_BATCH_MAX
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
 from aioinfer.devices.cpu.kernels.recurrent import (
     BOTH_DIRECTIONS_MAX_HIDDEN,
@@ -34,6 +35,7 @@ from tests.kernels._check import check_node, run_aioinfer, run_reference
 INPUT_NAMES = ["X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"]
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 OUTPUTS = {"RNN": 2, "GRU": 2, "LSTM": 3}
+OUTPUT_NAMES = ["Y", "Y_h", "Y_c"]
 SEQ, BATCH, INPUT, HIDDEN = 5, 3, 4, 6
 
 
@@ -518,6 +520,39 @@ def test_bidirectional_lstm_directions_on_two_threads_match_one_thread() -> None
     check_node(node, inputs, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+@pytest.mark.parametrize("batch", [1, 3, COPIES_PER_BATCH_MAX + 1])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_lean_loops_over_every_batch_size_match_reference(
+    op: str, batch: int, direction: str
+) -> None:
+    """The lean loops' input projection moves the batch axis last in three ways: a view
+    for a batch of one, a copy per batch entry up to COPIES_PER_BATCH_MAX, one copy
+    beyond. Each agrees with onnx.reference, initial states included (float32: rtol 1e-5,
+    atol 1e-5)."""
+    rng = np.random.default_rng(15)
+    directions = 2 if direction == "bidirectional" else 1
+    gates, hidden, seq, features = GATES[op], 12, 6, 5
+
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    inputs: list[np.ndarray | None] = [
+        normal(seq, batch, features),
+        normal(directions, gates * hidden, features, scale=0.4),
+        normal(directions, gates * hidden, hidden, scale=0.3),
+        normal(directions, 2 * gates * hidden, scale=0.3),
+        None,
+        normal(directions, batch, hidden),
+    ]
+    if op == "LSTM":
+        inputs.append(normal(directions, batch, hidden))
+    names = [n if x is not None else "" for n, x in zip(INPUT_NAMES, inputs)]
+    outputs = ["Y", "Y_h", "Y_c"][: OUTPUTS[op]]
+    node = oh.make_node(op, names, outputs, hidden_size=hidden, direction=direction)
+    check_node(node, inputs, opset=14, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("linear_before_reset", [0, 1])
 def test_gru_with_constant_weights_in_a_compiled_model_matches_reference(
     linear_before_reset: int,
@@ -558,6 +593,54 @@ def test_gru_with_constant_weights_in_a_compiled_model_matches_reference(
         got = request.infer_sync({"X": x, "initial_h": h0})
         want = run_reference(node, [x, weights["W"], weights["R"], weights["B"], None, h0], 14)
         for name, expected in zip(["Y", "Y_h"], want):
+            np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("hidden", [BOTH_DIRECTIONS_MAX_HIDDEN, BOTH_DIRECTIONS_MAX_HIDDEN + 1])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_lstm_with_constant_weights_in_a_compiled_model_matches_reference(
+    hidden: int, batch: int
+) -> None:
+    """Constant weights are prepared once, laid out for BLAS (W transposed into a
+    contiguous matrix, R in Fortran order, or the block-diagonal R of both directions up
+    to BOTH_DIRECTIONS_MAX_HIDDEN): a bidirectional LSTM with initial states agrees with
+    onnx.reference on two runs with different inputs (float32: rtol 1e-5, atol 1e-5)."""
+    rng = np.random.default_rng(16)
+    features = 5
+    weights = {
+        "W": (rng.standard_normal((2, 4 * hidden, features)) * 0.3).astype(np.float32),
+        "R": (rng.standard_normal((2, 4 * hidden, hidden)) * 0.1).astype(np.float32),
+        "B": (rng.standard_normal((2, 8 * hidden)) * 0.3).astype(np.float32),
+    }
+    node = oh.make_node(
+        "LSTM",
+        ["X", "W", "R", "B", "", "initial_h", "initial_c"],
+        ["Y", "Y_h", "Y_c"],
+        hidden_size=hidden,
+        direction="bidirectional",
+    )
+    state = tensor_info("initial_h", np.float32, [2, batch, hidden])
+    model = make_model(
+        [node],
+        [
+            tensor_info("X", np.float32, [None, batch, features]),
+            state,
+            tensor_info("initial_c", np.float32, [2, batch, hidden]),
+        ],
+        [
+            tensor_info(name, np.float32, [None] * rank)
+            for name, rank in zip(OUTPUT_NAMES, (4, 3, 3))
+        ],
+        weights,
+        opsets={"": 14},
+    )
+    request = aioinfer.Core().compile_model(model, "CPU").create_infer_request()
+    for seq in (6, 3):
+        x = rng.standard_normal((seq, batch, features)).astype(np.float32)
+        h0, c0 = (rng.standard_normal((2, batch, hidden)).astype(np.float32) for _ in range(2))
+        got = request.infer_sync({"X": x, "initial_h": h0, "initial_c": c0})
+        want = run_reference(node, [x, weights["W"], weights["R"], weights["B"], None, h0, c0], 14)
+        for name, expected in zip(OUTPUT_NAMES, want):
             np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from aioinfer.devices.cpu.kernels.parallel import use_intra_op_threads
 from aioinfer.devices.cpu.memory import RequestMemory, shapes_key
-from aioinfer.devices.cpu.plan import BranchChanged, Step, keep_loop_responsive
+from aioinfer.devices.cpu.plan import BranchChanged, Plan, Step, keep_loop_responsive
 from aioinfer.devices.cpu.specialize import specialize
 from aioinfer.plugin.state import VariableState, VariableStore, dimension_sizes
 from aioinfer.plugin.sync_request import SyncInferRequest
@@ -80,30 +80,27 @@ class CPUInferRequest(SyncInferRequest):
     def start_pipeline(self) -> None:
         use_intra_op_threads(self._threads)  # this compiled model's, on this thread
         keep_loop_responsive()
+        plan = self.memory.plan(self._key)
         self._untimed += 1
-        if (
-            self._untimed < CPU_TIME_EVERY
-            and self._run_times.short(self._key)
-            and self.memory.plan(self._key) is not None
-        ):
-            self._run_plan()
+        if plan is not None and self._untimed < CPU_TIME_EVERY and self._run_times.short(self._key):
+            self._run_plan(plan)
             return
         self._untimed = 0
-        building = self.memory.plan(self._key) is None
         started = time.thread_time()
         try:
-            self._run_plan()
+            self._run_plan(plan)
         finally:
             seconds = time.thread_time() - started
             # The run that builds the shapes' plan also specialises and records it: its
             # time says the runs are short when it is short, and nothing otherwise.
-            if not building or seconds < self._run_times.budget:
+            if plan is not None or seconds < self._run_times.budget:
                 self._run_times.record(self._key, seconds)
 
-    def _run_plan(self) -> None:
+    def _run_plan(self, plan: Plan | None) -> None:
+        """Run ``plan`` (the request's bound plan for the inputs' shapes), or, when there
+        is none (or it took another branch), specialise one and plan its memory."""
         feed, self._feed = self._feed, []
         key = self._key
-        plan = self.memory.plan(key)
         if plan is not None and not self._profiling:
             try:
                 self._produced = plan.run(feed, self.cancel_token)
@@ -155,9 +152,13 @@ def _owned(value: Any, inputs: list[Any]) -> Any:
         items = [x for x in inputs if not isinstance(x, list)]
         items += [item for x in inputs if isinstance(x, list) for item in x]
         return [_owned(item, items) for item in value]
-    array = np.asarray(value)
+    array = value if type(value) is np.ndarray else np.asarray(value)
     if array.dtype.kind == "U":  # kernels make numpy str; string ports are object arrays
         return array.astype(object)
-    if not array.flags.owndata or not array.flags.writeable or any(array is x for x in inputs):
+    flags = array.flags
+    if not flags.owndata or not flags.writeable:
         return array.copy()
+    for item in inputs:
+        if item is array:
+            return array.copy()
     return array

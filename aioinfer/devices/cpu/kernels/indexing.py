@@ -61,6 +61,11 @@ def _gather(spec: NodeSpec) -> Kernel:
 
     def run(data: np.ndarray, indices: np.ndarray) -> tuple:
         ax = normalize_axis(axis, data.ndim, "Gather axis")
+        if indices.ndim == 0:
+            # A scalar index known at run time only (inside a branch that specialisation
+            # inlined, it is a folded constant): basic indexing as above.
+            key: tuple[Any, ...] = (*(slice(None),) * ax, int(indices), Ellipsis)
+            return (data[key],)
         out = np.take(data, indices, axis=ax)
         # A scalar index into a vector gives a numpy scalar: outputs are arrays.
         return (out if type(out) is np.ndarray else np.asarray(out),)
