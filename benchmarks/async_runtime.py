@@ -1,13 +1,16 @@
 """Benchmarks of the async runtime, side by side with onnxruntime in the same run.
 
-    python -m benchmarks.async_runtime [--seconds 3] [--backend asyncio|trio]
+    python -m benchmarks.async_runtime [--seconds 3] [--backend asyncio|trio] [--sections abcd]
 
 (a) per-request overhead of ``await request.infer()`` over running the plan directly
     (tiny model, microseconds); (b) event-loop lag percentiles while requests compute,
     next to the control the test suite compares with (the same inferences run on the
     loop itself, blocking it);
 (c) AsyncInferQueue throughput with the LATENCY and THROUGHPUT hints on an MLP and a CNN,
-    next to onnxruntime (2 intra-op threads) driven by ``anyio.to_thread.run_sync``.
+    next to onnxruntime (2 intra-op threads) driven by ``anyio.to_thread.run_sync``;
+(d) the awaited path on a large model: ``await request.infer()`` against ``infer_sync``
+    on the same request of the MLP of ``benchmarks.compare`` (batch 64, LATENCY), in
+    alternating rounds of 20 (medians, milliseconds).
 Absolute times on shared machines are noise: compare the ratios of one run.
 """
 
@@ -206,15 +209,49 @@ async def _ort_rate(
     return count / (time.perf_counter() - start)
 
 
-async def main(seconds: float) -> None:
-    await overhead()
-    await loop_lag(seconds)
-    await throughput(seconds)
+async def awaited_large(rounds: int = 3, runs: int = 20) -> None:
+    from benchmarks.compare import MODELS, feeds_for
+
+    model = MODELS["mlp"][0]()
+    feeds = feeds_for("mlp", model)
+    config = {"PERFORMANCE_HINT": "LATENCY"}
+    request = ai.Core().compile_model(model, "CPU", config).create_infer_request()
+    for _ in range(3):
+        request.infer_sync(dict(feeds))
+        await request.infer(dict(feeds))
+    print("(d) the awaited path on a large model: MLP 4x1024 batch 64 (median, ms)")
+    for round_ in range(1, rounds + 1):
+        sync, awaited = [], []
+        for _ in range(runs):
+            start = time.perf_counter()
+            request.infer_sync(dict(feeds))
+            sync.append(time.perf_counter() - start)
+        for _ in range(runs):
+            start = time.perf_counter()
+            await request.infer(dict(feeds))
+            awaited.append(time.perf_counter() - start)
+        median_sync, median_awaited = (statistics.median(t) * 1e3 for t in (sync, awaited))
+        print(
+            f"    round {round_}: infer_sync {median_sync:7.2f}   await infer() "
+            f"{median_awaited:7.2f}   ({median_awaited / median_sync:.2f}x)"
+        )
+
+
+async def main(seconds: float, sections: str = "abcd") -> None:
+    if "a" in sections:
+        await overhead()
+    if "b" in sections:
+        await loop_lag(seconds)
+    if "c" in sections:
+        await throughput(seconds)
+    if "d" in sections:
+        await awaited_large()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    parser.add_argument("--sections", default="abcd", help="which of (a)-(d) to run")
     args = parser.parse_args()
-    anyio.run(main, args.seconds, backend=args.backend)
+    anyio.run(main, args.seconds, args.sections, backend=args.backend)
