@@ -54,8 +54,12 @@ async def test_cancel_stops_within_a_fraction_of_the_run(slow):
     request.cancel()
     with pytest.raises(ai.InferCancelledError):
         await request.wait()
-    # 800 kernels: one kernel is ~full/800; generous slack for a loaded machine.
-    assert time.perf_counter() - start < full / 2, full
+    elapsed = time.perf_counter() - start
+    # 800 kernels: one kernel is ~full/800; generous slack for a loaded machine. The run
+    # to compare with is the longer of one before and one after: a load that came up
+    # meanwhile slows the cancelled run as much.
+    full = max(full, await full_run_seconds(compiled))
+    assert elapsed < full / 2, (elapsed, full)
     assert request.state is ai.RequestState.IDLE
 
 
