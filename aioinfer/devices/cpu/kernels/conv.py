@@ -32,6 +32,7 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     product_by_pixels,
     scratch,
 )
+from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue, RowPlan, row_plan, rows_conv
 from aioinfer.devices.cpu.kernels.conv_winograd import (
     winograd_conv,
     winograd_fits,
@@ -170,17 +171,24 @@ class _ConvPlan:
     small: bool
     """im2col columns of at most :data:`KEPT_COLUMNS_BYTES` (float32): kept per node,
     which costs a small convolution less than the phase-flattened columns."""
+    rows: RowPlan | None
+    """A large convolution of one group: computed in blocks of output rows
+    (:mod:`.conv_rows`)."""
 
 
 ConvCompute = Callable[
-    [np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None", "Epilogue | None"],
+    [np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None", "ConvEpilogue | None"],
     tuple[np.ndarray, bool],
 ]
 """``compute(x, w, b, out, epilogue) -> (y, applied)``: a convolution written into
 ``out`` when it is given (a contiguous array of y's shape and dtype), else into a new
-array; ``applied`` tells whether the ``epilogue`` (see :data:`.conv_flat.Epilogue`) was
-applied to all of ``y`` (depthwise 1-D and 2-D convolutions apply it on each thread's
+array; ``applied`` tells whether the ``epilogue`` was applied to all of ``y`` (depthwise
+1-D and 2-D convolutions and those computed in blocks of rows apply it on each thread's
 share of the output); when not, the caller applies it."""
+
+MIN_ROW_BLOCKS = 2
+"""Blocks of output rows (all images) from which a convolution of one group is computed
+in such blocks: fewer (small maps of many channels) split better by filters."""
 
 
 def conv_compute(spec: NodeSpec) -> ConvCompute:
@@ -225,6 +233,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         if min(out) < 1:
             raise ValueError(f"Conv: input {x_shape} is smaller than the kernel {kshape}")
         pointwise = all(k == 1 for k in kshape) and not any(begins) and not any(ends)
+        strided = any(s != 1 for s in strides)
         flat = (
             flat_geometry(
                 x_shape[2:],
@@ -240,6 +249,16 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if rank <= 2 and not pointwise
             else None
         )
+        winograd = winograd_fits(
+            kshape, strides, dilations, group, x_shape[1], w_shape[0], tuple(out)
+        )
+        rows = None
+        if group == 1 and not winograd and (rank == 2 or (pointwise and not strided)):
+            rows = row_plan(
+                None if pointwise else flat, strides, tuple(out), x_shape[1], w_shape[0]
+            )
+            if rows is not None and x_shape[0] * -(-rows.rows // rows.block_rows) < MIN_ROW_BLOCKS:
+                rows = None
         return _ConvPlan(
             kshape,
             strides,
@@ -250,16 +269,9 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             pointwise,
             math.prod(out),
             flat,
-            winograd_fits(
-                kshape,
-                strides,
-                dilations,
-                group,
-                x_shape[1],
-                w_shape[0],
-                tuple(out),
-            ),
+            winograd,
             x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out) * 4 <= KEPT_COLUMNS_BYTES,
+            rows,
         )
 
     def weight_matrix(w: np.ndarray) -> np.ndarray:
@@ -291,6 +303,26 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             cached_plan(ordered, order, lambda: matrix)
         return matrix
 
+    prepared: dict[tuple[tuple[int, ...], bool], np.ndarray] = {}
+    """Constant weights as :func:`.conv_rows.rows_conv` takes them, per tap order."""
+
+    def row_weights(w: np.ndarray, wmat: np.ndarray, plan: RowPlan) -> np.ndarray:
+        """The weights of :func:`.conv_rows.rows_conv`, cached when ``w`` is constant."""
+        if plan.geometry is None:
+            return wmat[0]
+        key = (plan.geometry.order, plan.implicit)
+        if w_const is not None and key in prepared:
+            return prepared[key]
+        matrix = tap_ordered(w, wmat, plan.geometry.order)[0]
+        if plan.implicit:  # (M, C * taps) -> (taps, M, C)
+            taps = len(plan.geometry.order)
+            matrix = np.ascontiguousarray(
+                matrix.reshape(matrix.shape[0], -1, taps).transpose(2, 0, 1)
+            )
+        if w_const is not None:
+            cached_plan(prepared, key, lambda: matrix)
+        return matrix
+
     local = threading.local()
     """This thread's :class:`_Columns` per input shape (kernels are shared by requests
     running on several threads)."""
@@ -300,7 +332,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         w: np.ndarray,
         b: np.ndarray | None,
         out: np.ndarray | None,
-        epilogue: Epilogue | None = None,
+        epilogue: ConvEpilogue | None = None,
     ) -> tuple[np.ndarray, bool]:
         plan = cached_plan(plans, (x.shape, w.shape), lambda: plan_for(x.shape, w.shape))
         n, c = x.shape[:2]
@@ -324,11 +356,16 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if b is not None:
                 y += b.reshape(-1, 1, 1)
             return y.astype(x.dtype, copy=False), False
+        if plan.rows is not None and not depthwise and work.dtype == x.dtype:
+            y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
+            weights = row_weights(w, wmat, plan.rows)
+            return y, rows_conv(plan.rows, work, weights, b, y, epilogue)
         if flat is not None and n and (depthwise or not plan.small):
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             weights = tap_ordered(w, wmat, flat.order)
             if depthwise:
-                finish = _chain(_bias_epilogue(b, c, work.dtype), epilogue)
+                then = None if epilogue is None else epilogue.channels
+                finish = _chain(_bias_epilogue(b, c, work.dtype), then)
                 flat_depthwise(flat, work, weights, y, finish)
                 return y.astype(x.dtype, copy=False), epilogue is not None
             flat_conv(flat, work, weights, y)
