@@ -186,10 +186,6 @@ array; ``applied`` tells whether the ``epilogue`` was applied to all of ``y`` (d
 1-D and 2-D convolutions and those computed in blocks of rows apply it on each thread's
 share of the output); when not, the caller applies it."""
 
-MIN_ROW_BLOCKS = 2
-"""Blocks of output rows (all images) from which a convolution of one group is computed
-in such blocks: fewer (small maps of many channels) split better by filters."""
-
 
 def conv_compute(spec: NodeSpec) -> ConvCompute:
     """The convolution of a Conv (or FusedConv) node, bound at compile time."""
@@ -255,10 +251,13 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         rows = None
         if group == 1 and not winograd and (rank == 2 or (pointwise and not strided)):
             rows = row_plan(
-                None if pointwise else flat, strides, tuple(out), x_shape[1], w_shape[0]
+                None if pointwise else flat,
+                strides,
+                tuple(out),
+                x_shape[0],
+                x_shape[1],
+                w_shape[0],
             )
-            if rows is not None and x_shape[0] * -(-rows.rows // rows.block_rows) < MIN_ROW_BLOCKS:
-                rows = None
         return _ConvPlan(
             kshape,
             strides,

@@ -42,18 +42,18 @@ from aioinfer.devices.cpu.kernels.parallel import run_parallel
 InPlace = Callable[[np.ndarray], object]
 """An activation applied in place to a float array (what it returns is ignored)."""
 
-BLOCK_ELEMENTS = int(__import__("os").environ.get("BLK", 1 << 19))
+BLOCK_ELEMENTS = 1 << 19
 """Elements of a block's source (its columns of one tap) and result together: both stay
 in the L2 cache."""
-IMPLICIT_CHANNELS = int(__import__("os").environ.get("IMPL", 32))
+IMPLICIT_CHANNELS = 32
 """Input channels from which each tap is multiplied in place rather than copied."""
-MIN_BLOCKS = int(__import__("os").environ.get("MINB", 8))
+MIN_BLOCKS = 8
 """Blocks a large image is cut into at least: enough for two threads to share evenly."""
 MAX_FILTERS = 96
 """Filters from which one product over the whole image, split by filters, is faster."""
 MAX_POINTWISE_CHANNELS = 48
 """Input channels from which a 1x1 convolution's single product is faster."""
-MIN_BLOCK_WORK = int(__import__("os").environ.get("MINW", 1 << 23))
+MIN_BLOCK_WORK = 1 << 23
 """Multiply-adds a block has at least: a block costs ~20 numpy calls (~30 us)."""
 PARTS_PER_THREAD = 2
 """Parts of the blocks per thread: one that runs late leaves its second to the others."""
@@ -88,11 +88,13 @@ def row_plan(
     geometry: FlatGeometry | None,
     strides: tuple[int, ...],
     out_shape: tuple[int, ...],
+    batch: int,
     channels: int,
     filters: int,
 ) -> RowPlan | None:
     """The plan of a convolution with one group (``geometry`` for a 1-D or 2-D one, None
-    for a 1x1 one without padding), or None when it runs better as one product."""
+    for a 1x1 one without padding) of ``batch`` images, or None when it runs better as
+    one product split by filters (many filters, or too little work for two blocks)."""
     if filters >= MAX_FILTERS or (geometry is None and channels > MAX_POINTWISE_CHANNELS):
         return None
     if geometry is None:
@@ -117,6 +119,9 @@ def row_plan(
     rows = out_shape[0] if len(out_shape) == 2 and width > 1 else math.prod(out_shape)
     least = -(-MIN_BLOCK_WORK // (width * channels * len(taps) * filters))
     block_rows = max(1, least, min(BLOCK_ELEMENTS // per_row, -(-rows // MIN_BLOCKS)))
+    work = batch * math.prod(out_shape) * channels * len(taps) * filters
+    if batch * -(-rows // block_rows) < 2 or work < 2 * MIN_BLOCK_WORK:
+        return None
     return RowPlan(geometry, strides, out_shape, block_rows, taps, reach, implicit)
 
 
@@ -151,7 +156,7 @@ class ConvEpilogue:
         if self.activation is not None:
             self.activation(block)
 
-    def pixel_residual(self, out_shape: tuple[int, ...]) -> np.ndarray | None | bool:
+    def pixel_residual(self, out_shape: tuple[int, ...]) -> np.ndarray | bool | None:
         """The residual as ``(N, M, pixels)`` (or ``(N, M, 1)``), None without one, False
         when it does not have the output's spatial shape (nor ones)."""
         z = self.residual
