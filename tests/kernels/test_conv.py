@@ -278,6 +278,22 @@ TRANSPOSE_CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any
         {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 1, 1]},
         11,
     ),
+    # Kernel as large as the stride: each tap's products go straight to their pixels.
+    "2d-tiled": ((2, 3, 5, 4), (3, 2, 2, 2), {"strides": [2, 2]}, 11),
+    "2d-tiled-3x2": ((1, 4, 3, 5), (4, 3, 3, 2), {"strides": [3, 2]}, 11),
+    "1d-tiled": ((2, 3, 5), (3, 4, 3), {"strides": [3]}, 11),
+    "2d-tiled-padding-cropped": (
+        (1, 2, 3, 4),
+        (2, 2, 2, 2),
+        {"strides": [2, 2], "output_padding": [1, 1], "pads": [0, 0, 1, 1]},
+        11,
+    ),
+    "2d-kernel-stride-shifted": (
+        (1, 2, 3, 4),
+        (2, 2, 2, 2),
+        {"strides": [2, 2], "output_padding": [1, 1], "pads": [1, 0, 0, 1]},
+        11,
+    ),
 }
 
 
@@ -302,6 +318,7 @@ ORT_TRANSPOSE_CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str,
         {"strides": [2, 2], "output_shape": [8, 8]},
     ),
     "3d-group": ((1, 4, 2, 3, 2), (4, 1, 2, 2, 2), {"group": 2, "strides": [1, 2, 2]}),
+    "tiled-group": ((2, 4, 3, 3), (4, 3, 2, 2), {"group": 2, "strides": [2, 2]}),
 }
 
 

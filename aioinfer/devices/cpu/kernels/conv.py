@@ -556,6 +556,10 @@ class _TransposePlan:
     out_shape: tuple[int, ...]
     gathers: tuple[tuple[tuple[Any, ...], tuple[Any, ...]], ...]
     """Per stride phase: (index into the output, index into the scatter buffer)."""
+    tiled: bool
+    """Kernel as large as the stride, no dilation, the output the whole extent: every
+    output pixel comes from one tap, and each tap's products go straight to their place
+    (the 2x2 stride-2 upsampling of segmentation heads)."""
 
 
 @kernel("ConvTranspose", since=1)
@@ -634,8 +638,14 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
             )
             head = (slice(None), slice(None))
             gathers.append(((*head, *dest), (*head, *phases, *source)))
+        tiled = all(
+            k == s and d == 1 and out == size * s and start == 0
+            for k, s, d, out, size, start in zip(
+                w_shape[2:], strides, dilations, out_shape, x_shape[2:], crop_starts, strict=True
+            )
+        )
         return _TransposePlan(
-            (*strides, *phase_lengths), tuple(targets), tuple(out_shape), tuple(gathers)
+            (*strides, *phase_lengths), tuple(targets), tuple(out_shape), tuple(gathers), tiled
         )
 
     def weight_columns(w: np.ndarray) -> np.ndarray:
@@ -654,8 +664,24 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
         kshape = w.shape[2:]
         m = w.shape[1] * group
         work = x.astype(compute_dtype(x.dtype), copy=False)
-        cols = np.matmul(wcols, work.reshape(n, group, c // group, int(np.prod(in_shape))))
+        if work.size == 0 or wcols.size == 0:
+            cols = np.matmul(wcols, work.reshape(n, group, c // group, math.prod(in_shape)))
+        else:  # split between the intra-op threads
+            cols = stacked_matmul(
+                wcols, work.reshape(n, group, c // group, math.prod(in_shape)), None
+            )
         cols = cols.reshape((n, m, *kshape, *in_shape))
+        if plan.tiled:
+            y = np.empty((n, m, *plan.out_shape), dtype=work.dtype)
+            # y[..., a * s + t, ...] = cols[..., t, ..., a, ...]: a view of y as (n, m,
+            # *kernel, *input).
+            rank = len(in_shape)
+            split = y.reshape(n, m, *(d for pair in zip(in_shape, kshape) for d in pair))
+            order = (0, 1, *(3 + 2 * i for i in range(rank)), *(2 + 2 * i for i in range(rank)))
+            np.copyto(split.transpose(order), cols)
+            if b is not None:
+                y += b.reshape((-1,) + (1,) * rank)
+            return (y.astype(x.dtype, copy=False),)
         buffer = np.zeros((n, m, *plan.phase_shape), dtype=work.dtype)
         for tap, target in zip(np.ndindex(*kshape), plan.targets, strict=True):
             buffer[target] += cols[(slice(None), slice(None), *tap)]

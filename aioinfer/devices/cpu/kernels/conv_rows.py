@@ -55,8 +55,9 @@ MAX_POINTWISE_CHANNELS = 48
 """Input channels from which a 1x1 convolution's single product is faster."""
 MIN_BLOCK_WORK = 1 << 23
 """Multiply-adds a block has at least: a block costs ~20 numpy calls (~30 us)."""
-PARTS_PER_THREAD = 2
-"""Parts of the blocks per thread: one that runs late leaves its second to the others."""
+PARTS_PER_THREAD = 4
+"""Parts of the blocks per thread: a thread the OS does not run for a while holds the
+call up by at most the part it has begun, the others take the rest."""
 
 
 @dataclass(frozen=True)
