@@ -258,3 +258,24 @@ def test_blocks_from_several_threads(case: str) -> None:
     for index, expected in enumerate(want):
         for got in results[index]:
             np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.usefixtures("small_blocks")
+@pytest.mark.parametrize("case", ["implicit-3x3", "columns-valid-stride-3-1", "pointwise"])
+def test_fused_clip_on_each_block(case: str, threads: int) -> None:
+    """A Clip activation is applied while each block is copied into place."""
+    x_shape, w_shape, attrs, _ = CASES[case]
+    feeds = {"x": _random(*x_shape), "w": _random(*w_shape), "b": _random(w_shape[0])}
+    conv = oh.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)
+    want = np.clip(run_reference(conv, list(feeds.values()), 18)[0], -0.5, 0.75)
+    node = oh.make_node(
+        "FusedConv",
+        list(feeds),
+        ["y"],
+        domain=AIOINFER_DOMAIN,
+        activation="Clip",
+        activation_params=[-0.5, 0.75],
+        **attrs,
+    )
+    got = run_aioinfer(node, list(feeds.values()), 1)[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)

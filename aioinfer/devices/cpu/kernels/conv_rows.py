@@ -119,7 +119,7 @@ def row_plan(
     per_row = width * ((channels if implicit else channels * len(taps)) + filters)
     rows = out_shape[0] if len(out_shape) == 2 and width > 1 else math.prod(out_shape)
     least = -(-MIN_BLOCK_WORK // (width * channels * len(taps) * filters))
-    block_rows = max(1, least, min(BLOCK_ELEMENTS // per_row, -(-rows // MIN_BLOCKS)))
+    block_rows = max(1, min(BLOCK_ELEMENTS // per_row, max(least, -(-rows // MIN_BLOCKS))))
     work = batch * math.prod(out_shape) * channels * len(taps) * filters
     if batch * -(-rows // block_rows) < 2 or work < 2 * MIN_BLOCK_WORK:
         return None
@@ -128,11 +128,19 @@ def row_plan(
 
 class ConvEpilogue:
     """A fused convolution's residual ``z`` (of its output's batch and channels) and
-    activation, applied in place to the blocks of the output a kernel computes."""
+    activation, applied in place to the blocks of the output a kernel computes.
+    ``bounds``: the activation is a clip to these bounds (Relu, Clip), which
+    :func:`rows_conv` applies while it copies a block into place."""
 
-    def __init__(self, residual: np.ndarray | None, activation: InPlace | None) -> None:
+    def __init__(
+        self,
+        residual: np.ndarray | None,
+        activation: InPlace | None,
+        bounds: tuple[float, float] | None = None,
+    ) -> None:
         self.residual = residual
         self.activation = activation
+        self.bounds = bounds
 
     def channels(self, first: int, last: int, block: np.ndarray) -> None:
         """Apply to channels ``first:last`` of the flattened batch and channels, ``block``
@@ -187,6 +195,7 @@ def rows_conv(
     residual = None if epilogue is None else epilogue.pixel_residual(plan.out_shape)
     applied = epilogue is not None and residual is not False
     act = epilogue.activation if applied and epilogue is not None else None
+    bounds = epilogue.bounds if applied and epilogue is not None else None
     z = residual if isinstance(residual, np.ndarray) else None
     pixels = math.prod(plan.out_shape)
     outputs = y.reshape(n, m, pixels)
@@ -206,10 +215,14 @@ def rows_conv(
             whole = z.shape[2] > 1
             part = z[image, :, first:last] if whole else z[image]
             full[:, :, :span] += part.reshape(m, rows, span) if whole else part.reshape(m, 1, 1)
+        target = outputs[image, :, first:last].reshape(m, rows, span)
+        kept = full[:, :, :span] if width != span else full
+        if bounds is not None:  # the activation and the copy in one pass
+            np.clip(kept, *bounds, out=target)
+            return
         if act is not None:
             act(full)
-        target = outputs[image, :, first:last].reshape(m, rows, span)
-        np.copyto(target, full[:, :, :span] if width != span else full)
+        np.copyto(target, kept)
 
     if plan.geometry is None:
         inputs = x.reshape(n, c, -1)

@@ -266,9 +266,21 @@ def _fused(op_type: str) -> Callable[[KernelFactory], KernelFactory]:
 # -- FusedConv --------------------------------------------------------------------------
 
 
+def _clip_bounds(spec: NodeSpec) -> tuple[float, float] | None:
+    """The bounds of the node's activation when it is a clip (Relu, Clip), else None."""
+    name = spec.attr("activation", "")
+    params = [float(p) for p in spec.attr("activation_params", [])]
+    if name == "Relu":
+        return (0.0, math.inf)
+    if name == "Clip" and len(params) == 2:
+        return (params[0], params[1])
+    return None
+
+
 def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
     compute = conv_compute(spec)
     act = activation(spec)
+    bounds = _clip_bounds(spec)
 
     def run(
         out: np.ndarray | None,
@@ -282,7 +294,7 @@ def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
         # cache, in the thread that made it; the others leave it to _finish.
         whole = z is None or (z.ndim == x.ndim and z.shape[:2] == (x.shape[0], w.shape[0]))
         useful = z is not None or act is not None
-        epilogue = ConvEpilogue(z, act) if whole and useful else None
+        epilogue = ConvEpilogue(z, act, bounds) if whole and useful else None
         y, applied = compute(x, w, b, out, epilogue)
         if applied:
             return (y,)
