@@ -85,7 +85,7 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], str]] =
 }
 
 
-def _plan(case: str) -> conv_rows.RowPlan | None:
+def _plan(case: str, threads: int = 2) -> conv_rows.RowPlan | None:
     x_shape, w_shape, attrs, kind = CASES[case]
     strides = attrs.get("strides", [1, 1])
     dilations = attrs.get("dilations", [1, 1])
@@ -109,14 +109,16 @@ def _plan(case: str) -> conv_rows.RowPlan | None:
             w_shape[0],
             x_shape[1],
         )
-    return conv_rows.row_plan(geometry, tuple(strides), out, x_shape[0], x_shape[1], w_shape[0])
+    return conv_rows.row_plan(
+        geometry, tuple(strides), out, x_shape[0], x_shape[1], w_shape[0], threads
+    )
 
 
 @pytest.mark.usefixtures("small_blocks")
 def test_the_cases_take_the_paths_they_name() -> None:
     for case, (x_shape, _, _, kind) in CASES.items():
         plan = _plan(case)
-        assert plan is not None, case
+        assert plan is not None and _plan(case, threads=1) == plan, case
         blocks = x_shape[0] * -(-plan.rows // plan.block_rows)
         assert blocks >= 3, case
         assert plan.implicit == (kind in ("implicit", "pixels", "rows")), case
@@ -158,16 +160,19 @@ def test_a_large_convolution_takes_the_blocks_at_the_default_sizes() -> None:
     """PP-OCRv4's detector shape, scaled down: few filters over a large map."""
     x_shape, w_shape = (1, 48, 60, 80), (24, 48, 3, 3)
     geometry = flat_geometry((60, 80), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), (60, 80), 24, 48)
-    plan = conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 24)
+    plan = conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 24, 2)
     assert plan is not None and plan.implicit and -(-plan.rows // plan.block_rows) >= 2
     inputs = [_random(*x_shape), _random(*w_shape), _random(24)]
     node = oh.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1] * 4)
     got = run_with_constant_weights(node, inputs, 18)[0]
     np.testing.assert_allclose(got, run_reference(node, inputs, 18)[0], rtol=RTOL, atol=ATOL)
     # Many filters, or a small map: one product split by filters.
-    assert conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 128) is None
+    assert conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 128, 2) is None
     small = flat_geometry((8, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), (8, 8), 24, 48)
-    assert conv_rows.row_plan(small, (1, 1), (8, 8), 1, 48, 24) is None
+    assert conv_rows.row_plan(small, (1, 1), (8, 8), 1, 48, 24, 2) is None
+    # On one thread, 64 filters run faster as one product; on two, in blocks.
+    assert conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 64, 1) is None
+    assert conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 64, 2) is not None
 
 
 @pytest.mark.usefixtures("small_blocks")

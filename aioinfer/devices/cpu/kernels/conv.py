@@ -39,7 +39,7 @@ from aioinfer.devices.cpu.kernels.conv_winograd import (
     winograd_weights,
 )
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d, stacked_matmul
-from aioinfer.devices.cpu.kernels.parallel import run_parallel
+from aioinfer.devices.cpu.kernels.parallel import intra_op_threads, run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -257,6 +257,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 x_shape[0],
                 x_shape[1],
                 w_shape[0],
+                intra_op_threads(),
             )
         return _ConvPlan(
             kshape,
@@ -352,9 +353,8 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                     transformed.append(winograd_weights(w_const, work.dtype))
                 u = transformed[0]
             winograd_conv(work, u, plan.begins, plan.out_shape, y)
-            if b is not None:
-                y += b.reshape(-1, 1, 1)
-            return y.astype(x.dtype, copy=False), False
+            applied = _finish_channels(y, b, epilogue)
+            return y.astype(x.dtype, copy=False), applied
         if plan.rows is not None and not depthwise and work.dtype == x.dtype:
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             weights = row_weights(w, wmat, plan.rows)
@@ -364,13 +364,12 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             weights = tap_ordered(w, wmat, flat.order)
             if depthwise:
                 then = None if epilogue is None else epilogue.channels
-                finish = _chain(_bias_epilogue(b, c, work.dtype), then)
+                finish = _chain(_bias_epilogue(b, c, work.dtype, 2), then)
                 flat_depthwise(flat, work, weights, y, finish)
                 return y.astype(x.dtype, copy=False), epilogue is not None
             flat_conv(flat, work, weights, y)
-            if b is not None:
-                y += b.reshape((-1,) + (1,) * len(plan.out_shape))
-            return y.astype(x.dtype, copy=False), False
+            applied = _finish_channels(y, b, epilogue)
+            return y.astype(x.dtype, copy=False), applied
         if depthwise and not plan.pointwise:
             return _depthwise(work, w, b, plan, out).astype(x.dtype, copy=False), False
         pixels = plan.pixels
@@ -396,19 +395,21 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 gemm_2d(wmat[0], cols[image, 0], y[image, 0])
         else:
             stacked_matmul(wmat, cols, y)
-        y = y.reshape(n, m, pixels)
-        if b is not None:
-            y += b.reshape(-1, 1)
-        return y.reshape((n, m, *plan.out_shape)).astype(x.dtype, copy=False), False
+        y = y.reshape((n, m, *plan.out_shape))
+        applied = _finish_channels(y, b, epilogue)
+        return y.astype(x.dtype, copy=False), applied
 
     return compute
 
 
-def _bias_epilogue(b: np.ndarray | None, channels: int, dtype: np.dtype) -> Epilogue | None:
-    """The epilogue adding ``b`` to blocks of a depthwise convolution's output."""
+def _bias_epilogue(
+    b: np.ndarray | None, channels: int, dtype: np.dtype, rank: int
+) -> Epilogue | None:
+    """The epilogue adding ``b`` to blocks ``(count, *spatial)`` of ``rank`` spatial axes
+    of a convolution's output."""
     if b is None:
         return None
-    bias = b.astype(dtype, copy=False).reshape(-1, 1, 1)
+    bias = b.astype(dtype, copy=False).reshape(-1, *(1,) * rank)
 
     def add(first: int, last: int, block: np.ndarray) -> None:
         channel = first % channels
@@ -418,6 +419,24 @@ def _bias_epilogue(b: np.ndarray | None, channels: int, dtype: np.dtype) -> Epil
             block += bias[np.arange(first, last) % channels]
 
     return add
+
+
+def _finish_channels(y: np.ndarray, b: np.ndarray | None, epilogue: ConvEpilogue | None) -> bool:
+    """Add ``b`` to ``y`` ``(N, M, *out)`` and apply ``epilogue`` in one pass over blocks
+    of its channels, split between the intra-op threads (not one thread's bias pass, then
+    another pass for the epilogue); returns whether the epilogue was applied."""
+    channels = y.shape[1]
+    then = None if epilogue is None else epilogue.channels
+    finish = _chain(_bias_epilogue(b, channels, y.dtype, y.ndim - 2), then)
+    if finish is None or y.size == 0:
+        return False
+    blocks = y.reshape(-1, *y.shape[2:])
+
+    def part(start: int, stop: int) -> None:
+        finish(start, stop, blocks[start:stop])
+
+    run_parallel(part, blocks.shape[0], work=2 * y.size)
+    return epilogue is not None
 
 
 def _chain(first: Epilogue | None, then: Epilogue | None) -> Epilogue | None:

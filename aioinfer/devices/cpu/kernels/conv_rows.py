@@ -42,7 +42,7 @@ from aioinfer.devices.cpu.kernels.parallel import run_parallel
 InPlace = Callable[[np.ndarray], object]
 """An activation applied in place to a float array (what it returns is ignored)."""
 
-BLOCK_ELEMENTS = 1 << 19
+BLOCK_ELEMENTS = 1 << 18
 """Elements of a block's source (its columns of one tap) and result together: both stay
 in the L2 cache."""
 IMPLICIT_CHANNELS = 32
@@ -51,8 +51,13 @@ MIN_BLOCKS = 8
 """Blocks a large image is cut into at least: enough for two threads to share evenly."""
 MAX_FILTERS = 96
 """Filters from which one product over the whole image, split by filters, is faster."""
-MAX_POINTWISE_CHANNELS = 48
-"""Input channels from which a 1x1 convolution's single product is faster."""
+ONE_THREAD_FILTERS = 48
+ONE_THREAD_POINTWISE_CHANNELS = 32
+"""On one thread, more filters than this (or, 1x1, more input channels) run faster as
+one product over the image (BLAS's own blocking, no per-block numpy calls): 64 3x3
+filters over 16x55x55 take 0.37 instead of 0.45 ms, 48 1x1 ones over 48x120x160 0.58
+instead of 0.67 ms. On two threads the blocks are as fast or faster (no pass on one
+thread; 64 1x1 filters over 32x200x152 take 1.0 instead of 2.0 ms on a loaded machine)."""
 MIN_BLOCK_WORK = 1 << 23
 """Multiply-adds a block has at least: a block costs ~20 numpy calls (~30 us)."""
 PARTS_PER_THREAD = 4
@@ -92,11 +97,18 @@ def row_plan(
     batch: int,
     channels: int,
     filters: int,
+    threads: int,
 ) -> RowPlan | None:
     """The plan of a convolution with one group (``geometry`` for a 1-D or 2-D one, None
-    for a 1x1 one without padding) of ``batch`` images, or None when it runs better as
-    one product split by filters (many filters, or too little work for two blocks)."""
-    if filters >= MAX_FILTERS or (geometry is None and channels > MAX_POINTWISE_CHANNELS):
+    for a 1x1 one without padding) of ``batch`` images run on ``threads`` intra-op
+    threads, or None when it runs better as one product (many filters, too little work
+    for two blocks; on one thread, see :data:`ONE_THREAD_FILTERS`)."""
+    if filters >= MAX_FILTERS:
+        return None
+    if threads <= 1 and (
+        filters > ONE_THREAD_FILTERS
+        or (geometry is None and channels > ONE_THREAD_POINTWISE_CHANNELS)
+    ):
         return None
     if geometry is None:
         taps: tuple[tuple[int, int], ...] = ((0, 0),)
@@ -118,8 +130,12 @@ def row_plan(
         implicit = channels >= IMPLICIT_CHANNELS
     per_row = width * ((channels if implicit else channels * len(taps)) + filters)
     rows = out_shape[0] if len(out_shape) == 2 and width > 1 else math.prod(out_shape)
-    least = -(-MIN_BLOCK_WORK // (width * channels * len(taps) * filters))
-    block_rows = max(1, min(BLOCK_ELEMENTS // per_row, max(least, -(-rows // MIN_BLOCKS))))
+    least = max(
+        -(-MIN_BLOCK_WORK // (width * channels * len(taps) * filters)), -(-rows // MIN_BLOCKS)
+    )
+    # A 1x1 block's product goes straight into the output: no buffer to keep in the cache,
+    # and fewer, larger blocks cost fewer numpy calls.
+    block_rows = max(1, least if geometry is None else min(BLOCK_ELEMENTS // per_row, least))
     work = batch * math.prod(out_shape) * channels * len(taps) * filters
     if batch * -(-rows // block_rows) < 2 or work < 2 * MIN_BLOCK_WORK:
         return None
@@ -204,25 +220,39 @@ def rows_conv(
     per_image = -(-rows // plan.block_rows)
     span = pixels // rows  # output pixels per row
 
-    def finish(image: int, first: int, last: int, full: np.ndarray, width: int) -> None:
-        """Bias, residual and activation on the block ``full`` ``(M, rows, width)``
-        (contiguous: numpy's passes over it take half the time of those over the
-        block's strided place in ``y``), then its first ``span`` columns into ``y``."""
-        rows = full.shape[1]
+    def finish(image: int, first: int, last: int, full: np.ndarray | None) -> None:
+        """Bias, residual and activation on the block of ``y`` ``(M, last - first)``:
+        computed in ``full`` ``(M, rows, width)`` (contiguous: numpy's passes over it take
+        half the time of those over the block's strided place in ``y``), its first
+        ``span`` columns of each row then copied into ``y``; or (None) already in ``y``
+        (a 1x1 convolution's product, which BLAS writes there faster than into a
+        buffer that must be copied)."""
+        target = outputs[image, :, first:last]
+        block = target if full is None else full
+        rows = (last - first) // span
         if b is not None:
-            full += b.reshape(m, 1, 1)
+            block += b if full is None else b.reshape(m, 1, 1)
         if z is not None:
             whole = z.shape[2] > 1
             part = z[image, :, first:last] if whole else z[image]
-            full[:, :, :span] += part.reshape(m, rows, span) if whole else part.reshape(m, 1, 1)
-        target = outputs[image, :, first:last].reshape(m, rows, span)
-        kept = full[:, :, :span] if width != span else full
+            if full is None:
+                block += part
+            else:
+                full[:, :, :span] += part.reshape(m, rows, span) if whole else part.reshape(m, 1, 1)
+        if full is None:
+            if bounds is not None:
+                np.clip(block, *bounds, out=block)
+            elif act is not None:
+                act(block)
+            return
+        placed = target.reshape(m, rows, span)
+        kept = full[:, :, :span] if full.shape[2] != span else full
         if bounds is not None:  # the activation and the copy in one pass
-            np.clip(kept, *bounds, out=target)
+            np.clip(kept, *bounds, out=placed)
             return
         if act is not None:
             act(full)
-        np.copyto(target, kept)
+        np.copyto(placed, kept)
 
     if plan.geometry is None:
         inputs = x.reshape(n, c, -1)
@@ -233,15 +263,15 @@ def rows_conv(
                 image, number = divmod(index, per_image)
                 r0 = number * plan.block_rows
                 r1 = min(rows, r0 + plan.block_rows)
-                full = scratch("rows-full", (m, (r1 - r0) * span), y.dtype)
+                target = outputs[image, :, r0 * span : r1 * span]
                 if strided:
                     sh, sw = plan.strides
                     source = scratch("rows-cols", (c, r1 - r0, span), x.dtype)
                     np.copyto(source, x[image, :, r0 * sh : r1 * sh : sh, ::sw])
-                    np.matmul(weights, source.reshape(c, -1), out=full)
+                    np.matmul(weights, source.reshape(c, -1), out=target)
                 else:
-                    np.matmul(weights, inputs[image, :, r0:r1], out=full)
-                finish(image, r0 * span, r1 * span, full.reshape(m, r1 - r0, span), span)
+                    np.matmul(weights, inputs[image, :, r0:r1], out=target)
+                finish(image, r0 * span, r1 * span, None)
 
     else:
         geometry = plan.geometry
@@ -287,7 +317,7 @@ def rows_conv(
                             )
                             done += group_taps
                         np.matmul(weights, cols.reshape(c * len(taps), length), out=full)
-                    finish(image, r0 * span, r1 * span, full.reshape(m, r1 - r0, wq), wq)
+                    finish(image, r0 * span, r1 * span, full.reshape(m, r1 - r0, wq))
                 index += count
 
     total = n * per_image
