@@ -692,14 +692,18 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
         cols = cols.reshape((n, m, *kshape, *in_shape))
         if plan.tiled:
             y = np.empty((n, m, *plan.out_shape), dtype=work.dtype)
-            # y[..., a * s + t, ...] = cols[..., t, ..., a, ...]: a view of y as (n, m,
-            # *kernel, *input).
-            rank = len(in_shape)
-            split = y.reshape(n, m, *(d for pair in zip(in_shape, kshape) for d in pair))
-            order = (0, 1, *(3 + 2 * i for i in range(rank)), *(2 + 2 * i for i in range(rank)))
-            np.copyto(split.transpose(order), cols)
-            if b is not None:
-                y += b.reshape((-1,) + (1,) * rank)
+            # y[..., a * s + t, ...] = cols[..., t, ..., a, ...]: one strided copy per
+            # tap (a transposed view of y as (n, m, *kernel, *input) is 4x slower: its
+            # innermost runs are one stride long).
+            bias = None if b is None else b.astype(work.dtype).reshape(-1, *(1,) * len(in_shape))
+            for tap in np.ndindex(*kshape):
+                pixels = tuple(slice(t, None, s) for t, s in zip(tap, kshape, strict=True))
+                place = y[(slice(None), slice(None), *pixels)]
+                products = cols[(slice(None), slice(None), *tap)]
+                if bias is None:
+                    np.copyto(place, products)
+                else:  # the bias on the way
+                    np.add(products, bias, out=place)
             return (y.astype(x.dtype, copy=False),)
         buffer = np.zeros((n, m, *plan.phase_shape), dtype=work.dtype)
         for tap, target in zip(np.ndindex(*kshape), plan.targets, strict=True):

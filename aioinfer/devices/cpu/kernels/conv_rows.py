@@ -18,8 +18,9 @@ from memory.
   the phases of the input rows it reads (see :mod:`.conv_flat`), where every kernel tap's
   columns are one contiguous slice per channel. With many input channels each tap is
   one product of its ``(M, C)`` weights and that slice, read in place, summed over the
-  taps ("implicit GEMM", no column copy: 96 -> 24 filters, 3x3, 120x160 take 5.4 instead
-  of 9.8 ms of one thread); with few, the block's columns are copied into a buffer that
+  taps ("implicit GEMM", no column copy: the detector's convolution above takes 6.0-6.3
+  instead of 10.3-11 ms of one thread, 18.7 ms on two threads of a loaded machine before,
+  6.7 ms after); with few, the block's columns are copied into a buffer that
   stays in the cache and multiplied in one product.
 
 Block bounds depend only on the convolution's shapes, so the result is bit for bit the
@@ -73,21 +74,16 @@ class RowPlan:
     """The phase-flattened windows; None for a 1x1 convolution without padding."""
     strides: tuple[int, ...]
     out_shape: tuple[int, ...]
+    rows: int
+    """Units the output of one image is cut into: rows, or pixels (1x1, stride 1)."""
     block_rows: int
-    """Output rows per block (pixels, for a 1x1 stride-1 convolution)."""
+    """Rows (pixels) per block."""
     taps: tuple[tuple[int, int], ...]
     """Per tap (in ``geometry.order``): its phase and its offset into the phase."""
     reach: int
     """Phase rows a block of output rows reads past its own (the last one partly)."""
     implicit: bool
     """Each tap multiplied in place (else the columns are copied)."""
-
-    @property
-    def rows(self) -> int:
-        """Units the output is cut into: pixels (1x1 stride 1) or rows."""
-        if self.geometry is None and not any(s != 1 for s in self.strides):
-            return math.prod(self.out_shape)
-        return self.out_shape[0] if len(self.out_shape) == 2 else 1
 
 
 def row_plan(
@@ -139,7 +135,7 @@ def row_plan(
     work = batch * math.prod(out_shape) * channels * len(taps) * filters
     if batch * -(-rows // block_rows) < 2 or work < 2 * MIN_BLOCK_WORK:
         return None
-    return RowPlan(geometry, strides, out_shape, block_rows, taps, reach, implicit)
+    return RowPlan(geometry, strides, out_shape, rows, block_rows, taps, reach, implicit)
 
 
 class ConvEpilogue:
