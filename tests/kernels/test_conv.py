@@ -12,7 +12,7 @@ import onnx.helper as oh
 import onnx_ir as ir
 import pytest
 
-from aioinfer.devices.cpu.kernels.registry import find_kernel, make_spec
+from aioinfer.devices.cpu.kernels.registry import find_kernel, find_out_kernel, make_spec
 from tests.kernels._check import check_node, run_aioinfer, run_reference
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -390,3 +390,24 @@ def test_conv_columns_are_per_thread(size: int) -> None:
     for index, expected in enumerate(want):
         for got in results[index]:
             np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("case", ["2d-tiled", "2d-strided-asymmetric"])
+def test_conv_transpose_writes_into_the_planned_buffer(case: str) -> None:
+    """The out form writes into a buffer of the output's shape and dtype, and allocates
+    when the inputs give the output another shape."""
+    x_shape, w_shape, attrs, opset = TRANSPOSE_CASES[case]
+    inputs = [_random(*x_shape), _random(*w_shape), _random(w_shape[1])]
+    node = oh.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)
+    want = run_reference(node, inputs, opset)[0]
+    entry = find_kernel("", "ConvTranspose", opset)
+    out_factory = find_out_kernel(entry)
+    assert out_factory is not None
+    run = out_factory(make_spec(ir.from_proto(node), opset))
+    assert run is not None
+    buffer = np.full(want.shape, np.nan, np.float32)
+    got = run(buffer, *inputs)[0]
+    assert got is buffer
+    np.testing.assert_allclose(buffer, want, rtol=RTOL, atol=ATOL)
+    other = run(np.empty((1, 1), np.float32), *inputs)[0]
+    np.testing.assert_allclose(other, want, rtol=RTOL, atol=ATOL)

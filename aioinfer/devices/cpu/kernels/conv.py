@@ -581,9 +581,15 @@ class _TransposePlan:
     (the 2x2 stride-2 upsampling of segmentation heads)."""
 
 
-@kernel("ConvTranspose", since=1)
-def conv_transpose(spec: NodeSpec) -> Kernel:
-    """ConvTranspose-1/11/22: N-D transposed convolution (columns matmul + col2im)."""
+TransposeCompute = Callable[
+    ["np.ndarray | None", np.ndarray, np.ndarray, "np.ndarray | None"], np.ndarray
+]
+"""``compute(out, x, w, b) -> y``: a transposed convolution, written into ``out`` when
+it has y's shape and dtype."""
+
+
+def _transpose_compute(spec: NodeSpec) -> TransposeCompute:
+    """The transposed convolution of a ConvTranspose node, bound at compile time."""
     group = int(spec.attr("group", 1))
     auto_pad = auto_pad_attr(spec)
     strides_attr = spec.attr("strides")
@@ -675,7 +681,9 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
     w_const = spec.const(1)
     w_fixed = weight_columns(w_const) if w_const is not None else None
 
-    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> tuple[np.ndarray]:
+    def compute(
+        out: np.ndarray | None, x: np.ndarray, w: np.ndarray, b: np.ndarray | None
+    ) -> np.ndarray:
         plan = cached_plan(plans, (x.shape, w.shape), lambda: plan_for(x.shape, w.shape))
         wcols = w_fixed if w_fixed is not None else weight_columns(w)
         n, c = x.shape[:2]
@@ -690,29 +698,41 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
                 wcols, work.reshape(n, group, c // group, math.prod(in_shape)), None
             )
         cols = cols.reshape((n, m, *kshape, *in_shape))
+        shape = (n, m, *plan.out_shape)
+        if out is None or out.shape != shape or out.dtype != work.dtype:
+            out = np.empty(shape, dtype=work.dtype)  # (a planned buffer saves page faults)
+        y = out
         if plan.tiled:
-            y = np.empty((n, m, *plan.out_shape), dtype=work.dtype)
             # y[..., a * s + t, ...] = cols[..., t, ..., a, ...]: one strided copy per
             # tap (a transposed view of y as (n, m, *kernel, *input) is 4x slower: its
             # innermost runs are one stride long).
-            bias = None if b is None else b.astype(work.dtype).reshape(-1, *(1,) * len(in_shape))
             for tap in np.ndindex(*kshape):
                 pixels = tuple(slice(t, None, s) for t, s in zip(tap, kshape, strict=True))
-                place = y[(slice(None), slice(None), *pixels)]
-                products = cols[(slice(None), slice(None), *tap)]
-                if bias is None:
-                    np.copyto(place, products)
-                else:  # the bias on the way
-                    np.add(products, bias, out=place)
-            return (y.astype(x.dtype, copy=False),)
+                y[(slice(None), slice(None), *pixels)] = cols[(slice(None), slice(None), *tap)]
+            if b is not None:  # (added on the way, into the strided places: 4x slower)
+                y += b.reshape((-1,) + (1,) * len(in_shape))
+            return y.astype(x.dtype, copy=False)
         buffer = np.zeros((n, m, *plan.phase_shape), dtype=work.dtype)
         for tap, target in zip(np.ndindex(*kshape), plan.targets, strict=True):
             buffer[target] += cols[(slice(None), slice(None), *tap)]
-        y = np.empty((n, m, *plan.out_shape), dtype=work.dtype)
         for dest, source in plan.gathers:
             y[dest] = buffer[source]
         if b is not None:
             y += b.reshape((-1,) + (1,) * len(in_shape))
-        return (y.astype(x.dtype, copy=False),)
+        return y.astype(x.dtype, copy=False)
 
-    return run
+    return compute
+
+
+@kernel("ConvTranspose", since=1)
+def conv_transpose(spec: NodeSpec) -> Kernel:
+    """ConvTranspose-1/11/22: N-D transposed convolution (columns matmul + col2im)."""
+    compute = _transpose_compute(spec)
+    return lambda x, w, b=None: (compute(None, x, w, b),)
+
+
+@out_kernel(conv_transpose)
+def conv_transpose_into(spec: NodeSpec) -> OutKernel:
+    """ConvTranspose writing into a planned buffer."""
+    compute = _transpose_compute(spec)
+    return lambda out, x, w, b=None: (compute(out, x, w, b),)
