@@ -411,3 +411,28 @@ def test_conv_transpose_writes_into_the_planned_buffer(case: str) -> None:
     np.testing.assert_allclose(buffer, want, rtol=RTOL, atol=ATOL)
     other = run(np.empty((1, 1), np.float32), *inputs)[0]
     np.testing.assert_allclose(other, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("case", ["2d-tiled", "2d-strided-asymmetric"])
+def test_conv_transpose_from_several_threads(case: str) -> None:
+    """One ConvTranspose kernel called from several threads at once (its products go
+    to a per-thread scratch buffer): every call gives its own input's result."""
+    x_shape, w_shape, attrs, opset = TRANSPOSE_CASES[case]
+    node = oh.make_node("ConvTranspose", ["x", "w"], ["y"], **attrs)
+    w = _random(*w_shape)
+    inputs = [_random(*x_shape) for _ in range(4)]
+    want = [run_reference(node, [x, w], opset)[0] for x in inputs]
+    run = find_kernel("", "ConvTranspose", opset).factory(make_spec(ir.from_proto(node), opset))
+    results: dict[int, list[np.ndarray]] = {}
+
+    def work(index: int) -> None:
+        results[index] = [run(inputs[index], w)[0] for _ in range(20)]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, expected in enumerate(want):
+        for got in results[index]:
+            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
