@@ -1,14 +1,16 @@
 """Convolution kernels: Conv and ConvTranspose over 1-, 2- and 3-D (any rank) inputs.
 
 Conv is im2col followed by one BLAS matmul (batched over groups); 1x1 stride-1 unpadded
-convolutions skip im2col. 1-D and 2-D ones copy their columns from the phase-flattened
-padded input (:mod:`.conv_flat`), depthwise ones multiply blocks of such columns by
-their channels' taps, and 3x3 stride-1 ones with many channels run as Winograd F(2x2,
-3x3) (:mod:`.conv_winograd`); small ones (and N-D ones) use the strided window view of
-the once-padded input. ConvTranspose is one matmul producing columns and a col2im
-scatter-add that loops over kernel positions only. Weight matrices are prepared at
-compile time when W is constant. The padding and window helpers are shared with the
-pooling kernels.
+convolutions skip im2col. Large ones of one group and few filters run in blocks of
+output rows, each computed whole by one thread (:mod:`.conv_rows`). Other 1-D and 2-D
+ones copy their columns from the phase-flattened padded input (:mod:`.conv_flat`),
+depthwise ones multiply blocks of such columns by their channels' taps, and 3x3 stride-1
+ones with many channels run as Winograd F(2x2, 3x3) (:mod:`.conv_winograd`); small ones
+(and N-D ones) use the strided window view of the once-padded input. ConvTranspose is
+one matmul producing columns and a col2im scatter-add that loops over kernel positions
+only (with a kernel as large as its stride: one strided copy per tap). Weight matrices
+are prepared at compile time when W is constant. The padding and window helpers are
+shared with the pooling kernels.
 """
 
 from __future__ import annotations
