@@ -12,7 +12,7 @@ import onnx.helper as oh
 import onnx_ir as ir
 import pytest
 
-from aioinfer.devices.cpu.kernels.registry import find_kernel, make_spec
+from aioinfer.devices.cpu.kernels.registry import find_kernel, find_out_kernel, make_spec
 from tests.kernels._check import check_node, run_aioinfer, run_reference
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -278,6 +278,22 @@ TRANSPOSE_CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any
         {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 1, 1]},
         11,
     ),
+    # Kernel as large as the stride: each tap's products go straight to their pixels.
+    "2d-tiled": ((2, 3, 5, 4), (3, 2, 2, 2), {"strides": [2, 2]}, 11),
+    "2d-tiled-3x2": ((1, 4, 3, 5), (4, 3, 3, 2), {"strides": [3, 2]}, 11),
+    "1d-tiled": ((2, 3, 5), (3, 4, 3), {"strides": [3]}, 11),
+    "2d-tiled-padding-cropped": (
+        (1, 2, 3, 4),
+        (2, 2, 2, 2),
+        {"strides": [2, 2], "output_padding": [1, 1], "pads": [0, 0, 1, 1]},
+        11,
+    ),
+    "2d-kernel-stride-shifted": (
+        (1, 2, 3, 4),
+        (2, 2, 2, 2),
+        {"strides": [2, 2], "output_padding": [1, 1], "pads": [1, 0, 0, 1]},
+        11,
+    ),
 }
 
 
@@ -302,6 +318,7 @@ ORT_TRANSPOSE_CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str,
         {"strides": [2, 2], "output_shape": [8, 8]},
     ),
     "3d-group": ((1, 4, 2, 3, 2), (4, 1, 2, 2, 2), {"group": 2, "strides": [1, 2, 2]}),
+    "tiled-group": ((2, 4, 3, 3), (4, 3, 2, 2), {"group": 2, "strides": [2, 2]}),
 }
 
 
@@ -364,6 +381,52 @@ def test_conv_columns_are_per_thread(size: int) -> None:
 
     def work(index: int) -> None:
         results[index] = [run(inputs[index], w, b)[0] for _ in range(20)]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, expected in enumerate(want):
+        for got in results[index]:
+            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("case", ["2d-tiled", "2d-strided-asymmetric"])
+def test_conv_transpose_writes_into_the_planned_buffer(case: str) -> None:
+    """The out form writes into a buffer of the output's shape and dtype, and allocates
+    when the inputs give the output another shape."""
+    x_shape, w_shape, attrs, opset = TRANSPOSE_CASES[case]
+    inputs = [_random(*x_shape), _random(*w_shape), _random(w_shape[1])]
+    node = oh.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)
+    want = run_reference(node, inputs, opset)[0]
+    entry = find_kernel("", "ConvTranspose", opset)
+    out_factory = find_out_kernel(entry)
+    assert out_factory is not None
+    run = out_factory(make_spec(ir.from_proto(node), opset))
+    assert run is not None
+    buffer = np.full(want.shape, np.nan, np.float32)
+    got = run(buffer, *inputs)[0]
+    assert got is buffer
+    np.testing.assert_allclose(buffer, want, rtol=RTOL, atol=ATOL)
+    other = run(np.empty((1, 1), np.float32), *inputs)[0]
+    np.testing.assert_allclose(other, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("case", ["2d-tiled", "2d-strided-asymmetric"])
+def test_conv_transpose_from_several_threads(case: str) -> None:
+    """One ConvTranspose kernel called from several threads at once (its products go
+    to a per-thread scratch buffer): every call gives its own input's result."""
+    x_shape, w_shape, attrs, opset = TRANSPOSE_CASES[case]
+    node = oh.make_node("ConvTranspose", ["x", "w"], ["y"], **attrs)
+    w = _random(*w_shape)
+    inputs = [_random(*x_shape) for _ in range(4)]
+    want = [run_reference(node, [x, w], opset)[0] for x in inputs]
+    run = find_kernel("", "ConvTranspose", opset).factory(make_spec(ir.from_proto(node), opset))
+    results: dict[int, list[np.ndarray]] = {}
+
+    def work(index: int) -> None:
+        results[index] = [run(inputs[index], w)[0] for _ in range(20)]
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
     for thread in threads:

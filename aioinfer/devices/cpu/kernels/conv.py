@@ -1,14 +1,16 @@
 """Convolution kernels: Conv and ConvTranspose over 1-, 2- and 3-D (any rank) inputs.
 
 Conv is im2col followed by one BLAS matmul (batched over groups); 1x1 stride-1 unpadded
-convolutions skip im2col. 1-D and 2-D ones copy their columns from the phase-flattened
-padded input (:mod:`.conv_flat`), depthwise ones multiply blocks of such columns by
-their channels' taps, and 3x3 stride-1 ones with many channels run as Winograd F(2x2,
-3x3) (:mod:`.conv_winograd`); small ones (and N-D ones) use the strided window view of
-the once-padded input. ConvTranspose is one matmul producing columns and a col2im
-scatter-add that loops over kernel positions only. Weight matrices are prepared at
-compile time when W is constant. The padding and window helpers are shared with the
-pooling kernels.
+convolutions skip im2col. Large ones of one group and few filters run in blocks of
+output rows, each computed whole by one thread (:mod:`.conv_rows`). Other 1-D and 2-D
+ones copy their columns from the phase-flattened padded input (:mod:`.conv_flat`),
+depthwise ones multiply blocks of such columns by their channels' taps, and 3x3 stride-1
+ones with many channels run as Winograd F(2x2, 3x3) (:mod:`.conv_winograd`); small ones
+(and N-D ones) use the strided window view of the once-padded input. ConvTranspose is
+one matmul producing columns and a col2im scatter-add that loops over kernel positions
+only (with a kernel as large as its stride: one strided copy per tap). Weight matrices
+are prepared at compile time when W is constant. The padding and window helpers are
+shared with the pooling kernels.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     product_by_pixels,
     scratch,
 )
+from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue, RowPlan, row_plan, rows_conv
 from aioinfer.devices.cpu.kernels.conv_winograd import (
     winograd_conv,
     winograd_fits,
     winograd_weights,
 )
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d, stacked_matmul
-from aioinfer.devices.cpu.kernels.parallel import run_parallel
+from aioinfer.devices.cpu.kernels.parallel import intra_op_threads, run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, OutKernel, kernel, out_kernel
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -170,16 +173,19 @@ class _ConvPlan:
     small: bool
     """im2col columns of at most :data:`KEPT_COLUMNS_BYTES` (float32): kept per node,
     which costs a small convolution less than the phase-flattened columns."""
+    rows: RowPlan | None
+    """A large convolution of one group: computed in blocks of output rows
+    (:mod:`.conv_rows`)."""
 
 
 ConvCompute = Callable[
-    [np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None", "Epilogue | None"],
+    [np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None", "ConvEpilogue | None"],
     tuple[np.ndarray, bool],
 ]
 """``compute(x, w, b, out, epilogue) -> (y, applied)``: a convolution written into
 ``out`` when it is given (a contiguous array of y's shape and dtype), else into a new
-array; ``applied`` tells whether the ``epilogue`` (see :data:`.conv_flat.Epilogue`) was
-applied to all of ``y`` (depthwise 1-D and 2-D convolutions apply it on each thread's
+array; ``applied`` tells whether the ``epilogue`` was applied to all of ``y`` (depthwise
+1-D and 2-D convolutions and those computed in blocks of rows apply it on each thread's
 share of the output); when not, the caller applies it."""
 
 
@@ -225,6 +231,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         if min(out) < 1:
             raise ValueError(f"Conv: input {x_shape} is smaller than the kernel {kshape}")
         pointwise = all(k == 1 for k in kshape) and not any(begins) and not any(ends)
+        strided = any(s != 1 for s in strides)
         flat = (
             flat_geometry(
                 x_shape[2:],
@@ -240,6 +247,20 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if rank <= 2 and not pointwise
             else None
         )
+        winograd = winograd_fits(
+            kshape, strides, dilations, group, x_shape[1], w_shape[0], tuple(out)
+        )
+        rows = None
+        if group == 1 and not winograd and (rank == 2 or (pointwise and not strided)):
+            rows = row_plan(
+                None if pointwise else flat,
+                strides,
+                tuple(out),
+                x_shape[0],
+                x_shape[1],
+                w_shape[0],
+                intra_op_threads(),
+            )
         return _ConvPlan(
             kshape,
             strides,
@@ -250,16 +271,9 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             pointwise,
             math.prod(out),
             flat,
-            winograd_fits(
-                kshape,
-                strides,
-                dilations,
-                group,
-                x_shape[1],
-                w_shape[0],
-                tuple(out),
-            ),
+            winograd,
             x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out) * 4 <= KEPT_COLUMNS_BYTES,
+            rows,
         )
 
     def weight_matrix(w: np.ndarray) -> np.ndarray:
@@ -291,6 +305,26 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             cached_plan(ordered, order, lambda: matrix)
         return matrix
 
+    prepared: dict[tuple[tuple[int, ...], bool], np.ndarray] = {}
+    """Constant weights as :func:`.conv_rows.rows_conv` takes them, per tap order."""
+
+    def row_weights(w: np.ndarray, wmat: np.ndarray, plan: RowPlan) -> np.ndarray:
+        """The weights of :func:`.conv_rows.rows_conv`, cached when ``w`` is constant."""
+        if plan.geometry is None:
+            return wmat[0]
+        key = (plan.geometry.order, plan.implicit)
+        if w_const is not None and key in prepared:
+            return prepared[key]
+        matrix = tap_ordered(w, wmat, plan.geometry.order)[0]
+        if plan.implicit:  # (M, C * taps) -> (taps, M, C)
+            taps = len(plan.geometry.order)
+            matrix = np.ascontiguousarray(
+                matrix.reshape(matrix.shape[0], -1, taps).transpose(2, 0, 1)
+            )
+        if w_const is not None:
+            cached_plan(prepared, key, lambda: matrix)
+        return matrix
+
     local = threading.local()
     """This thread's :class:`_Columns` per input shape (kernels are shared by requests
     running on several threads)."""
@@ -300,7 +334,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         w: np.ndarray,
         b: np.ndarray | None,
         out: np.ndarray | None,
-        epilogue: Epilogue | None = None,
+        epilogue: ConvEpilogue | None = None,
     ) -> tuple[np.ndarray, bool]:
         plan = cached_plan(plans, (x.shape, w.shape), lambda: plan_for(x.shape, w.shape))
         n, c = x.shape[:2]
@@ -321,20 +355,23 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                     transformed.append(winograd_weights(w_const, work.dtype))
                 u = transformed[0]
             winograd_conv(work, u, plan.begins, plan.out_shape, y)
-            if b is not None:
-                y += b.reshape(-1, 1, 1)
-            return y.astype(x.dtype, copy=False), False
+            applied = _finish_channels(y, b, epilogue)
+            return y.astype(x.dtype, copy=False), applied
+        if plan.rows is not None and not depthwise and work.dtype == x.dtype:
+            y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
+            weights = row_weights(w, wmat, plan.rows)
+            return y, rows_conv(plan.rows, work, weights, b, y, epilogue)
         if flat is not None and n and (depthwise or not plan.small):
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             weights = tap_ordered(w, wmat, flat.order)
             if depthwise:
-                finish = _chain(_bias_epilogue(b, c, work.dtype), epilogue)
+                then = None if epilogue is None else epilogue.channels
+                finish = _chain(_bias_epilogue(b, c, work.dtype, 2), then)
                 flat_depthwise(flat, work, weights, y, finish)
                 return y.astype(x.dtype, copy=False), epilogue is not None
             flat_conv(flat, work, weights, y)
-            if b is not None:
-                y += b.reshape((-1,) + (1,) * len(plan.out_shape))
-            return y.astype(x.dtype, copy=False), False
+            applied = _finish_channels(y, b, epilogue)
+            return y.astype(x.dtype, copy=False), applied
         if depthwise and not plan.pointwise:
             return _depthwise(work, w, b, plan, out).astype(x.dtype, copy=False), False
         pixels = plan.pixels
@@ -360,19 +397,21 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 gemm_2d(wmat[0], cols[image, 0], y[image, 0])
         else:
             stacked_matmul(wmat, cols, y)
-        y = y.reshape(n, m, pixels)
-        if b is not None:
-            y += b.reshape(-1, 1)
-        return y.reshape((n, m, *plan.out_shape)).astype(x.dtype, copy=False), False
+        y = y.reshape((n, m, *plan.out_shape))
+        applied = _finish_channels(y, b, epilogue)
+        return y.astype(x.dtype, copy=False), applied
 
     return compute
 
 
-def _bias_epilogue(b: np.ndarray | None, channels: int, dtype: np.dtype) -> Epilogue | None:
-    """The epilogue adding ``b`` to blocks of a depthwise convolution's output."""
+def _bias_epilogue(
+    b: np.ndarray | None, channels: int, dtype: np.dtype, rank: int
+) -> Epilogue | None:
+    """The epilogue adding ``b`` to blocks ``(count, *spatial)`` of ``rank`` spatial axes
+    of a convolution's output."""
     if b is None:
         return None
-    bias = b.astype(dtype, copy=False).reshape(-1, 1, 1)
+    bias = b.astype(dtype, copy=False).reshape(-1, *(1,) * rank)
 
     def add(first: int, last: int, block: np.ndarray) -> None:
         channel = first % channels
@@ -382,6 +421,24 @@ def _bias_epilogue(b: np.ndarray | None, channels: int, dtype: np.dtype) -> Epil
             block += bias[np.arange(first, last) % channels]
 
     return add
+
+
+def _finish_channels(y: np.ndarray, b: np.ndarray | None, epilogue: ConvEpilogue | None) -> bool:
+    """Add ``b`` to ``y`` ``(N, M, *out)`` and apply ``epilogue`` in one pass over blocks
+    of its channels, split between the intra-op threads (not one thread's bias pass, then
+    another pass for the epilogue); returns whether the epilogue was applied."""
+    channels = y.shape[1]
+    then = None if epilogue is None else epilogue.channels
+    finish = _chain(_bias_epilogue(b, channels, y.dtype, y.ndim - 2), then)
+    if finish is None or y.size == 0:
+        return False
+    blocks = y.reshape(-1, *y.shape[2:])
+
+    def part(start: int, stop: int) -> None:
+        finish(start, stop, blocks[start:stop])
+
+    run_parallel(part, blocks.shape[0], work=2 * y.size)
+    return epilogue is not None
 
 
 def _chain(first: Epilogue | None, then: Epilogue | None) -> Epilogue | None:
@@ -520,11 +577,21 @@ class _TransposePlan:
     out_shape: tuple[int, ...]
     gathers: tuple[tuple[tuple[Any, ...], tuple[Any, ...]], ...]
     """Per stride phase: (index into the output, index into the scatter buffer)."""
+    tiled: bool
+    """Kernel as large as the stride, no dilation, the output the whole extent: every
+    output pixel comes from one tap, and each tap's products go straight to their place
+    (the 2x2 stride-2 upsampling of segmentation heads)."""
 
 
-@kernel("ConvTranspose", since=1)
-def conv_transpose(spec: NodeSpec) -> Kernel:
-    """ConvTranspose-1/11/22: N-D transposed convolution (columns matmul + col2im)."""
+TransposeCompute = Callable[
+    ["np.ndarray | None", np.ndarray, np.ndarray, "np.ndarray | None"], np.ndarray
+]
+"""``compute(out, x, w, b) -> y``: a transposed convolution, written into ``out`` when
+it has y's shape and dtype."""
+
+
+def _transpose_compute(spec: NodeSpec) -> TransposeCompute:
+    """The transposed convolution of a ConvTranspose node, bound at compile time."""
     group = int(spec.attr("group", 1))
     auto_pad = auto_pad_attr(spec)
     strides_attr = spec.attr("strides")
@@ -598,8 +665,14 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
             )
             head = (slice(None), slice(None))
             gathers.append(((*head, *dest), (*head, *phases, *source)))
+        tiled = all(
+            k == s and d == 1 and out == size * s and start == 0
+            for k, s, d, out, size, start in zip(
+                w_shape[2:], strides, dilations, out_shape, x_shape[2:], crop_starts, strict=True
+            )
+        )
         return _TransposePlan(
-            (*strides, *phase_lengths), tuple(targets), tuple(out_shape), tuple(gathers)
+            (*strides, *phase_lengths), tuple(targets), tuple(out_shape), tuple(gathers), tiled
         )
 
     def weight_columns(w: np.ndarray) -> np.ndarray:
@@ -610,7 +683,9 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
     w_const = spec.const(1)
     w_fixed = weight_columns(w_const) if w_const is not None else None
 
-    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> tuple[np.ndarray]:
+    def compute(
+        out: np.ndarray | None, x: np.ndarray, w: np.ndarray, b: np.ndarray | None
+    ) -> np.ndarray:
         plan = cached_plan(plans, (x.shape, w.shape), lambda: plan_for(x.shape, w.shape))
         wcols = w_fixed if w_fixed is not None else weight_columns(w)
         n, c = x.shape[:2]
@@ -618,16 +693,51 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
         kshape = w.shape[2:]
         m = w.shape[1] * group
         work = x.astype(compute_dtype(x.dtype), copy=False)
-        cols = np.matmul(wcols, work.reshape(n, group, c // group, int(np.prod(in_shape))))
+        if work.size == 0 or wcols.size == 0:
+            cols = np.matmul(wcols, work.reshape(n, group, c // group, math.prod(in_shape)))
+        else:  # split between the intra-op threads, into this thread's scratch buffer
+            # (a fresh one of several megabytes faults its pages in: 1.4 of 1.7 ms for
+            # 96 x 24 x 19200)
+            positions = math.prod(in_shape)
+            products = scratch("transpose-cols", (n, group, wcols.shape[1], positions), work.dtype)
+            cols = stacked_matmul(wcols, work.reshape(n, group, c // group, positions), products)
         cols = cols.reshape((n, m, *kshape, *in_shape))
-        buffer = np.zeros((n, m, *plan.phase_shape), dtype=work.dtype)
+        shape = (n, m, *plan.out_shape)
+        if out is None or out.shape != shape or out.dtype != work.dtype:
+            out = np.empty(shape, dtype=work.dtype)  # (a planned buffer saves page faults)
+        y = out
+        if plan.tiled:
+            # y[..., a * s + t, ...] = cols[..., t, ..., a, ...]: one strided copy per
+            # tap (a transposed view of y as (n, m, *kernel, *input) is 4x slower: its
+            # innermost runs are one stride long).
+            for tap in np.ndindex(*kshape):
+                pixels = tuple(slice(t, None, s) for t, s in zip(tap, kshape, strict=True))
+                y[(slice(None), slice(None), *pixels)] = cols[(slice(None), slice(None), *tap)]
+            if b is not None:  # (added on the way, into the strided places: 4x slower)
+                y += b.reshape((-1,) + (1,) * len(in_shape))
+            return y.astype(x.dtype, copy=False)
+        buffer = scratch("transpose-sums", (n, m, *plan.phase_shape), work.dtype)
+        buffer.fill(0)
         for tap, target in zip(np.ndindex(*kshape), plan.targets, strict=True):
             buffer[target] += cols[(slice(None), slice(None), *tap)]
-        y = np.empty((n, m, *plan.out_shape), dtype=work.dtype)
         for dest, source in plan.gathers:
             y[dest] = buffer[source]
         if b is not None:
             y += b.reshape((-1,) + (1,) * len(in_shape))
-        return (y.astype(x.dtype, copy=False),)
+        return y.astype(x.dtype, copy=False)
 
-    return run
+    return compute
+
+
+@kernel("ConvTranspose", since=1)
+def conv_transpose(spec: NodeSpec) -> Kernel:
+    """ConvTranspose-1/11/22: N-D transposed convolution (columns matmul + col2im)."""
+    compute = _transpose_compute(spec)
+    return lambda x, w, b=None: (compute(None, x, w, b),)
+
+
+@out_kernel(conv_transpose)
+def conv_transpose_into(spec: NodeSpec) -> OutKernel:
+    """ConvTranspose writing into a planned buffer."""
+    compute = _transpose_compute(spec)
+    return lambda out, x, w, b=None: (compute(out, x, w, b),)

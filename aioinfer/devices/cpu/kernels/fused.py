@@ -30,7 +30,7 @@ import numpy as np
 
 from aioinfer.devices.cpu.kernels.activations import leaky_relu, relu
 from aioinfer.devices.cpu.kernels.conv import conv_compute
-from aioinfer.devices.cpu.kernels.conv_flat import Epilogue
+from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue
 from aioinfer.devices.cpu.kernels.elementwise import erf
 from aioinfer.devices.cpu.kernels.matmul import matmul_into
 from aioinfer.devices.cpu.kernels.parallel import (
@@ -266,9 +266,21 @@ def _fused(op_type: str) -> Callable[[KernelFactory], KernelFactory]:
 # -- FusedConv --------------------------------------------------------------------------
 
 
+def _clip_bounds(spec: NodeSpec) -> tuple[float, float] | None:
+    """The bounds of the node's activation when it is a clip (Relu, Clip), else None."""
+    name = spec.attr("activation", "")
+    params = [float(p) for p in spec.attr("activation_params", [])]
+    if name == "Relu":
+        return (0.0, math.inf)
+    if name == "Clip" and len(params) == 2:
+        return (params[0], params[1])
+    return None
+
+
 def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
     compute = conv_compute(spec)
     act = activation(spec)
+    bounds = _clip_bounds(spec)
 
     def run(
         out: np.ndarray | None,
@@ -277,12 +289,12 @@ def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
         b: np.ndarray | None = None,
         z: np.ndarray | None = None,
     ) -> tuple[np.ndarray]:
-        # A depthwise convolution adds Z and applies the activation on each thread's
-        # share of its output, while that is in the cache, in the thread that made it.
-        # (Only a depthwise convolution, with one input channel per filter, can apply it.)
+        # Depthwise convolutions and those computed in blocks of rows add Z and apply
+        # the activation on each thread's share of their output, while that is in the
+        # cache, in the thread that made it; the others leave it to _finish.
         whole = z is None or (z.ndim == x.ndim and z.shape[:2] == (x.shape[0], w.shape[0]))
-        useful = w.shape[1] == 1 and (z is not None or act is not None)
-        epilogue = _conv_epilogue(z, act) if whole and useful else None
+        useful = z is not None or act is not None
+        epilogue = ConvEpilogue(z, act, bounds) if whole and useful else None
         y, applied = compute(x, w, b, out, epilogue)
         if applied:
             return (y,)
@@ -291,30 +303,6 @@ def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
     if planned:
         return run
     return lambda *inputs: run(None, *inputs)
-
-
-def _conv_epilogue(z: np.ndarray | None, act: InPlace | None) -> Epilogue:
-    """Add ``z`` (of the convolution's batch and channels) and apply ``act`` to blocks
-    of a convolution's output (see :data:`.conv_flat.Epilogue`)."""
-    rows = None if z is None else z.reshape(-1, *z.shape[2:])
-
-    def finish(first: int, last: int, block: np.ndarray) -> None:
-        if rows is not None:
-            part = rows[first:last]
-            if part.ndim < block.ndim:  # a 1-D convolution's blocks have one row
-                part = part.reshape(
-                    part.shape[0], *(1,) * (block.ndim - part.ndim), *part.shape[1:]
-                )
-            if np.broadcast_shapes(part.shape, block.shape) != block.shape:
-                raise ValueError(
-                    f"FusedConv: Z of shape {z.shape if z is not None else None} does not "
-                    f"broadcast to the output's channels {block.shape}"
-                )
-            block += part
-        if act is not None:
-            act(block)
-
-    return finish
 
 
 @_fused("FusedConv")
