@@ -33,6 +33,7 @@ from aioinfer.devices.cpu.kernels.conv import conv_compute
 from aioinfer.devices.cpu.kernels.conv_flat import Epilogue
 from aioinfer.devices.cpu.kernels.elementwise import erf
 from aioinfer.devices.cpu.kernels.matmul import matmul_into
+from aioinfer.devices.cpu.kernels.normalization import softmax_last_axis
 from aioinfer.devices.cpu.kernels.parallel import (
     MIN_PARALLEL_ELEMENTS,
     intra_op_threads,
@@ -410,11 +411,7 @@ def fused_matmul_into(spec: NodeSpec) -> OutKernel:
 
 def _softmax_last(scores: np.ndarray) -> None:
     """Softmax over the last axis, in place."""
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    total = scores.sum(axis=-1, keepdims=True)
-    np.reciprocal(total, out=total)
-    scores *= total
+    softmax_last_axis(scores, out=scores)
 
 
 def _attention(spec: NodeSpec, planned: bool) -> Kernel:
