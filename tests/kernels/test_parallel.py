@@ -275,13 +275,12 @@ def test_a_product_of_64_rows_is_split_between_two_threads() -> None:
 _COLUMN_SPLIT_CHECK = """
 import json
 import numpy as np
-from aioinfer.devices.cpu.kernels.matmul import (
-    column_blocks, columns_split_exactly, gemm_2d, runs_swapped,
-)
+from aioinfer.devices.cpu.kernels.matmul import column_blocks, columns_split_exactly, gemm_2d
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
 
+set_intra_op_threads(2)
 rng = np.random.default_rng(5)
-products = split = swapped = mismatches = 0
+products = split = mismatches = 0
 for m in range(2, 96, 2):
     k, n = (int(v) for v in rng.choice([37, 96, 300, 512, 777, 1024, 3000], size=2))
     if m * k * n < 1 << 21:
@@ -290,15 +289,12 @@ for m in range(2, 96, 2):
     a = rng.standard_normal((m, k)).astype(np.float32)
     for b in (rng.standard_normal((k, n)), rng.standard_normal((n, k)).T):
         b = b.astype(np.float32)
-        swapped += runs_swapped(a, b)
-        for threads in (1, 2):
-            set_intra_op_threads(threads)
-            out = np.empty((m, n), np.float32)
-            gemm_2d(a, b, out)
-            products += 1
-            mismatches += not np.array_equal(out, a @ b)
+        out = np.empty((m, n), np.float32)
+        gemm_2d(a, b, out)
+        products += 1
+        mismatches += not np.array_equal(out, a @ b)
 print(json.dumps({"exact": columns_split_exactly(), "products": products, "split": split,
-                  "swapped": swapped, "mismatches": mismatches}))
+                  "mismatches": mismatches}))
 """
 
 
@@ -315,12 +311,10 @@ def test_float32_products_of_2_to_95_rows_split_bit_for_bit_per_blas_kernel(
     kernels: str,
 ) -> None:
     """With OpenBLAS's SkylakeX kernels a float32 product of 2-95 rows is split by
-    columns (each block packs only its part of the right operand), and most run
-    swapped (``(b.T @ a.T).T``, each block transposed back); with Haswell's, whose
-    column blocks and swapped products round differently, by rows and never swapped.
-    Either way the result is bit for bit the product of one call (plain and transposed
-    right operands, one and two threads). Each kernel runs in a fresh process: OpenBLAS
-    reads OPENBLAS_CORETYPE when it loads."""
+    columns (each block packs only its part of the right operand); with Haswell's, whose
+    column blocks round differently, by rows. Either way the result is bit for bit the
+    product of one call (plain and transposed right operands). Each kernel runs in a
+    fresh process: OpenBLAS reads OPENBLAS_CORETYPE when it loads."""
     if kernels == "SkylakeX" and not _avx512():
         pytest.skip("the SkylakeX kernels need AVX-512")
     root = str(Path(__file__).resolve().parents[2])
@@ -337,7 +331,5 @@ def test_float32_products_of_2_to_95_rows_split_bit_for_bit_per_blas_kernel(
     )
     result = json.loads(done.stdout)
     assert result["exact"] == (kernels == "SkylakeX")
-    assert result["products"] >= 100 and result["split"] >= 20, result
-    assert (result["swapped"] >= 20) == (kernels == "SkylakeX"), result
-    assert result["swapped"] == 0 or kernels == "SkylakeX", result
+    assert result["products"] >= 50 and result["split"] >= 20, result
     assert result["mismatches"] == 0, result

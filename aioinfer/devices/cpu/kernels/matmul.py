@@ -55,15 +55,7 @@ not with Haswell's float32 kernel (its values move by rounding wherever the spli
 nor SkylakeX's float64 one (on some odd widths)."""
 COLUMN_SPLIT_KERNELS = frozenset({"SkylakeX"})
 """The OpenBLAS kernels (``threadpoolctl``'s architecture) whose float32 products split by
-columns (:data:`COLUMN_BLOCK_ALIGN`) bit for bit, and run swapped (see
-:func:`runs_swapped`) bit for bit."""
-SWAP_MIN_WIDTH = 1024
-"""A float32 product of 2-95 rows with a C-contiguous right operand runs swapped when
-both its inner and its output width are at least this (one thread, OpenBLAS SkylakeX:
-64 x 1024 x 1024 in 0.73 ms instead of 0.86, 2048 x 2048 1.1-1.3x faster; at 384 x 1536
-or 512 x 512 0.9-1.1x). A right operand that is the transpose of a C-contiguous matrix
-(a Linear layer's weight as exported) runs swapped at any width: 1.0-2.4x faster, where
-the plain product reads it 1.1-2.5x slower than a C-contiguous one."""
+columns (:data:`COLUMN_BLOCK_ALIGN`) bit for bit."""
 
 
 def aligned_blocks(
@@ -103,50 +95,6 @@ def columns_split_exactly() -> bool:
     return bool(kernels) and kernels <= COLUMN_SPLIT_KERNELS
 
 
-def runs_swapped(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether :func:`gemm_2d` computes ``a @ b`` as ``(b.T @ a.T).T``.
-
-    OpenBLAS packs the right operand of every call again; for a product of few rows
-    that packing is most of the work, and it costs less when the matrix is BLAS's
-    right-hand operand of the swapped product (measured with the SkylakeX kernels, one
-    thread: 64 x 1024 x 1024 in 0.63 ms with a C-contiguous ``b.T``, 0.86 ms plain).
-    Only where the swapped product is bit for bit the plain one: float32, 2-95 rows
-    (the column blocks of :data:`COLUMN_BLOCK_ALIGN`), at least
-    :data:`MIN_BLOCK_PRODUCT` multiply-adds, SkylakeX kernels (their float64 products
-    and Haswell's round differently); see :data:`SWAP_MIN_WIDTH` for the widths.
-    """
-    m, k, n = a.shape[0], a.shape[1], b.shape[1]
-    if not (2 <= m < 4 * ROW_ALIGN and m * k * n >= MIN_BLOCK_PRODUCT):
-        return False
-    if a.dtype != np.float32 or b.dtype != np.float32 or not columns_split_exactly():
-        return False
-    return b.T.flags.c_contiguous or min(k, n) >= SWAP_MIN_WIDTH
-
-
-def _gemm_swapped(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> np.ndarray:
-    """``out[...] = a @ b`` as ``(b.T @ a.T).T`` (see :func:`runs_swapped`), in column
-    blocks of ``out`` split between ``threads`` threads, each block transposed into
-    ``out`` by the thread that computed it, while it is in that core's cache."""
-    m, k, n = a.shape[0], a.shape[1], b.shape[1]
-    swapped = np.empty((n, m), dtype=a.dtype)
-    weight, rows = b.T, a.T
-
-    def block(start: int, stop: int) -> None:
-        np.matmul(weight[start:stop], rows, out=swapped[start:stop])
-        np.copyto(out[:, start:stop], swapped[start:stop].T)
-
-    if threads <= 1 or m * k * n < SPLIT_PRODUCT:
-        block(0, n)
-        return out
-    bounds = column_blocks(m, k, n, PARTS_PER_THREAD * threads)
-
-    def blocks(first: int, last: int) -> None:
-        block(bounds[first][0], bounds[last - 1][1])
-
-    run_parallel(blocks, len(bounds), work=m * k * n, parts_per_thread=PARTS_PER_THREAD)
-    return out
-
-
 def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out[...] = a @ b`` for 2-D operands: one single-threaded BLAS call for a small
     product; a large one split into blocks of ``out``'s rows or columns, each block a
@@ -164,8 +112,6 @@ def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     threads = intra_op_threads()
-    if runs_swapped(a, b):
-        return _gemm_swapped(a, b, out, threads)
     if m * k * n < SPLIT_PRODUCT or threads <= 1:
         np.matmul(a, b, out=out)
         return out
