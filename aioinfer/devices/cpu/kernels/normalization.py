@@ -381,6 +381,10 @@ def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    if axis in (-1, x.ndim - 1):  # as softmax_last_axis
+        y = x - np.fmax.reduce(x, axis=-1, keepdims=True)
+        y -= np.log(row_sums(np.exp(y)))
+        return y
     y = x - x.max(axis=axis, keepdims=True)
     y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))
     return y
