@@ -94,7 +94,7 @@ def _hard_swish(y: np.ndarray) -> None:
 
 
 _CHUNK = 1 << 16
-"""Elements per chunk of the float32 erf: its temporaries stay in the L2 cache."""
+"""Elements per chunk of the float32 GELU: its temporaries stay in the L2 cache."""
 _MIN_CHUNK = MIN_PARALLEL_ELEMENTS // 4
 """Elements of the smallest chunk of a split GELU."""
 
