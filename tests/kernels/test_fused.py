@@ -162,6 +162,27 @@ def test_fused_layernorm_matches_onnx_layernormalization(
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_gelu_matches_float64_over_the_whole_float32_range() -> None:
+    """The float32 GELU (A&S 7.1.26 for erfc, no sign pass) against
+    x/2 (1 + erf(x/sqrt 2)) in float64 (rtol 1e-5, atol 1e-6) from -12 to 12 and at the
+    ends of the float32 range (x/2 (1 + erf) overflowed to inf at 3e38), with inf and
+    NaN; in place too (the planner may give the input's buffer as the output)."""
+    x = np.concatenate(
+        [
+            np.linspace(-12, 12, 100_001, dtype=np.float32),
+            np.float32([3e38, -3e38, 1e-30, -1e-30, 0.0, np.inf, np.nan]),
+        ]
+    )
+    node = oh.make_node("Gelu", ["x"], ["y"], domain=AIOINFER_DOMAIN)
+    got = run_aioinfer(node, [x], 1)[0]
+    wide = x.astype(np.float64)
+    want = wide / 2 * (1 + np.vectorize(math.erf)(wide / math.sqrt(2)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    inplace = x.copy()
+    fused._gelu_into(inplace, inplace)
+    np.testing.assert_array_equal(inplace, got)
+
+
 def test_gelu_of_an_mlp_layer_splits_between_threads(parts: list[tuple[int, int]]) -> None:
     """GELU (erf) of a 64 x 1024 float32 layer (one chunk of the float32 erf, which ran on
     one thread) runs in two parts of two chunks on two threads, and agrees with

@@ -416,6 +416,30 @@ def test_softmax_empty(op: str, opset: int) -> None:
     assert got.shape == (0, 3) and got.dtype == np.float32
 
 
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 3, 16, 128), (5, 77), (1, 1), (3, 2, 1000)])
+def test_softmax_last_axis_matches_float64(op: str, dtype: type, shape: tuple) -> None:
+    """(Log)Softmax over the last axis (fmax shift, sums by BLAS) against float64 numpy,
+    with masked (-inf) keys, a NaN (its row is NaN, the others are not) and a row of -inf
+    (NaN, as numpy's softmax gives)."""
+    x = _randn(shape, dtype) * 8
+    flat = x.reshape(-1, shape[-1])
+    flat[:, ::3] = -np.inf
+    flat[:, -1] = 1.0  # every other row keeps a finite key
+    if flat.shape[0] > 2:
+        flat[1, shape[-1] // 2] = np.nan
+        flat[2] = -np.inf
+    (got,) = run_aioinfer(oh.make_node(op, ["x"], ["y"]), [x], 13)
+    wide = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        shifted = wide - wide.max(axis=-1, keepdims=True)
+        total = np.exp(shifted).sum(axis=-1, keepdims=True)
+        want = np.exp(shifted) / total if op == "Softmax" else shifted - np.log(total)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, want, **TOLERANCE[dtype])
+
+
 def test_softmax_is_stable_for_large_values() -> None:
     x = np.array([[1000.0, 1000.0, -1000.0], [-1e30, 0.0, 1e30]], np.float32)
     (soft,) = run_aioinfer(oh.make_node("Softmax", ["x"], ["y"]), [x], 13)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from aioinfer.devices.cpu.kernels.normalization import row_sums
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 
 _MODE_AFTER_SOFTCAP = 1
@@ -73,11 +74,12 @@ def _mask_bias(mask: np.ndarray, kv_len: int, dtype: np.dtype) -> np.ndarray:
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis; a row of -inf gives zeros."""
-    top = np.max(scores, axis=-1, keepdims=True)
+    """Softmax over the last axis; a row of -inf gives zeros (see
+    :func:`.normalization.softmax_last_axis` for the maximum and the sums)."""
+    top = np.fmax.reduce(scores, axis=-1, keepdims=True)
     top = np.where(np.isneginf(top), 0, top)
     e = np.exp(scores - top)
-    total = np.sum(e, axis=-1, keepdims=True)
+    total = row_sums(e)
     return e / np.where(total == 0, 1, total)
 
 

