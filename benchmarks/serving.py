@@ -1,6 +1,6 @@
 """Serving under load: 64 tritonclient ``http.aio`` clients sending single rows to an MLP.
 
-    python -m benchmarks.serving [--clients 64] [--client-processes 2] [--requests 300]
+    python -m benchmarks.serving [--clients 64] [--client-processes 1] [--requests 300]
                                  [--seconds 20] [--rounds 5] [--only abc] [--config-b JSON]
 
 Three servers, one after the other in the same run, each in its own process under the
@@ -21,11 +21,12 @@ switch interval (the one ``aioinfer serve`` sets), on the MLP of ``benchmarks/mo
 Every client is a ``tritonclient.http.aio.InferenceServerClient`` of its own (one
 connection) and sends 5 untimed requests; once every client has, the timed phase starts
 (connecting and warming up count for no server), and each sends ``--requests`` more, one
-after the other; a phase stops after ``--seconds`` at the latest. The clients are shared
-among ``--client-processes`` processes (2 by default; 1: this process), each on uvloop when
-installed: 64 clients on one event loop made that loop the bottleneck of a fast server (it
-was 76-87% busy at 6,400-7,300 requests/s, each client request costing it 0.12 ms), as
-independent clients would not be. Only 127.0.0.1 is contacted. Throughput is
+after the other; a phase stops after ``--seconds`` at the latest. The clients run in this
+process (on uvloop when installed), as in the measurement the serving targets were set
+on; ``--client-processes N`` shares them among N processes instead. Two processes cost
+more CPU per client request (0.14 against 0.11 ms, fewer requests per wake-up of each
+loop), which slows the baseline, whose server needs the cores most, more than aioinfer:
+report which was used. Only 127.0.0.1 is contacted. Throughput is
 completed requests per second of the timed phase; latency percentiles are per request;
 the CPU time per request is the server process's (user and system, all its threads),
 apart its child processes' (a PROCESS worker's), and the clients' processes', over the
@@ -449,8 +450,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--client-processes",
         type=int,
-        default=2,
-        help="processes the clients are shared among (default: 2; 1: this process)",
+        default=1,
+        help="processes the clients are shared among (default: 1, this process)",
     )
     parser.add_argument(
         "--rounds", type=int, default=5, help="rounds of every server, interleaved (medians)"
