@@ -170,6 +170,9 @@ def test_a_large_convolution_takes_the_blocks_at_the_default_sizes() -> None:
     assert conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 128, 2) is None
     small = flat_geometry((8, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), (8, 8), 24, 48)
     assert conv_rows.row_plan(small, (1, 1), (8, 8), 1, 48, 24, 2) is None
+    # Nor a batch of small maps with the work of many blocks: a block never spans
+    # images, and one image holds less work than a block's numpy calls pay for.
+    assert conv_rows.row_plan(small, (1, 1), (8, 8), 64, 48, 24, 2) is None
     # On one thread, 64 filters run faster as one product; on two, in blocks.
     assert conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 64, 1) is None
     assert conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 64, 2) is not None

@@ -132,8 +132,13 @@ def row_plan(
         -(-MIN_BLOCK_WORK // (width * channels * len(taps) * filters)), -(-rows // MIN_BLOCKS)
     )
     block_rows = max(1, min(BLOCK_ELEMENTS // per_row, least))
-    work = batch * math.prod(out_shape) * channels * len(taps) * filters
-    if batch * -(-rows // block_rows) < 2 or work < 2 * MIN_BLOCK_WORK:
+    per_image = math.prod(out_shape) * channels * len(taps) * filters
+    # Blocks never span images: images smaller than a block would make blocks of less
+    # work than a block's numpy calls pay for (16 images of the bundled CNN's 32 3x3
+    # filters over 16x16x16, 1.2M multiply-adds each: 1.18 instead of 0.83 ms).
+    if per_image < MIN_BLOCK_WORK:
+        return None
+    if batch * -(-rows // block_rows) < 2 or batch * per_image < 2 * MIN_BLOCK_WORK:
         return None
     return RowPlan(geometry, strides, out_shape, rows, block_rows, taps, reach, implicit)
 
