@@ -71,8 +71,8 @@ def test_gemm_bias_and_relu_split_between_threads(parts: list[tuple[int, int]]) 
     for _ in range(2):
         feeds = {
             "a": RNG.standard_normal((64, 32)).astype(np.float32),
-            "b": RNG.standard_normal((32, 512)).astype(np.float32),
-            "c": RNG.standard_normal(512).astype(np.float32),
+            "b": RNG.standard_normal((32, 8192)).astype(np.float32),  # 1M of epilogue work
+            "c": RNG.standard_normal(8192).astype(np.float32),
         }
         got = _fused_gemm(feeds)
         np.testing.assert_allclose(got, _reference(unfused, feeds, "y"), rtol=1e-5, atol=1e-5)
@@ -96,10 +96,10 @@ def test_conv_bias_and_residual_split_along_channels(parts: list[tuple[int, int]
     """The channel axis is split: the per-channel bias is sliced along with the output,
     the batch-broadcast residual too."""
     feeds = {
-        "x": RNG.standard_normal((2, 8, 32, 32)).astype(np.float32),
+        "x": RNG.standard_normal((2, 8, 128, 128)).astype(np.float32),
         "w": RNG.standard_normal((16, 8, 1, 1)).astype(np.float32),
         "b": RNG.standard_normal(16).astype(np.float32),
-        "z": RNG.standard_normal((1, 16, 32, 32)).astype(np.float32),
+        "z": RNG.standard_normal((1, 16, 128, 128)).astype(np.float32),
     }
     node = oh.make_node(
         "FusedConv", list(feeds), ["y"], domain=AIOINFER_DOMAIN, activation="Sigmoid"

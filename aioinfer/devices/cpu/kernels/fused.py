@@ -95,8 +95,11 @@ def _hard_swish(y: np.ndarray) -> None:
 
 _CHUNK = 1 << 16
 """Elements per chunk of the float32 GELU: its temporaries stay in the L2 cache."""
-_MIN_CHUNK = MIN_PARALLEL_ELEMENTS // 4
+_MIN_CHUNK = 1 << 14
 """Elements of the smallest chunk of a split GELU."""
+_GELU_PASSES = 20
+"""numpy passes per element of the float32 GELU: the work a split of it weighs (a 64 x
+1024 layer is worth splitting, a pass over as many elements is not)."""
 
 
 def _gelu_into(x: np.ndarray, y: np.ndarray) -> None:
@@ -105,8 +108,8 @@ def _gelu_into(x: np.ndarray, y: np.ndarray) -> None:
         y[...] = x * (erf(x * math.sqrt(0.5)) + 1) * 0.5
         return
     flat_x, flat_y = x.reshape(-1), y.reshape(-1)
-    # Two chunks per thread at least from MIN_PARALLEL_ELEMENTS on: an MLP's 64 x 1024
-    # (one whole chunk) ran on one thread.
+    # Two chunks per thread at least: an MLP's 64 x 1024 (one whole chunk) ran on one
+    # thread.
     chunk = min(_CHUNK, max(_MIN_CHUNK, -(-flat_x.size // (2 * intra_op_threads()))))
 
     def chunks(first: int, last: int) -> None:
@@ -117,7 +120,7 @@ def _gelu_into(x: np.ndarray, y: np.ndarray) -> None:
             x_n, y_n = flat_x[start : start + n], flat_y[start : start + n]
             gelu32_chunk(x_n, y_n, u[:n], t[:n], p[:n])
 
-    run_parallel(chunks, -(-flat_x.size // chunk), work=flat_x.size)
+    run_parallel(chunks, -(-flat_x.size // chunk), work=flat_x.size * _GELU_PASSES)
 
 
 def _gelu(y: np.ndarray) -> None:
