@@ -61,3 +61,13 @@ def check_node(
         assert g.shape == w.shape, f"{node.op_type} {name}: shape {g.shape}, want {w.shape}"
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"{node.op_type} {name}")
     return got
+
+
+def split_small_products(monkeypatch: Any) -> None:
+    """Let products and their copies split between the intra-op threads from 64K
+    multiply-adds on (the device waits for 4M), so that test-sized convolutions take the
+    split paths."""
+    from aioinfer.devices.cpu.kernels import conv_flat, conv_rows, matmul
+
+    for module in (conv_flat, conv_rows, matmul):
+        monkeypatch.setattr(module, "MIN_PARALLEL_MACS", 1 << 16)

@@ -22,7 +22,7 @@ from aioinfer.devices.cpu.kernels.conv_flat import DEPTHWISE_BLOCK_BYTES, by_pix
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
 from aioinfer.devices.cpu.kernels.matmul import columns_split_exactly
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
-from tests.kernels._check import run_aioinfer, run_reference
+from tests.kernels._check import run_aioinfer, run_reference, split_small_products
 from tests.kernels.test_conv import check_onnxruntime, run_with_constant_weights
 
 RTOL, ATOL = 1e-4, 1e-4
@@ -35,9 +35,10 @@ def _random(*shape: int, dtype: type = np.float32) -> np.ndarray:
 
 
 @pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
-def threads(request: pytest.FixtureRequest) -> Any:
+def threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Kernels run with one or two intra-op threads (the calling thread's count), BLAS on
     one thread as the device runs it."""
+    split_small_products(monkeypatch)  # test-sized products split too
     before = parallel._POOL._inside.threads
     parallel.set_intra_op_threads(parallel._POOL.threads)
     parallel.use_intra_op_threads(request.param)

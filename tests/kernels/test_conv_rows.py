@@ -20,7 +20,7 @@ import pytest
 from aioinfer.devices.cpu.kernels import conv_rows, parallel
 from aioinfer.devices.cpu.kernels.conv_flat import flat_geometry
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
-from tests.kernels._check import run_aioinfer, run_reference
+from tests.kernels._check import run_aioinfer, run_reference, split_small_products
 from tests.kernels.test_conv import run_with_constant_weights
 
 RTOL, ATOL = 1e-4, 1e-4
@@ -33,8 +33,9 @@ def _random(*shape: int, dtype: type = np.float32) -> np.ndarray:
 
 
 @pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+def threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     """Kernels run with one or two intra-op threads, BLAS on one thread."""
+    split_small_products(monkeypatch)  # test-sized products split too
     before = parallel._POOL._inside.threads
     parallel.set_intra_op_threads(parallel._POOL.threads)
     parallel.use_intra_op_threads(request.param)

@@ -42,7 +42,11 @@ from aioinfer.devices.cpu.kernels.matmul import (
     gemm_2d,
     stacked_matmul,
 )
-from aioinfer.devices.cpu.kernels.parallel import intra_op_threads, run_parallel
+from aioinfer.devices.cpu.kernels.parallel import (
+    MIN_PARALLEL_MACS,
+    intra_op_threads,
+    run_parallel,
+)
 
 _arena = threading.local()
 """``buffers``: this thread's scratch byte buffers by slot (grown on demand)."""
@@ -323,7 +327,7 @@ def flat_conv(
         def copy(start: int, stop: int, base: int = base) -> None:  # split by channel
             copy_columns(views, base + start, base + stop, cols[start:stop])
 
-        run_parallel(copy, c, work=cols.size)
+        run_parallel(copy, c, work=cols.size, least=MIN_PARALLEL_MACS)
         matrix = cols.reshape(group, c // group * taps, length)
         if group == 1 and by_pixels(m, matrix.shape[1], length, x.dtype):
             product_by_pixels(wmat[0], matrix[0], y[image].reshape(m, oh, ow))
@@ -388,13 +392,20 @@ def product_by_pixels(w: np.ndarray, cols: np.ndarray, y: np.ndarray) -> None:
     def rows(start: int, stop: int) -> None:
         np.matmul(cols[:, start:stop].T, w_t, out=product[start:stop])
 
-    run_parallel(rows, pixels, work=m * k * pixels, parts_per_thread=2, align=ROW_ALIGN)
+    run_parallel(
+        rows,
+        pixels,
+        work=m * k * pixels,
+        parts_per_thread=2,
+        align=ROW_ALIGN,
+        least=MIN_PARALLEL_MACS,
+    )
     kept = product.reshape(oh, pixels // oh, m)[:, :ow]
 
     def transpose(start: int, stop: int) -> None:
         np.copyto(y[start:stop], kept[:, :, start:stop].transpose(2, 0, 1))
 
-    run_parallel(transpose, m, work=y.size)
+    run_parallel(transpose, m, work=y.size, least=MIN_PARALLEL_MACS)
 
 
 DEPTHWISE_BLOCK_BYTES = 1 << 19
@@ -462,4 +473,6 @@ def flat_depthwise(
             first, last = start * block, min(n * c, stop * block)
             epilogue(first, last, images[first:last])
 
-    run_parallel(part, blocks, work=n * c * taps * length, parts_per_thread=2)
+    run_parallel(
+        part, blocks, work=n * c * taps * length, parts_per_thread=2, least=MIN_PARALLEL_MACS
+    )

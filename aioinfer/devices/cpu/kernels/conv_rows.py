@@ -38,7 +38,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from aioinfer.devices.cpu.kernels.conv_flat import FlatGeometry, scratch
-from aioinfer.devices.cpu.kernels.parallel import run_parallel
+from aioinfer.devices.cpu.kernels.parallel import MIN_PARALLEL_MACS, run_parallel
 
 InPlace = Callable[[np.ndarray], object]
 """An activation applied in place to a float array (what it returns is ignored)."""
@@ -310,7 +310,7 @@ def rows_conv(
 
     total = n * per_image
     work = n * m * pixels * c * len(plan.taps)
-    run_parallel(part, total, work=work, parts_per_thread=PARTS_PER_THREAD)
+    run_parallel(part, total, work=work, parts_per_thread=PARTS_PER_THREAD, least=MIN_PARALLEL_MACS)
     return applied
 
 

@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 
 from aioinfer.devices.cpu.kernels.parallel import (
+    MIN_PARALLEL_MACS,
     blas_architectures,
     intra_op_threads,
     run_parallel,
@@ -122,7 +123,14 @@ def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
             np.matmul(a, b[:, start:stop], out=out[:, start:stop])
 
         per = max(1, min(PARTS_PER_THREAD, n // (COLUMN_ALIGN * threads)))
-        run_parallel(vector, n, work=m * k * n, parts_per_thread=per, align=COLUMN_ALIGN)
+        run_parallel(
+            vector,
+            n,
+            work=m * k * n,
+            parts_per_thread=per,
+            align=COLUMN_ALIGN,
+            least=MIN_PARALLEL_MACS,
+        )
         return out
     if m < 4 * ROW_ALIGN and a.dtype == np.float32 and columns_split_exactly():
         bounds = column_blocks(m, k, n, parts)
@@ -141,7 +149,13 @@ def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         else:
             np.matmul(a, b[:, start:stop], out=out[:, start:stop])
 
-    run_parallel(blocks, len(bounds), work=m * k * n, parts_per_thread=PARTS_PER_THREAD)
+    run_parallel(
+        blocks,
+        len(bounds),
+        work=m * k * n,
+        parts_per_thread=PARTS_PER_THREAD,
+        least=MIN_PARALLEL_MACS,
+    )
     return out
 
 
@@ -173,7 +187,7 @@ def stacked_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.n
         np.matmul(a[index], b[index], out=out[index])
 
     work = a.shape[-2] * a.shape[-1] * b.shape[-1] * int(np.prod(batch))
-    run_parallel(part, batch[axis], work=work)
+    run_parallel(part, batch[axis], work=work, least=MIN_PARALLEL_MACS)
     return out
 
 

@@ -40,6 +40,12 @@ saves; kernels run such work in the calling thread. A bias and Relu over 64 x 10
 compiled models alternating in one process), PP-LCNet's inference took 0.85x the time,
 PP-OCR's classifier 0.86x, SqueezeNet 0.92x, openWakeWord's embedding 0.91x, the MLP
 0.95x, BERT, ResNet-18 and the detectors 0.95-1.00x; at 4M BERT lost (1.17x)."""
+MIN_PARALLEL_MACS = 1 << 22
+"""The same bound for matrix products (counted in multiply-adds) and the column copies
+and transpositions around them: a product of 1-4M multiply-adds takes 7-30 us on one
+thread, about what handing half of it to another thread costs. With 4M instead of 1M
+(quiet, alternating in one process): openWakeWord's embedding 0.82x the time, PP-OCR's
+classifier 0.84x, PP-LCNet 0.88x, SqueezeNet 0.90x, the other models 0.96-1.01x."""
 
 
 class _ThreadState(threading.local):
@@ -154,6 +160,7 @@ def run_parallel(
     work: int,
     parts_per_thread: int = 1,
     align: int = 1,
+    least: int = MIN_PARALLEL_ELEMENTS,
 ) -> None:
     """Run ``task(start, stop)`` over contiguous parts of ``range(total)``.
 
@@ -165,7 +172,7 @@ def run_parallel(
     every started part has finished.
     """
     threads = min(_POOL.available(), total)
-    if threads <= 1 or work < MIN_PARALLEL_ELEMENTS:
+    if threads <= 1 or work < least:
         task(0, total)
         return
     parts = min(total, threads * max(1, parts_per_thread))
