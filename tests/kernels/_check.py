@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,3 +72,27 @@ def split_small_products(monkeypatch: Any) -> None:
 
     for module in (conv_flat, conv_rows, matmul):
         monkeypatch.setattr(module, "MIN_PARALLEL_MACS", 1 << 16)
+
+
+def check_from_threads(
+    results_of: Callable[[int], list[np.ndarray]],
+    want: list[np.ndarray],
+    rtol: float,
+    atol: float,
+) -> None:
+    """Call ``results_of(index)`` for every index of ``want`` at once, each on a thread of
+    its own (as requests share a kernel), and check every result it gave against
+    ``want[index]``."""
+    results: dict[int, list[np.ndarray]] = {}
+
+    def work(index: int) -> None:
+        results[index] = results_of(index)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(len(want))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    for index, expected in enumerate(want):
+        for got in results[index]:
+            np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ import onnx_ir as ir
 import pytest
 
 from aioinfer.devices.cpu.kernels.registry import find_kernel, find_out_kernel, make_spec
-from tests.kernels._check import check_node, run_aioinfer, run_reference
+from tests.kernels._check import check_from_threads, check_node, run_aioinfer, run_reference
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -377,19 +376,9 @@ def test_conv_columns_are_per_thread(size: int) -> None:
     want = [run_reference(node, [x, w, b], 18)[0] for x in inputs]
     ir_node = ir.from_proto(node)
     run = find_kernel("", "Conv", 18).factory(make_spec(ir_node, 18))
-    results: dict[int, list[np.ndarray]] = {}
-
-    def work(index: int) -> None:
-        results[index] = [run(inputs[index], w, b)[0] for _ in range(20)]
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for index, expected in enumerate(want):
-        for got in results[index]:
-            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+    check_from_threads(
+        lambda index: [run(inputs[index], w, b)[0] for _ in range(20)], want, RTOL, ATOL
+    )
 
 
 @pytest.mark.parametrize("case", ["2d-tiled", "2d-strided-asymmetric"])
@@ -423,16 +412,6 @@ def test_conv_transpose_from_several_threads(case: str) -> None:
     inputs = [_random(*x_shape) for _ in range(4)]
     want = [run_reference(node, [x, w], opset)[0] for x in inputs]
     run = find_kernel("", "ConvTranspose", opset).factory(make_spec(ir.from_proto(node), opset))
-    results: dict[int, list[np.ndarray]] = {}
-
-    def work(index: int) -> None:
-        results[index] = [run(inputs[index], w)[0] for _ in range(20)]
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for index, expected in enumerate(want):
-        for got in results[index]:
-            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+    check_from_threads(
+        lambda index: [run(inputs[index], w)[0] for _ in range(20)], want, RTOL, ATOL
+    )

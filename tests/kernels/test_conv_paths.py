@@ -9,7 +9,6 @@ to ~100; float32 rounding of such sums, in any order, stays below 1e-4), float64
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,12 @@ from aioinfer.devices.cpu.kernels.conv_flat import DEPTHWISE_BLOCK_BYTES, by_pix
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
 from aioinfer.devices.cpu.kernels.matmul import columns_split_exactly
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
-from tests.kernels._check import run_aioinfer, run_reference, split_small_products
+from tests.kernels._check import (
+    check_from_threads,
+    run_aioinfer,
+    run_reference,
+    split_small_products,
+)
 from tests.kernels.test_conv import check_onnxruntime, run_with_constant_weights
 
 RTOL, ATOL = 1e-4, 1e-4
@@ -314,17 +318,9 @@ def test_conv_paths_from_several_threads(case: str) -> None:
     w = _random(*w_shape)
     inputs = [_random(*x_shape) for _ in range(3)]
     want = [run_reference(node, [x, w], 11)[0] for x in inputs]
-    results: dict[int, list[np.ndarray]] = {}
 
-    def work(index: int) -> None:
-        results[index] = [run_with_constant_weights(node, [inputs[index], w], 11)[0]]
-        results[index] += [run_aioinfer(node, [inputs[index], w], 11)[0] for _ in range(5)]
+    def results_of(index: int) -> list[np.ndarray]:
+        found = [run_with_constant_weights(node, [inputs[index], w], 11)[0]]
+        return found + [run_aioinfer(node, [inputs[index], w], 11)[0] for _ in range(5)]
 
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    for index, expected in enumerate(want):
-        for got in results[index]:
-            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+    check_from_threads(results_of, want, RTOL, ATOL)

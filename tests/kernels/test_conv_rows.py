@@ -9,7 +9,6 @@ order, stays below 1e-4), float64 1e-10.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,12 @@ import pytest
 from aioinfer.devices.cpu.kernels import conv_rows, parallel
 from aioinfer.devices.cpu.kernels.conv_flat import flat_geometry
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
-from tests.kernels._check import run_aioinfer, run_reference, split_small_products
+from tests.kernels._check import (
+    check_from_threads,
+    run_aioinfer,
+    run_reference,
+    split_small_products,
+)
 from tests.kernels.test_conv import run_with_constant_weights
 
 RTOL, ATOL = 1e-4, 1e-4
@@ -252,21 +256,11 @@ def test_blocks_from_several_threads(case: str) -> None:
     w = _random(*w_shape)
     inputs = [_random(*x_shape) for _ in range(3)]
     want = [run_reference(node, [x, w], 18)[0] for x in inputs]
-    results: dict[int, list[np.ndarray]] = {}
 
-    def work(index: int) -> None:
-        results[index] = [
-            run_with_constant_weights(node, [inputs[index], w], 18)[0] for _ in range(5)
-        ]
+    def results_of(index: int) -> list[np.ndarray]:
+        return [run_with_constant_weights(node, [inputs[index], w], 18)[0] for _ in range(5)]
 
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    for index, expected in enumerate(want):
-        for got in results[index]:
-            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+    check_from_threads(results_of, want, RTOL, ATOL)
 
 
 @pytest.mark.usefixtures("small_blocks")
