@@ -25,7 +25,6 @@ from tests.kernels._check import (
     check_from_threads,
     run_aioinfer,
     run_reference,
-    split_small_products,
 )
 from tests.kernels.test_conv import check_onnxruntime, run_with_constant_weights
 
@@ -36,18 +35,6 @@ rng = np.random.default_rng(23)
 
 def _random(*shape: int, dtype: type = np.float32) -> np.ndarray:
     return rng.standard_normal(shape).astype(dtype)
-
-
-@pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
-def threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Kernels run with one or two intra-op threads (the calling thread's count), BLAS on
-    one thread as the device runs it."""
-    split_small_products(monkeypatch)  # test-sized products split too
-    before = parallel._POOL._inside.threads
-    parallel.set_intra_op_threads(parallel._POOL.threads)
-    parallel.use_intra_op_threads(request.param)
-    yield request.param
-    parallel._POOL._inside.threads = before
 
 
 # (x shape, w shape, attributes)

@@ -9,7 +9,6 @@ order, stays below 1e-4), float64 1e-10.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,6 @@ from tests.kernels._check import (
     check_from_threads,
     run_aioinfer,
     run_reference,
-    split_small_products,
 )
 from tests.kernels.test_conv import run_with_constant_weights
 
@@ -34,17 +32,6 @@ rng = np.random.default_rng(29)
 
 def _random(*shape: int, dtype: type = np.float32) -> np.ndarray:
     return rng.standard_normal(shape).astype(dtype)
-
-
-@pytest.fixture(params=[1, 2], ids=["one-thread", "two-threads"])
-def threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    """Kernels run with one or two intra-op threads, BLAS on one thread."""
-    split_small_products(monkeypatch)  # test-sized products split too
-    before = parallel._POOL._inside.threads
-    parallel.set_intra_op_threads(parallel._POOL.threads)
-    parallel.use_intra_op_threads(request.param)
-    yield request.param
-    parallel._POOL._inside.threads = before
 
 
 @pytest.fixture
