@@ -274,6 +274,21 @@ def test_relu_family_keeps_nan_and_infinities(op: str, attrs: dict) -> None:
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_relu_on_both_sides_of_the_small_size(dtype: type) -> None:
+    """Up to SMALL_RELU elements np.maximum, above it a two-bounded clip: the same values
+    (NaN, infinities and signed zeros included) as a float64 reference either way."""
+    from aioinfer.devices.cpu.kernels.activations import SMALL_RELU
+
+    special = np.array([np.nan, -np.inf, -2, -0.0, 0, 3, np.inf], dtype)
+    for size in (SMALL_RELU, SMALL_RELU + 1, 4 * SMALL_RELU):
+        x = np.resize(special, size) * np.linspace(0.5, 2, size).astype(dtype)
+        (got,) = run_aioinfer(oh.make_node("Relu", ["x"], ["y"]), [x], 14)
+        want = np.where(np.isnan(x), np.nan, np.where(x > 0, x.astype(np.float64), 0.0))
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got.astype(np.float64), want)
+
+
 def test_relu_of_integers() -> None:
     x = np.int32([-5, 0, 7])
     (got,) = run_aioinfer(oh.make_node("Relu", ["x"], ["y"]), [x], 14)

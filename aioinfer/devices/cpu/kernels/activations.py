@@ -40,10 +40,17 @@ def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``max(x, 0)`` (NaN stays NaN), into ``out`` when given (it may be ``x``).
 
     ``np.clip`` with two bounds: with numpy 2.4, ``np.maximum(x, 0)`` and a one-sided
-    clip take 3-7x longer on float32 data (measured on 0.8M elements)."""
-    if x.dtype.kind == "f":
+    clip take 3-7x longer on float32 data (measured on 0.8M elements). Up to
+    :data:`SMALL_RELU` elements ``np.maximum`` with a zero of ``x``'s type is the faster
+    call (128 floats: 0.5 against 1.8 us; a wake-word head's layers)."""
+    if x.dtype.kind == "f" and x.size > SMALL_RELU:
         return np.clip(x, 0.0, math.inf, out=out)
-    return np.maximum(x, 0, out=out)
+    return np.maximum(x, x.dtype.type(0), out=out)
+
+
+SMALL_RELU = 4096
+"""Elements up to which ``np.maximum`` beats ``np.clip`` for Relu (8192: 3.2 against 2.5
+us; 1024: 0.8 against 1.9 us)."""
 
 
 def leaky_relu(x: np.ndarray, alpha: float, out: np.ndarray | None = None) -> np.ndarray:
