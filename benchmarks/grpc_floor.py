@@ -1,9 +1,10 @@
 """The gRPC stack's own cost per request, against aioinfer's gRPC and REST paths.
 
-    python -m benchmarks.grpc_floor [--clients 64] [--requests 300] [--rounds 3]
+    python -m benchmarks.grpc_floor [--clients 64] [--requests 300] [--rounds 3] [--tritonclient]
 
-Three servers take turns, each in its own process, under 64 bare clients (one connection
-each, on uvloop in this process) sending single rows of the MLP of ``benchmarks/models.py``:
+Three servers take turns, each in its own process, under 64 clients (one connection
+each, on uvloop in this process; bare ones, or tritonclient's asyncio clients with
+``--tritonclient``) sending single rows of the MLP of ``benchmarks/models.py``:
 
 (floor) a ``grpc.aio`` server on uvloop, as ``aioinfer serve`` runs it, whose only method
     (``ModelInfer``, a generic handler on raw bytes) returns a response prepared ahead,
@@ -107,6 +108,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--tritonclient", action="store_true", help="tritonclient's asyncio clients, not bare"
+    )
     parser.add_argument("--floor-server", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.floor_server:
@@ -128,7 +132,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         answer = Path(tmp) / "answer.bin"
         answer.write_bytes(prepared_answer(expected))
         print(f"machine: {machine()}")
-        print(f"MLP 4x{WIDTH}, {args.clients} bare clients x {args.requests} single rows")
+        clients = "tritonclient" if args.tritonclient else "bare"
+        print(f"MLP 4x{WIDTH}, {args.clients} {clients} clients x {args.requests} single rows")
         results: dict[str, list[tuple[float, float]]] = {"floor": [], "grpc": [], "rest": []}
         for round_ in range(1, args.rounds + 1):
             for kind in results:
@@ -145,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         wait_grpc(grpc_port)
                     else:
                         wait_ready(port, "/v2/health/ready")
-                    load = "rest-bare" if kind == "rest" else "grpc-bare"
+                    load = "rest" if kind == "rest" else "grpc"
+                    load += "" if args.tritonclient else "-bare"
                     target = port if kind == "rest" else grpc_port
                     rate, cpu_ms = measure(load, server, target, x, expected)
                 finally:
