@@ -32,6 +32,18 @@ def _const(name: str, value: Any, dtype: type = np.int64) -> onnx.NodeProto:
     )
 
 
+def _single_row(one: str) -> list[onnx.NodeProto]:
+    """Nodes computing ``single``: whether ``x`` has one row (the constant 1 named
+    ``one``)."""
+    return [
+        oh.make_node("Shape", ["x"], ["shape"]),
+        _const("zero", 0),
+        oh.make_node("Gather", ["shape", "zero"], ["rows"]),
+        _const(one, 1),
+        oh.make_node("Equal", ["rows", one], ["single"]),
+    ]
+
+
 def _graph(
     name: str, nodes: list[onnx.NodeProto], outputs: list[str], shape: list[Any] | None = None
 ) -> onnx.GraphProto:
@@ -82,11 +94,7 @@ def _squeeze_if_one_model() -> onnx.ModelProto:
         else_branch=_graph("sum", else_nodes, ["summed"]),
     )
     nodes = [
-        oh.make_node("Shape", ["x"], ["shape"]),
-        _const("zero", 0),
-        oh.make_node("Gather", ["shape", "zero"], ["rows"]),
-        _const("one_row", 1),
-        oh.make_node("Equal", ["rows", "one_row"], ["single"]),
+        *_single_row("one_row"),
         top_if,
         oh.make_node("Size", ["x"], ["size"]),
         oh.make_node("Cast", ["size"], ["size_f"], to=onnx.TensorProto.FLOAT),
@@ -143,11 +151,7 @@ def _data_if_model() -> onnx.ModelProto:
         ),
     )
     else_nodes = [
-        oh.make_node("Shape", ["x"], ["shape"]),
-        _const("zero", 0),
-        oh.make_node("Gather", ["shape", "zero"], ["rows"]),
-        _const("one", 1),
-        oh.make_node("Equal", ["rows", "one"], ["single"]),
+        *_single_row("one"),
         nested,
     ]
     nodes = [
@@ -346,11 +350,7 @@ def _mode_model() -> onnx.ModelProto:
         else_branch=_graph("neg", [oh.make_node("Neg", ["x"], ["n"])], ["n"], ["r", 3]),
     )
     then_nodes = [
-        oh.make_node("Shape", ["x"], ["shape"]),
-        _const("zero", 0),
-        oh.make_node("Gather", ["shape", "zero"], ["rows"]),
-        _const("one", 1),
-        oh.make_node("Equal", ["rows", "one"], ["single"]),
+        *_single_row("one"),
         nested,
     ]
     nodes = [

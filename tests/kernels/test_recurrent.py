@@ -380,6 +380,37 @@ SHAPE_MISMATCHES = [
 ]
 
 
+def _bidirectional_lstm(
+    seed: int,
+    hidden: int,
+    batch: int,
+    seq: int,
+    features: int,
+    scales: tuple[float, float, float],
+) -> tuple[onnx.NodeProto, list[np.ndarray | None]]:
+    """A bidirectional LSTM node and random inputs (W, R and B scaled by ``scales``, no
+    sequence lengths, initial states given)."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    inputs: list[np.ndarray | None] = [
+        normal(seq, batch, features),
+        normal(2, 4 * hidden, features, scale=scales[0]),
+        normal(2, 4 * hidden, hidden, scale=scales[1]),
+        normal(2, 8 * hidden, scale=scales[2]),
+        None,
+        normal(2, batch, hidden),
+        normal(2, batch, hidden),
+    ]
+    names = [n if x is not None else "" for n, x in zip(INPUT_NAMES, inputs)]
+    node = oh.make_node(
+        "LSTM", names, ["Y", "Y_h", "Y_c"], hidden_size=hidden, direction="bidirectional"
+    )
+    return node, inputs
+
+
 @pytest.mark.parametrize(
     ("op", "index", "axis", "size", "layout", "message"),
     SHAPE_MISMATCHES,
@@ -453,25 +484,7 @@ def test_bidirectional_lstm_both_directions_in_one_loop_match_reference(hidden: 
     """Up to BOTH_DIRECTIONS_MAX_HIDDEN the two directions share one loop (a
     block-diagonal R); past it they run one after the other. Both agree with
     onnx.reference, initial states included (float32: rtol 1e-5, atol 1e-5)."""
-    rng = np.random.default_rng(11)
-    seq, batch, features = 7, 2, 5
-
-    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    inputs: list[np.ndarray | None] = [
-        normal(seq, batch, features),
-        normal(2, 4 * hidden, features, scale=0.3),
-        normal(2, 4 * hidden, hidden, scale=0.3),
-        normal(2, 8 * hidden, scale=0.3),
-        None,
-        normal(2, batch, hidden),
-        normal(2, batch, hidden),
-    ]
-    names = [n if x is not None else "" for n, x in zip(INPUT_NAMES, inputs)]
-    node = oh.make_node(
-        "LSTM", names, ["Y", "Y_h", "Y_c"], hidden_size=hidden, direction="bidirectional"
-    )
+    node, inputs = _bidirectional_lstm(11, hidden, 2, 7, 5, (0.3, 0.3, 0.3))
     check_node(node, inputs, rtol=1e-5, atol=1e-5)
 
 
@@ -483,24 +496,7 @@ def test_bidirectional_lstm_directions_on_two_threads_match_one_thread() -> None
     rtol 1e-5, atol 1e-5)."""
     hidden, batch, seq, features = 256, 4, 40, 16
     assert 4 * hidden * hidden * batch >= DIRECTIONS_ON_THREADS_WORK
-    rng = np.random.default_rng(12)
-
-    def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    inputs: list[np.ndarray | None] = [
-        normal(seq, batch, features),
-        normal(2, 4 * hidden, features, scale=0.2),
-        normal(2, 4 * hidden, hidden, scale=0.1),
-        normal(2, 8 * hidden, scale=0.2),
-        None,
-        normal(2, batch, hidden),
-        normal(2, batch, hidden),
-    ]
-    names = [n if x is not None else "" for n, x in zip(INPUT_NAMES, inputs)]
-    node = oh.make_node(
-        "LSTM", names, ["Y", "Y_h", "Y_c"], hidden_size=hidden, direction="bidirectional"
-    )
+    node, inputs = _bidirectional_lstm(12, hidden, batch, seq, features, (0.2, 0.1, 0.2))
     before = parallel._POOL.threads
     try:
         set_intra_op_threads(1)
