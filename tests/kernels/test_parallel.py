@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx.helper as oh
 import pytest
 from threadpoolctl import threadpool_info
@@ -220,13 +221,8 @@ def _other_threads_share(compiled: ai.CompiledModel, x: np.ndarray, runs: int = 
     return shares
 
 
-def test_each_compiled_model_keeps_its_own_intra_op_threads() -> None:
-    """A model compiled for 2 intra-op threads splits its large product between two
-    threads even after a model with 1 was compiled (the count was process-wide, so the
-    model compiled last set it for every model), and the one-thread model does not
-    split. Seen in CPU time: while a plan splits, another thread computes about as much
-    as the calling one; while it does not, the other threads stay idle."""
-    width = 512
+def _product_model(width: int) -> tuple[onnx.ModelProto, np.ndarray]:
+    """``y = x @ w`` with a constant random ``width x width`` weight, and the weight."""
     weight = np.random.default_rng(0).standard_normal((width, width)).astype(np.float32)
     model = make_model(
         [oh.make_node("MatMul", ["x", "w"], ["y"])],
@@ -234,6 +230,17 @@ def test_each_compiled_model_keeps_its_own_intra_op_threads() -> None:
         [tensor_info("y", np.float32, ["n", width])],
         {"w": weight},
     )
+    return model, weight
+
+
+def test_each_compiled_model_keeps_its_own_intra_op_threads() -> None:
+    """A model compiled for 2 intra-op threads splits its large product between two
+    threads even after a model with 1 was compiled (the count was process-wide, so the
+    model compiled last set it for every model), and the one-thread model does not
+    split. Seen in CPU time: while a plan splits, another thread computes about as much
+    as the calling one; while it does not, the other threads stay idle."""
+    width = 512
+    model, weight = _product_model(width)
     core = ai.Core()
     two = core.compile_model(
         model, "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 2}
@@ -255,13 +262,7 @@ def test_a_product_of_64_rows_is_split_between_two_threads() -> None:
     between the two intra-op threads: seen in CPU time, another thread computes about as
     much as the calling one in some run; the result is that of one call, bit for bit."""
     width = 1024
-    weight = np.random.default_rng(0).standard_normal((width, width)).astype(np.float32)
-    model = make_model(
-        [oh.make_node("MatMul", ["x", "w"], ["y"])],
-        [tensor_info("x", np.float32, ["n", width])],
-        [tensor_info("y", np.float32, ["n", width])],
-        {"w": weight},
-    )
+    model, weight = _product_model(width)
     compiled = ai.Core().compile_model(
         model, "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 2}
     )
