@@ -194,28 +194,24 @@ def _best(run: Callable[[], object], repeats: int = 7) -> float:
 def _gemm(batch: int, m: int, k: int, n: int) -> float:
     """``batch`` products (m x k) @ (k x n), output preallocated: the best of one BLAS
     thread halved and two BLAS threads."""
-    from threadpoolctl import threadpool_limits
-
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((batch, m, k)).astype(np.float32)
-    b = rng.standard_normal((batch, k, n)).astype(np.float32)
-    out = np.empty((batch, m, n), np.float32)
-    with threadpool_limits(1, user_api="blas"):
-        one = _best(lambda: np.matmul(a, b, out=out))
-    with threadpool_limits(2, user_api="blas"):
-        two = _best(lambda: np.matmul(a, b, out=out))
-    return min(one / 2, two)
+    return min(_product(batch, m, k, n, 1) / 2, _product(batch, m, k, n, 2))
 
 
 def _gemm_one_thread(batch: int, m: int, k: int, n: int) -> float:
     """``batch`` products (m x k) @ (k x n) on one BLAS thread (work too small to split)."""
+    return _product(batch, m, k, n, 1)
+
+
+def _product(batch: int, m: int, k: int, n: int, threads: int) -> float:
+    """The best time of ``batch`` products (m x k) @ (k x n) into a preallocated output,
+    on ``threads`` BLAS threads."""
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((batch, m, k)).astype(np.float32)
     b = rng.standard_normal((batch, k, n)).astype(np.float32)
     out = np.empty((batch, m, n), np.float32)
-    with threadpool_limits(1, user_api="blas"):
+    with threadpool_limits(threads, user_api="blas"):
         return _best(lambda: np.matmul(a, b, out=out))
 
 
