@@ -66,12 +66,15 @@ def check_node(
 
 def split_small_products(monkeypatch: Any) -> None:
     """Let products and their copies split between the intra-op threads from 64K
-    multiply-adds on (the device waits for 4M), so that test-sized convolutions take the
-    split paths."""
-    from aioinfer.devices.cpu.kernels import conv_flat, conv_rows, matmul
+    multiply-adds on (the device waits for 4M), and Winograd's transforms from 4K
+    elements (the device waits for 1M), and max pools' blocks of channels likewise, so
+    that test-sized convolutions and pools take the split paths."""
+    from aioinfer.devices.cpu.kernels import conv_flat, conv_rows, conv_winograd, matmul, pool
 
     for module in (conv_flat, conv_rows, matmul):
         monkeypatch.setattr(module, "MIN_PARALLEL_MACS", 1 << 16)
+    monkeypatch.setattr(conv_winograd, "MIN_PARALLEL_ELEMENTS", 1 << 12)
+    monkeypatch.setattr(pool, "MIN_PARALLEL_ELEMENTS", 1 << 10)
 
 
 def check_from_threads(

@@ -67,6 +67,11 @@ MAX_POOL_CASES: dict[str, Case] = {
         {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1] * 4},
         22,
     ),
+    "2d-resnet-like-batch-odd-channels": (
+        (3, 7, 16, 15),
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1] * 4},
+        22,
+    ),
     "2d-size-one": ((1, 1, 1, 1), {"kernel_shape": [1, 1]}, 22),
     "1d-strided": ((2, 3, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 0]}, 22),
     "3d-strided": ((1, 2, 5, 4, 6), {"kernel_shape": [2, 2, 3], "strides": [2, 1, 2]}, 22),
@@ -74,7 +79,8 @@ MAX_POOL_CASES: dict[str, Case] = {
 
 
 @pytest.mark.parametrize("case", list(MAX_POOL_CASES))
-def test_max_pool(case: str) -> None:
+def test_max_pool(case: str, threads: int) -> None:
+    """On two threads, the inputs of more than one channel are split by channels."""
     shape, attrs, opset = MAX_POOL_CASES[case]
     node = oh.make_node("MaxPool", ["x"], ["y"], **attrs)
     check_node(node, [_random(*shape)], opset=opset, rtol=RTOL, atol=ATOL)
@@ -100,7 +106,7 @@ MAX_POOL_ORT_CASES: dict[str, Case] = {
 
 
 @pytest.mark.parametrize("case", list(MAX_POOL_ORT_CASES))
-def test_max_pool_against_onnxruntime(case: str) -> None:
+def test_max_pool_against_onnxruntime(case: str, threads: int) -> None:
     shape, attrs, opset = MAX_POOL_ORT_CASES[case]
     node = oh.make_node("MaxPool", ["x"], ["y"], **attrs)
     check_onnxruntime(node, [_random(*shape)], opset=opset, rtol=RTOL, atol=ATOL)
