@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -17,6 +17,9 @@ from aioinfer.serving.connection import ConnectionLimits
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES
 from aioinfer.serving.repository import ModelConfig
 from aioinfer.serving.rest import create_app
+
+if TYPE_CHECKING:
+    from aioinfer.serving.grpc import GrpcServer
 
 _logger = logging.getLogger("uvicorn.error")
 """uvicorn's logger: the one that ``serve`` prints (its configuration is uvicorn's)."""
@@ -159,7 +162,7 @@ def serve(
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     _log_like_uvicorn()
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(config) if grpc_server is None else _WithGrpc(config, grpc_server)
 
     async def main() -> None:
         await app.state.server.load()  # errors surface here, before the port opens
@@ -174,9 +177,9 @@ def serve(
         scheme = "TLS" if grpc_server.secure else "plaintext"
         _logger.info("gRPC running on %s:%d (%s)", host, bound, scheme)
         try:
-            await server.serve()  # its lifespan drains the service at the end, gRPC too
+            await server.serve()  # its shutdown drains the service, then stops gRPC
         finally:
-            await grpc_server.stop(GRPC_STOP_GRACE)
+            await grpc_server.stop(GRPC_STOP_GRACE)  # (at once if already stopped)
 
     loop_factory = config.get_loop_factory()
     runner = getattr(asyncio, "Runner", None)  # Python 3.11+: uvicorn's event loop (uvloop)
@@ -185,6 +188,22 @@ def serve(
         return
     with runner(loop_factory=loop_factory) as loop_runner:
         loop_runner.run(main())
+
+
+class _WithGrpc(uvicorn.Server):
+    """uvicorn's server that also stops the gRPC server at its shutdown, once the service
+    has drained (the lifespan's end) and before ``serve()`` returns: uvicorn raises a
+    SIGTERM it caught again as ``serve()`` ends, and its default action ends the process
+    at once, so a gRPC answer still being sent then would be lost (the client saw a bare
+    UNAVAILABLE) if the gRPC server stopped only after ``serve()``."""
+
+    def __init__(self, config: uvicorn.Config, grpc_server: GrpcServer) -> None:
+        super().__init__(config)
+        self.grpc_server = grpc_server
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        await super().shutdown(sockets)
+        await self.grpc_server.stop(GRPC_STOP_GRACE)
 
 
 def _log_like_uvicorn() -> None:

@@ -289,7 +289,9 @@ def test_sigterm_lets_an_inference_in_flight_over_grpc_finish(tmp_path):
     try:
         port = wait_for(lines, r"gRPC running on 127\.0\.0\.1:(\d+) \(plaintext\)").group(1)
         rest = wait_for(lines, r"running on http://127\.0\.0\.1:(\d+)").group(1)
-        x = np.random.default_rng(0).standard_normal((1024, WIDE)).astype(np.float32)
+        # 4096 rows: about a second of compute, so that the inference seen in flight
+        # is still running when the signal follows on a loaded machine.
+        x = np.random.default_rng(0).standard_normal((4096, WIDE)).astype(np.float32)
         tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x)
         outcome: list[object] = []
