@@ -32,7 +32,7 @@ from aioinfer.devices.cpu.kernels.activations import gelu32_chunk, leaky_relu, r
 from aioinfer.devices.cpu.kernels.conv import conv_compute
 from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue
 from aioinfer.devices.cpu.kernels.elementwise import erf
-from aioinfer.devices.cpu.kernels.matmul import matmul_into
+from aioinfer.devices.cpu.kernels.matmul import matmul_into, small_gemm
 from aioinfer.devices.cpu.kernels.normalization import softmax_last_axis
 from aioinfer.devices.cpu.kernels.parallel import (
     MIN_PARALLEL_ELEMENTS,
@@ -302,10 +302,16 @@ def _fused_gemm(spec: NodeSpec, planned: bool) -> Kernel:
     trans_a = bool(spec.attr("transA", 0))
     trans_b = bool(spec.attr("transB", 0))
     act = activation(spec)
+    small = small_gemm(spec)
 
     def run(
         out: np.ndarray | None, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None
     ) -> tuple[np.ndarray]:
+        y = None if small is None else small(out, a, b, c)
+        if y is not None:
+            if act is not None:
+                act(y)
+            return (y,)
         y = matmul_into(a.T if trans_a else a, b.T if trans_b else b, out)
         if alpha != 1.0:
             y *= y.dtype.type(alpha)
