@@ -114,6 +114,49 @@ def test_conv_bias_and_residual_split_along_channels(parts: list[tuple[int, int]
     assert sorted(parts) == [(0, 8), (8, 16)]
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs"),
+    [
+        ((2, 6, 5, 4), (8, 6, 1, 1), {}),  # pointwise
+        ((3, 6, 7), (4, 6, 3), {"pads": [1, 1]}),  # 1-D
+        ((2, 4, 6, 5), (6, 4, 1, 3), {"pads": [0, 1, 0, 1]}),  # 2-D, small im2col
+        ((2, 4, 6, 5), (6, 2, 3, 3), {"group": 2, "strides": [2, 1]}),  # grouped
+    ],
+)
+@pytest.mark.parametrize("z_batch", [1, None])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_small_conv_bias_residual_and_activation(
+    parts: list[tuple[int, int]],
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    attrs: dict,
+    z_batch: int | None,
+    with_bias: bool,
+) -> None:
+    """A convolution whose output is too small to split: bias, residual (of the whole
+    batch or broadcast over it) and activation over every image, against
+    onnx.reference; nothing is split."""
+    conv_node = oh.make_node("Conv", ["x", "w", "b"] if with_bias else ["x", "w"], ["c"], **attrs)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    b = RNG.standard_normal(w_shape[0]).astype(np.float32)
+    c = _reference([conv_node], {"x": x, "w": w, "b": b}, "c")
+    z = RNG.standard_normal((z_batch or c.shape[0], *c.shape[1:])).astype(np.float32)
+    feeds = {"x": x, "w": w, "b": b, "z": z}
+    names = ["x", "w", "b" if with_bias else "", "z"]
+    node = oh.make_node(
+        "FusedConv", names, ["y"], domain=AIOINFER_DOMAIN, activation="Tanh", **attrs
+    )
+    got = run_aioinfer(node, [x, w, b if with_bias else None, z], 1)[0]
+    unfused = [
+        conv_node,
+        oh.make_node("Add", ["c", "z"], ["s"]),
+        oh.make_node("Tanh", ["s"], ["y"]),
+    ]
+    np.testing.assert_allclose(got, _reference(unfused, feeds, "y"), rtol=1e-5, atol=1e-5)
+    assert parts == []
+
+
 def test_a_term_that_does_not_broadcast_fails_and_the_kernel_stays_usable() -> None:
     node = oh.make_node("FusedMatMul", ["a", "b", "bias"], ["y"], domain=AIOINFER_DOMAIN)
     a = RNG.standard_normal((3, 4)).astype(np.float32)
