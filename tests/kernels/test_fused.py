@@ -10,11 +10,13 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnx_ir as ir
 import pytest
 from onnx.reference import ReferenceEvaluator
 
 from aioinfer.devices.cpu.kernels import fused, parallel
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
+from aioinfer.devices.cpu.kernels.registry import make_spec
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 from tests.kernels._check import run_aioinfer
 
@@ -202,6 +204,43 @@ def test_fused_layernorm_matches_onnx_layernormalization(
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     (want,) = ReferenceEvaluator(model).run(None, dict(zip(names, inputs)))
     assert got.dtype == np.float32 and got.shape == shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+@pytest.mark.parametrize("scale_shape", [(128,), (1, 128)])
+@pytest.mark.parametrize("planned", [False, True])
+def test_fused_layernorm_of_one_row(axis: int, scale_shape: tuple[int, ...], planned: bool) -> None:
+    """A 1x128 row (a wake-word head's; the one-row path for a 1-D scale), with the axis
+    given either way, a 2-D scale (the general path), into a planned buffer or not,
+    against onnx.reference's LayerNormalization-17 (rtol 1e-5, atol 1e-5)."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((1, 128)) * 3 + 1).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, scale_shape).astype(np.float32)
+    bias = rng.standard_normal(scale_shape).astype(np.float32)
+    node = oh.make_node(
+        "LayerNormalization", ["x", "s", "b"], ["y"], domain=AIOINFER_DOMAIN, axis=axis
+    )
+    spec = make_spec(ir.from_proto(node), 1)
+    if planned:
+        buffer = np.full((1, 128), np.nan, np.float32)
+        (got,) = fused.layer_normalization_into(spec)(buffer, x, scale, bias)
+        assert got is buffer
+    else:
+        (got,) = fused.layer_normalization(spec)(x, scale, bias)
+    reference = oh.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=axis)
+    graph = oh.make_graph(
+        [reference],
+        "ln",
+        [
+            oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, a.shape)
+            for n, a in zip("xsb", (x, scale, bias))
+        ],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x, "s": scale, "b": bias})
+    assert got.shape == (1, 128)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

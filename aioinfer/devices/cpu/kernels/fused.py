@@ -456,10 +456,31 @@ def attention_into(spec: NodeSpec) -> OutKernel:
 def _layer_norm(spec: NodeSpec, planned: bool) -> Kernel:
     axis = int(spec.attr("axis", -1))
     epsilon = float(spec.attr("epsilon", 1e-5))
+    last = axis in (-1, 1)  # for a 2-D input: normalised over its last axis
 
     def run(
         out: np.ndarray | None, x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None
     ) -> tuple[np.ndarray]:
+        if (
+            x.ndim == 2
+            and x.shape[0] == 1
+            and last
+            and x.dtype == np.float32
+            and scale.ndim == 1
+            and (bias is None or bias.ndim == 1)
+        ):
+            # A classifier's 1xN row (openWakeWord's 1x128, twice per inference) without
+            # the general path's reshapes: 3.5 instead of 4.7 us.
+            if out is None or out.shape != x.shape or out.dtype != x.dtype:
+                out = np.empty(x.shape, dtype=x.dtype)
+            x_row, y = x[0], out[0]
+            width = max(x.shape[1], 1)
+            np.subtract(x_row, np.float32(float(np.add.reduce(x_row)) / width), out=y)
+            y *= np.float32(1 / math.sqrt(float(np.dot(y, y)) / width + epsilon))
+            y *= scale
+            if bias is not None:
+                y += bias
+            return (out,)
         start = axis + x.ndim if axis < 0 else axis
         width = math.prod(x.shape[start:])
         rows = x.reshape(-1, width)
