@@ -401,6 +401,27 @@ def test_variadic_integers(op: str, dtype: type) -> None:
     check_node(oh.make_node(op, ["a", "b"], ["y"]), inputs, opset=13)
 
 
+@pytest.mark.parametrize("op", ["Max", "Min"])
+@pytest.mark.parametrize("bound_shape", [(), (1,), (1, 1, 1, 1)])
+@pytest.mark.parametrize("bound_first", [False, True])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_max_min_with_one_element_bound(
+    op: str, bound_shape: tuple[int, ...], bound_first: bool, dtype: type
+) -> None:
+    """Max/Min of a large float array and a one-element bound (the clip path), NaN in
+    the data and in the bound propagating, against onnx.reference (exact)."""
+    rng = np.random.default_rng(17)
+    x = random(rng, (1, 3, 40, 50), dtype)  # 6000 elements: above CLIP_BOUND_ELEMENTS
+    x.reshape(-1)[::97] = np.nan
+    for value in (0.5, np.nan):
+        bound = np.full(bound_shape, value, dtype)
+        inputs = [bound, x] if bound_first else [x, bound]
+        (got,) = check_node(oh.make_node(op, ["a", "b"], ["y"]), inputs, opset=13, rtol=0, atol=0)
+        assert got.shape == x.shape and got.dtype == dtype
+        want = (np.maximum if op == "Max" else np.minimum)(x, bound)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_max_propagates_nan() -> None:
     a, b = np.float32([1, np.nan, 3]), np.float32([np.nan, 2, 1])
     (got,) = check_node(oh.make_node("Max", ["a", "b"], ["y"]), [a, b], opset=13)

@@ -10,11 +10,13 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnx_ir as ir
 import pytest
 from onnx.reference import ReferenceEvaluator
 
 from aioinfer.devices.cpu.kernels import fused, parallel
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
+from aioinfer.devices.cpu.kernels.registry import make_spec
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 from tests.kernels._check import run_aioinfer
 
@@ -114,6 +116,49 @@ def test_conv_bias_and_residual_split_along_channels(parts: list[tuple[int, int]
     assert sorted(parts) == [(0, 8), (8, 16)]
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs"),
+    [
+        ((2, 6, 5, 4), (8, 6, 1, 1), {}),  # pointwise
+        ((3, 6, 7), (4, 6, 3), {"pads": [1, 1]}),  # 1-D
+        ((2, 4, 6, 5), (6, 4, 1, 3), {"pads": [0, 1, 0, 1]}),  # 2-D, small im2col
+        ((2, 4, 6, 5), (6, 2, 3, 3), {"group": 2, "strides": [2, 1]}),  # grouped
+    ],
+)
+@pytest.mark.parametrize("z_batch", [1, None])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_small_conv_bias_residual_and_activation(
+    parts: list[tuple[int, int]],
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    attrs: dict,
+    z_batch: int | None,
+    with_bias: bool,
+) -> None:
+    """A convolution whose output is too small to split: bias, residual (of the whole
+    batch or broadcast over it) and activation over every image, against
+    onnx.reference; nothing is split."""
+    conv_node = oh.make_node("Conv", ["x", "w", "b"] if with_bias else ["x", "w"], ["c"], **attrs)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    b = RNG.standard_normal(w_shape[0]).astype(np.float32)
+    c = _reference([conv_node], {"x": x, "w": w, "b": b}, "c")
+    z = RNG.standard_normal((z_batch or c.shape[0], *c.shape[1:])).astype(np.float32)
+    feeds = {"x": x, "w": w, "b": b, "z": z}
+    names = ["x", "w", "b" if with_bias else "", "z"]
+    node = oh.make_node(
+        "FusedConv", names, ["y"], domain=AIOINFER_DOMAIN, activation="Tanh", **attrs
+    )
+    got = run_aioinfer(node, [x, w, b if with_bias else None, z], 1)[0]
+    unfused = [
+        conv_node,
+        oh.make_node("Add", ["c", "z"], ["s"]),
+        oh.make_node("Tanh", ["s"], ["y"]),
+    ]
+    np.testing.assert_allclose(got, _reference(unfused, feeds, "y"), rtol=1e-5, atol=1e-5)
+    assert parts == []
+
+
 def test_a_term_that_does_not_broadcast_fails_and_the_kernel_stays_usable() -> None:
     node = oh.make_node("FusedMatMul", ["a", "b", "bias"], ["y"], domain=AIOINFER_DOMAIN)
     a = RNG.standard_normal((3, 4)).astype(np.float32)
@@ -159,6 +204,43 @@ def test_fused_layernorm_matches_onnx_layernormalization(
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     (want,) = ReferenceEvaluator(model).run(None, dict(zip(names, inputs)))
     assert got.dtype == np.float32 and got.shape == shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+@pytest.mark.parametrize("scale_shape", [(128,), (1, 128)])
+@pytest.mark.parametrize("planned", [False, True])
+def test_fused_layernorm_of_one_row(axis: int, scale_shape: tuple[int, ...], planned: bool) -> None:
+    """A 1x128 row (a wake-word head's; the one-row path for a 1-D scale), with the axis
+    given either way, a 2-D scale (the general path), into a planned buffer or not,
+    against onnx.reference's LayerNormalization-17 (rtol 1e-5, atol 1e-5)."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((1, 128)) * 3 + 1).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, scale_shape).astype(np.float32)
+    bias = rng.standard_normal(scale_shape).astype(np.float32)
+    node = oh.make_node(
+        "LayerNormalization", ["x", "s", "b"], ["y"], domain=AIOINFER_DOMAIN, axis=axis
+    )
+    spec = make_spec(ir.from_proto(node), 1)
+    if planned:
+        buffer = np.full((1, 128), np.nan, np.float32)
+        (got,) = fused.layer_normalization_into(spec)(buffer, x, scale, bias)
+        assert got is buffer
+    else:
+        (got,) = fused.layer_normalization(spec)(x, scale, bias)
+    reference = oh.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=axis)
+    graph = oh.make_graph(
+        [reference],
+        "ln",
+        [
+            oh.make_tensor_value_info(n, onnx.TensorProto.FLOAT, a.shape)
+            for n, a in zip("xsb", (x, scale, bias))
+        ],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x, "s": scale, "b": bias})
+    assert got.shape == (1, 128)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

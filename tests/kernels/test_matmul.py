@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx.helper as oh
+import onnx_ir as ir
 import pytest
 
-from tests.kernels._check import check_node, run_aioinfer
+from aioinfer.devices.cpu.kernels.registry import find_kernel, find_out_kernel, make_spec
+from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
+from tests.kernels._check import check_node, run_aioinfer, run_reference
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -224,3 +228,92 @@ def test_matmul_integer_large_sums_are_exact() -> None:
     node = oh.make_node("MatMulInteger", ["a", "b"], ["y"])
     got = run_aioinfer(node, [a, b], 10)[0]
     np.testing.assert_array_equal(got, np.full((2, 3), 255 * 127 * 4096, dtype=np.int32))
+
+
+# -- Gemm with constant B and C (the small-product path) --------------------------------
+
+
+def _constant_gemm(node: onnx.NodeProto, consts: list[np.ndarray | None], planned: bool):
+    """The node's kernel (or out form) compiled with ``consts`` as its constant inputs,
+    as the compiler binds initializers."""
+    ir_node = ir.from_proto(node)
+    entry = find_kernel(ir_node.domain, ir_node.op_type, 13)
+    spec = make_spec(ir_node, 13, consts)
+    if planned:
+        out_factory = find_out_kernel(entry)
+        assert out_factory is not None
+        return out_factory(spec)
+    return entry.factory(spec)
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("beta", [1.0, 0.5, 0.0])
+@pytest.mark.parametrize("c_shape", [(7,), (1, 7), (1,), (), None])
+@pytest.mark.parametrize("rows", [1, 3, 0])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gemm_constant_operands(
+    trans_b: int, beta: float, c_shape: tuple[int, ...] | None, rows: int, dtype: type
+) -> None:
+    """Gemm with initializer B and C (a classifier's layer), plain and into a planned
+    buffer, against onnx.reference; the buffer holds the result."""
+    b = _random((7, 5) if trans_b else (5, 7), dtype)
+    c = None if c_shape is None else _random(c_shape, dtype)
+    a = _random((rows, 5), dtype)
+    names = ["a", "b"] if c is None else ["a", "b", "c"]
+    node = oh.make_node("Gemm", names, ["y"], transB=trans_b, beta=beta)
+    inputs = [a, b] if c is None else [a, b, c]
+    want = check_node(node, inputs, opset=13, rtol=RTOL, atol=ATOL)[0]
+    consts = [None, b, c]
+    (got,) = _constant_gemm(node, consts, planned=False)(*inputs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    assert got.dtype == dtype and got.shape == (rows, 7)
+    buffer = np.full((rows, 7), np.nan, dtype)
+    (into,) = _constant_gemm(node, consts, planned=True)(buffer, *inputs)
+    assert into is buffer
+    np.testing.assert_allclose(into, want, rtol=RTOL, atol=ATOL)
+    # A buffer of another shape (other input shapes than when memory was planned).
+    (fresh,) = _constant_gemm(node, consts, planned=True)(np.empty((9, 7), dtype), *inputs)
+    np.testing.assert_allclose(fresh, want, rtol=RTOL, atol=ATOL)
+
+
+def test_gemm_constant_operands_other_values_at_run_time() -> None:
+    """Operands that are not the compile-time constants (another B, a C fed at run time,
+    an A of other width) take the general path: right values or its error."""
+    b, c = _random((5, 7)), _random((7,))
+    node = oh.make_node("Gemm", ["a", "b", "c"], ["y"])
+    run = _constant_gemm(node, [None, b, c], planned=False)
+    a = _random((2, 5))
+    other_b, other_c = _random((5, 7)), _random((2, 7))
+    for b_in, c_in in [(other_b, c), (b, other_c), (other_b, other_c)]:
+        (got,) = run(a, b_in, c_in)
+        np.testing.assert_allclose(got, a @ b_in + c_in, rtol=RTOL, atol=ATOL)
+    with pytest.raises(ValueError):
+        run(_random((2, 4)), b, c)
+
+
+@pytest.mark.parametrize("activation", ["", "Relu", "Sigmoid"])
+def test_fused_gemm_constant_operands(activation: str) -> None:
+    """FusedGemm with initializer B and C (openWakeWord's 1x128 @ 128x1 head) against
+    onnx.reference's Gemm and activation."""
+    b, c = _random((1, 128)), _random((1,))
+    node = oh.make_node(
+        "FusedGemm",
+        ["a", "b", "c"],
+        ["y"],
+        domain=AIOINFER_DOMAIN,
+        transB=1,
+        activation=activation,
+    )
+    for rows in (1, 4):
+        a = _random((rows, 128))
+        (want,) = run_reference(
+            oh.make_node("Gemm", ["a", "b", "c"], ["g"], transB=1), [a, b, c], 13
+        )
+        if activation == "Relu":
+            want = np.maximum(want, 0)
+        elif activation == "Sigmoid":
+            want = 1 / (1 + np.exp(-want.astype(np.float64)))
+        ir_node = ir.from_proto(node)
+        entry = find_kernel(AIOINFER_DOMAIN, "FusedGemm", 1)
+        (got,) = entry.factory(make_spec(ir_node, 1, [None, b, c]))(a, b, c)
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)

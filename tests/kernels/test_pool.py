@@ -393,3 +393,29 @@ def test_pool_serves_more_input_shapes_than_it_caches() -> None:
         x = _random(1, 2, size, 6)
         want = x.reshape(1, 2, size // 2, 2, 3, 2).max(axis=(3, 5))
         np.testing.assert_array_equal(fn(x)[0], want)
+
+
+INSIDE_CASES: dict[str, dict[str, Any]] = {
+    "3x3-stride2-odd": {"kernel_shape": [3, 3], "strides": [2, 2]},
+    "2x2-stride2": {"kernel_shape": [2, 2], "strides": [2, 2]},
+    "1x2-stride-1x2": {"kernel_shape": [1, 2], "strides": [1, 2]},
+    "1x1-stride2": {"kernel_shape": [1, 1], "strides": [2, 2]},
+    "dilated": {"kernel_shape": [2, 3], "dilations": [2, 1], "strides": [1, 2]},
+    "stride-past-the-end": {"kernel_shape": [3, 2], "strides": [3, 3]},
+    "explicit-zero-pads": {"kernel_shape": [3, 3], "strides": [2, 1], "pads": [0, 0, 0, 0]},
+}
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("case", list(INSIDE_CASES))
+@pytest.mark.parametrize("view", [False, True])
+def test_pool_windows_inside_the_input(op: str, case: str, view: bool) -> None:
+    """Pools whose windows all lie inside the input (no padding: strided views of the
+    input, not its padded copy), on a contiguous input and a strided view, against
+    onnx.reference; the output never shares the input's memory."""
+    x = _random(2, 3, 11, 9)
+    if view:
+        x = _random(2, 3, 22, 9)[:, :, ::2]
+    node = oh.make_node(op, ["x"], ["y"], **INSIDE_CASES[case])
+    (got,) = check_node(node, [x], opset=19, rtol=RTOL, atol=ATOL)
+    assert not np.may_share_memory(got, x)

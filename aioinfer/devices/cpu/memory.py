@@ -15,6 +15,11 @@ request plans memory per set of input shapes, the way onnxruntime's memory patte
    form to its buffer; later inferences with the same input shapes run those bound
    kernels and allocate nothing for the planned values.
 
+A ``Concat`` whose inputs all come from planned steps and are read by nothing else (the
+expand branches of SqueezeNet's fire modules, each a convolution) is *joined*: its output
+gets the buffer, each producer writes into its part of it, and the Concat step only
+checks that they did (see :class:`Join`).
+
 Weights are not planned: they are the compiled model's constants, allocated once and
 shared by every request. Graph outputs are never planned, and anything handed to the
 user that is a view of a buffer is copied first (see ``request.py``), so results never
@@ -24,6 +29,8 @@ alias a request's buffers.
 from __future__ import annotations
 
 import functools
+import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,6 +49,22 @@ class Assignment:
     buffer: int
     shape: tuple[int, ...]
     dtype: np.dtype
+    offset: int = 0
+    """Where in the buffer the output starts (bytes): a part of a :class:`Join`."""
+
+
+@dataclass(frozen=True)
+class Join:
+    """Step ``step``, a Concat whose output (``shape``, ``dtype``) has buffer
+    ``buffer``, finds its inputs already in place: :class:`Assignment` s of
+    ``parts`` wrote each producer's output into its part of that buffer (contiguous:
+    every axis before the concatenated one has size 1)."""
+
+    step: int
+    buffer: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    parts: tuple[Assignment, ...]
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,7 @@ class MemoryPattern:
 
     sizes: tuple[int, ...]
     assignments: tuple[Assignment, ...]
+    joins: tuple[Join, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -60,14 +84,23 @@ class MemoryPattern:
         """Allocate the buffers; return ``plan`` with the planned steps' out forms bound
         to them as their kernels."""
         buffers = [np.empty(size, dtype=np.uint8) for size in self.sizes]
-        steps = list(plan.steps)
-        for a in self.assignments:
+
+        def view(a: Assignment | Join, offset: int = 0) -> np.ndarray:
             nbytes = int(np.prod(a.shape, dtype=np.int64)) * a.dtype.itemsize
-            view = buffers[a.buffer][:nbytes].view(a.dtype).reshape(a.shape)
-            s = steps[a.step]
-            assert s.out_kernel is not None
-            bound = functools.partial(s.out_kernel, view)
-            steps[a.step] = Step(
+            chunk = buffers[a.buffer][offset : offset + nbytes]
+            return chunk.view(a.dtype).reshape(a.shape)
+
+        steps = list(plan.steps)
+        kernels = {
+            a.step: functools.partial(_out_form(steps[a.step]), view(a, a.offset))
+            for a in self.assignments
+        }
+        for j in self.joins:
+            parts = tuple(view(a, a.offset) for a in j.parts)
+            kernels[j.step] = _joined(view(j), parts, steps[j.step].kernel)
+        for index, bound in kernels.items():
+            s = steps[index]
+            steps[index] = Step(
                 bound,
                 s.inputs,
                 s.outputs,
@@ -82,14 +115,40 @@ class MemoryPattern:
         return replace(plan, steps=tuple(steps))
 
 
+def _out_form(step: Step) -> Any:
+    assert step.out_kernel is not None
+    return step.out_kernel
+
+
+def _joined(out: np.ndarray, parts: tuple[np.ndarray, ...], concat: Any) -> Any:
+    """The kernel of a joined Concat (see :class:`Join`): its output is ``out``, whose
+    ``parts`` the producers were given as their buffers. A producer that returned an
+    array of its own (its out form may, see
+    :data:`~aioinfer.devices.cpu.kernels.registry.OutKernel`) is copied into its part;
+    inputs of other shapes than planned make it the plain ``concat``."""
+
+    def run(*inputs: np.ndarray) -> Any:
+        for x, part in zip(inputs, parts):
+            if x.shape != part.shape:
+                return concat(*inputs)
+        for x, part in zip(inputs, parts):
+            if not np.may_share_memory(x, part):
+                np.copyto(part, x)
+        return (out,)
+
+    return run
+
+
+def _plannable_value(value: Any) -> bool:
+    return type(value) is np.ndarray and value.size > 0 and value.dtype.kind in "biuf"
+
+
 def _plannable(step: Step, value: Any, pinned: set[int]) -> bool:
     return (
         step.out_kernel is not None
         and len(step.outputs) >= 1
         and step.outputs[0] not in pinned
-        and type(value) is np.ndarray
-        and value.size > 0
-        and value.dtype.kind in "biuf"
+        and _plannable_value(value)
     )
 
 
@@ -119,14 +178,22 @@ def make_pattern(plan: Plan, first_outputs: Sequence[Any]) -> MemoryPattern:
             reach = max([index, *(end.get(slot, index) for slot in step.outputs)])
         for slot in step.inputs:
             end[slot] = max(end.get(slot, index), reach)
+    joins = _joins(steps, first_outputs, planned, pinned)
+    parts = {p for producers in joins.values() for p in producers}
+    # (first step using the buffer, step owning it): a join's buffer is busy from its
+    # first producer on.
+    owners = sorted(
+        [(i, i) for i in planned if i not in parts] + [(min(ps), c) for c, ps in joins.items()]
+    )
     sizes: list[int] = []
     busy_until: list[int] = []
     assignments = []
-    for index in sorted(planned):
-        value = first_outputs[index]
-        slot = steps[index].outputs[0]
+    joined = []
+    for index, owner in owners:
+        value = first_outputs[owner]
+        slot = steps[owner].outputs[0]
         need = value.nbytes
-        last = end.get(slot, index)
+        last = end.get(slot, owner)
         free = [b for b, until in enumerate(busy_until) if until < index]
         fitting = [b for b in free if sizes[b] >= need]
         if fitting:
@@ -139,8 +206,56 @@ def make_pattern(plan: Plan, first_outputs: Sequence[Any]) -> MemoryPattern:
             sizes.append(need)
             busy_until.append(last)
         busy_until[buffer] = last
-        assignments.append(Assignment(index, buffer, value.shape, value.dtype))
-    return MemoryPattern(tuple(sizes), tuple(assignments))
+        if owner not in joins:
+            assignments.append(Assignment(owner, buffer, value.shape, value.dtype))
+            continue
+        offset = 0
+        pieces = []
+        for producer in joins[owner]:
+            part = first_outputs[producer]
+            pieces.append(Assignment(producer, buffer, part.shape, part.dtype, offset))
+            offset += part.nbytes
+        assignments += pieces
+        joined.append(Join(owner, buffer, value.shape, value.dtype, tuple(pieces)))
+    return MemoryPattern(tuple(sizes), tuple(assignments), tuple(joined))
+
+
+def _joins(
+    steps: Sequence[Step], first_outputs: Sequence[Any], planned: set[int], pinned: set[int]
+) -> dict[int, tuple[int, ...]]:
+    """The Concat steps that can be joined (see :class:`Join`), with their producers in
+    input order: every input is the output of a planned step that only this Concat
+    reads, of the Concat's dtype, and lands in one contiguous part of its output."""
+    producer = {steps[i].outputs[0]: i for i in planned}
+    readers = Counter(slot for step in steps for slot in step.inputs)
+    found = {}
+    for index, step in enumerate(steps):
+        value = first_outputs[index]
+        if (
+            step.op_type != "Concat"
+            or len(step.inputs) < 2
+            or not _plannable_value(value)
+            or step.outputs[0] in pinned
+            or any(readers[slot] != 1 or slot not in producer for slot in step.inputs)
+        ):
+            continue
+        producers = tuple(producer[slot] for slot in step.inputs)
+        values = [first_outputs[p] for p in producers]
+        if all(v.dtype == value.dtype for v in values) and _in_parts(
+            [v.shape for v in values], value.shape
+        ):
+            found[index] = producers
+    return found
+
+
+def _in_parts(shapes: Sequence[tuple[int, ...]], joined: tuple[int, ...]) -> bool:
+    """Whether arrays of ``shapes`` concatenated make ``joined``, each a contiguous part
+    of it: they differ from it on one axis only, before which every axis has size 1."""
+    differing = {a for shape in shapes for a, (n, m) in enumerate(zip(shape, joined)) if n != m}
+    if len(differing) != 1 or any(len(shape) != len(joined) for shape in shapes):
+        return False
+    (axis,) = differing
+    return math.prod(joined[:axis]) == 1 and sum(s[axis] for s in shapes) == joined[axis]
 
 
 def shapes_key(feed: Sequence[Any]) -> tuple[Any, ...]:

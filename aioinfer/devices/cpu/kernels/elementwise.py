@@ -283,10 +283,43 @@ def _fold(ufunc: np.ufunc, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
     return result
 
 
+CLIP_BOUND_ELEMENTS = 4096
+"""Elements from which Max or Min of a float array and a one-element bound runs as
+``np.clip``: numpy 2.4 has no SIMD loop for ``np.maximum`` of an array and a scalar
+(openWakeWord's embedding, ``Max(x, c)`` after every convolution: 17 us on 24x74x32
+floats against 6 us as a clip); below, ``np.maximum`` is the cheaper call."""
+
+
+def _as_clip(ufunc: np.ufunc, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """``ufunc(a, b)`` (maximum or minimum) as a clip of the large operand by the
+    one-element one, when both are floats of one dtype and the large one is big enough
+    to gain (:data:`CLIP_BOUND_ELEMENTS`); None otherwise. NaN propagates either way."""
+    if b.size != 1:
+        a, b = b, a
+    if (
+        b.size != 1
+        or a.size < CLIP_BOUND_ELEMENTS
+        or a.dtype != b.dtype
+        or a.dtype.kind != "f"
+        or b.ndim > a.ndim
+    ):
+        return None
+    bound = b.reshape(-1)[0]
+    if ufunc is np.maximum:
+        return np.clip(a, bound, math.inf)
+    return np.clip(a, -math.inf, bound)
+
+
 def _register_variadic(op_type: str, ufunc: np.ufunc, mean: bool = False) -> None:
+    bounded = ufunc in (np.maximum, np.minimum)
+
     def run(*inputs: np.ndarray) -> tuple[np.ndarray]:
         if len(inputs) == 1:
             return (inputs[0],)
+        if bounded and len(inputs) == 2:
+            clipped = _as_clip(ufunc, inputs[0], inputs[1])
+            if clipped is not None:
+                return (clipped,)
         result = _fold(ufunc, inputs)
         if mean:
             result /= len(inputs)

@@ -32,7 +32,7 @@ from aioinfer.devices.cpu.kernels.activations import gelu32_chunk, leaky_relu, r
 from aioinfer.devices.cpu.kernels.conv import conv_compute
 from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue
 from aioinfer.devices.cpu.kernels.elementwise import erf
-from aioinfer.devices.cpu.kernels.matmul import matmul_into
+from aioinfer.devices.cpu.kernels.matmul import matmul_into, small_gemm
 from aioinfer.devices.cpu.kernels.normalization import softmax_last_axis
 from aioinfer.devices.cpu.kernels.parallel import (
     MIN_PARALLEL_ELEMENTS,
@@ -302,10 +302,16 @@ def _fused_gemm(spec: NodeSpec, planned: bool) -> Kernel:
     trans_a = bool(spec.attr("transA", 0))
     trans_b = bool(spec.attr("transB", 0))
     act = activation(spec)
+    small = small_gemm(spec)
 
     def run(
         out: np.ndarray | None, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None
     ) -> tuple[np.ndarray]:
+        y = None if small is None else small(out, a, b, c)
+        if y is not None:
+            if act is not None:
+                act(y)
+            return (y,)
         y = matmul_into(a.T if trans_a else a, b.T if trans_b else b, out)
         if alpha != 1.0:
             y *= y.dtype.type(alpha)
@@ -450,10 +456,31 @@ def attention_into(spec: NodeSpec) -> OutKernel:
 def _layer_norm(spec: NodeSpec, planned: bool) -> Kernel:
     axis = int(spec.attr("axis", -1))
     epsilon = float(spec.attr("epsilon", 1e-5))
+    last = axis in (-1, 1)  # for a 2-D input: normalised over its last axis
 
     def run(
         out: np.ndarray | None, x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None
     ) -> tuple[np.ndarray]:
+        if (
+            x.ndim == 2
+            and x.shape[0] == 1
+            and last
+            and x.dtype == np.float32
+            and scale.ndim == 1
+            and (bias is None or bias.ndim == 1)
+        ):
+            # A classifier's 1xN row (openWakeWord's 1x128, twice per inference) without
+            # the general path's reshapes: 3.5 instead of 4.7 us.
+            if out is None or out.shape != x.shape or out.dtype != x.dtype:
+                out = np.empty(x.shape, dtype=x.dtype)
+            x_row, y = x[0], out[0]
+            width = max(x.shape[1], 1)
+            np.subtract(x_row, np.float32(float(np.add.reduce(x_row)) / width), out=y)
+            y *= np.float32(1 / math.sqrt(float(np.dot(y, y)) / width + epsilon))
+            y *= scale
+            if bias is not None:
+                y += bias
+            return (out,)
         start = axis + x.ndim if axis < 0 else axis
         width = math.prod(x.shape[start:])
         rows = x.reshape(-1, width)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 
 from aioinfer.devices.cpu.kernels.parallel import (
+    MIN_PARALLEL_ELEMENTS,
     MIN_PARALLEL_MACS,
     blas_architectures,
     intra_op_threads,
@@ -229,13 +231,75 @@ def matmul_out(spec: NodeSpec) -> OutKernel:
     return lambda out, a, b: (matmul_into(a, b, out),)
 
 
-@kernel("Gemm", since=1)
-def gemm(spec: NodeSpec) -> Kernel:
-    """Gemm-1/6/7/9/11/13: ``alpha * A' @ B' + beta * C`` with optional transposes.
+SmallGemm = Callable[
+    [np.ndarray | None, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray | None
+]
+"""``small(out, a, b, c)``: the product of a Gemm with constant operands as
+:func:`small_gemm` binds it, or None when these operands do not take that path."""
 
-    Before opset 7 the ``broadcast`` attribute governs C; C is broadcast either way, since
-    a C that already has the output shape is unaffected. C is optional from opset 11.
+
+def small_gemm(spec: NodeSpec) -> SmallGemm | None:
+    """The fast path of a Gemm (or FusedGemm) whose ``B`` and ``C`` are constants: a
+    classifier's layers (openWakeWord's 1x1536 @ 1536x128, its 1x128 @ 128x1 head).
+
+    Everything a general call checks per run is settled here once: ``C`` scaled by
+    ``beta`` and known to broadcast over any number of rows, ``B`` transposed (a view).
+    A run checks that ``a``, ``b`` and ``c`` are what the node was compiled for (the
+    compile-time constants, by identity) and the product small enough for one BLAS
+    call (below :data:`SPLIT_PRODUCT`; an output too small for a FusedGemm's epilogue
+    to split between threads), then makes one matmul (into ``out`` when it
+    has the product's shape) and one addition: the general path's calls, so the same
+    values, without its 2-3 us of checks. None (at compile time) for a node whose
+    attributes leave no such path: ``transA``, ``alpha != 1``, a ``B`` that is not a
+    float matrix, a ``C`` that is not a constant row or scalar of B's dtype.
     """
+    b_const = spec.const(1)
+    c_const = spec.const(2)
+    beta = float(spec.attr("beta", 1.0))
+    if (
+        spec.attr("transA", 0)
+        or float(spec.attr("alpha", 1.0)) != 1.0
+        or b_const is None
+        or b_const.ndim != 2
+        or b_const.dtype not in _BLAS_DTYPES
+    ):
+        return None
+    matrix = b_const.T if spec.attr("transB", 0) else b_const
+    k, n = matrix.shape
+    dtype = matrix.dtype
+    bias = None
+    if c_const is not None and beta != 0.0:
+        if c_const.dtype != dtype or c_const.ndim > 2 or c_const.shape[-1:] not in ((), (1,), (n,)):
+            return None
+        if c_const.ndim == 2 and c_const.shape[0] != 1:
+            return None
+        bias = c_const if beta == 1.0 else c_const * dtype.type(beta)
+
+    def run(
+        out: np.ndarray | None, a: np.ndarray, b: np.ndarray, c: np.ndarray | None
+    ) -> np.ndarray | None:
+        if (
+            b is not b_const
+            or c is not c_const
+            or a.ndim != 2
+            or a.shape[1] != k
+            or a.dtype != dtype
+            or a.shape[0] * k * n >= SPLIT_PRODUCT
+            or a.shape[0] * n >= MIN_PARALLEL_ELEMENTS // 2
+        ):
+            return None
+        shape = (a.shape[0], n)
+        if out is None or out.shape != shape or out.dtype != dtype:
+            out = np.empty(shape, dtype)
+        np.matmul(a, matrix, out=out)
+        if bias is not None:
+            out += bias
+        return out
+
+    return run
+
+
+def _gemm(spec: NodeSpec, planned: bool) -> Kernel:
     alpha = float(spec.attr("alpha", 1.0))
     beta = float(spec.attr("beta", 1.0))
     trans_a = bool(spec.attr("transA", 0))
@@ -243,8 +307,15 @@ def gemm(spec: NodeSpec) -> Kernel:
     # (y shape, C shape) pairs known to broadcast: np.broadcast_shapes costs 3 us a call,
     # a quarter of a small Gemm (openWakeWord's 1x1536 @ 1536x128).
     fitting: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    small = small_gemm(spec)
 
-    def run(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> tuple[np.ndarray]:
+    def run(
+        out: np.ndarray | None, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None
+    ) -> tuple[np.ndarray]:
+        if small is not None:
+            y = small(out, a, b, c)
+            if y is not None:
+                return (y,)
         if a.ndim != 2 or b.ndim != 2:
             raise ValueError(f"Gemm: A and B must be 2-D, got shapes {a.shape} and {b.shape}")
         y = _matmul(a.T if trans_a else a, b.T if trans_b else b)
@@ -267,7 +338,26 @@ def gemm(spec: NodeSpec) -> Kernel:
             y += c if beta == 1.0 else c * y.dtype.type(beta)
         return (y,)
 
-    return run
+    if planned:
+        return run
+    return lambda a, b, c=None: run(None, a, b, c)
+
+
+@kernel("Gemm", since=1)
+def gemm(spec: NodeSpec) -> Kernel:
+    """Gemm-1/6/7/9/11/13: ``alpha * A' @ B' + beta * C`` with optional transposes.
+
+    Before opset 7 the ``broadcast`` attribute governs C; C is broadcast either way, since
+    a C that already has the output shape is unaffected. C is optional from opset 11.
+    """
+    return _gemm(spec, planned=False)
+
+
+@out_kernel(gemm)
+def gemm_out(spec: NodeSpec) -> OutKernel:
+    """Gemm writing its small products with constant operands (:func:`small_gemm`) into
+    a planned buffer; other products allocate theirs."""
+    return _gemm(spec, planned=True)
 
 
 @kernel("MatMulInteger", since=10)
