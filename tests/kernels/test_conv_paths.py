@@ -17,7 +17,13 @@ import pytest
 
 from aioinfer.devices.cpu.kernels import parallel
 from aioinfer.devices.cpu.kernels.conv import KEPT_COLUMNS_BYTES
-from aioinfer.devices.cpu.kernels.conv_flat import DEPTHWISE_BLOCK_BYTES, by_pixels, flat_geometry
+from aioinfer.devices.cpu.kernels.conv_flat import (
+    DEPTHWISE_BLOCK_BYTES,
+    by_pixels,
+    depthwise_channel_bytes,
+    flat_geometry,
+    shifted_rows,
+)
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
 from aioinfer.devices.cpu.kernels.matmul import columns_split_exactly
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
@@ -59,6 +65,11 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (32, 1, 3, 3),
         {"group": 32, "pads": [1, 0, 1, 1], "strides": [2, 2]},
     ),
+    "depthwise-3x3-dilated": (
+        (2, 6, 9, 11),
+        (6, 1, 3, 3),
+        {"group": 6, "pads": [2, 1, 2, 3], "dilations": [2, 2]},
+    ),
     "depthwise-dilated-kernel-larger-than-map": (
         (2, 4, 3, 4),
         (4, 1, 3, 3),
@@ -72,7 +83,7 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (5, 1, 3, 3),
         {"group": 5, "pads": [1] * 4, "strides": [2, 2]},
     ),
-    "depthwise-3x3-pieces": ((2, 3, 150, 131), (3, 1, 3, 3), {"group": 3, "pads": [1] * 4}),
+    "depthwise-3x3-pieces": ((2, 3, 160, 171), (3, 1, 3, 3), {"group": 3, "pads": [1] * 4}),
     "depthwise-3x3-pieces-stride-2": (
         (1, 2, 301, 257),
         (2, 1, 3, 3),
@@ -155,13 +166,29 @@ def test_the_cases_take_the_paths_they_name() -> None:
             columns = x_shape[0] * x_shape[1] * np.prod(w_shape[2:]) * np.prod(out) * 4
             assert columns > KEPT_COLUMNS_BYTES, case
 
-    def channel_columns(case: str) -> int:
+    def channel_bytes(case: str) -> int:
         flat = geometry(case)[0]
-        return len(flat.order) * flat.length * 4
+        return depthwise_channel_bytes(flat, 4, flat.length)
 
     for case in ("depthwise-3x3-pieces", "depthwise-3x3-pieces-stride-2"):
-        assert channel_columns(case) > DEPTHWISE_BLOCK_BYTES, case  # in pieces of rows
-    assert channel_columns("depthwise-3x3-large-map") < DEPTHWISE_BLOCK_BYTES
+        assert channel_bytes(case) > DEPTHWISE_BLOCK_BYTES, case  # in pieces of rows
+    assert channel_bytes("depthwise-3x3-large-map") < DEPTHWISE_BLOCK_BYTES
+    # Shifted rows: one tap group, several groups (stride 2 along the columns),
+    # dilated columns, pieces of rows; the others copy columns.
+    rows = {
+        "depthwise-5x5-short-maps",
+        "depthwise-5x5-stride-2-1",
+        "depthwise-3x3-batch",
+        "depthwise-5x5-many-channels",
+        "depthwise-3x3-dilated",
+        "depthwise-3x3-large-map",
+        "depthwise-3x3-pieces",
+    }
+    for case in CASES:
+        if case.startswith("depthwise"):
+            assert shifted_rows(geometry(case)[0]) is (case in rows), case
+    assert len(geometry("depthwise-5x5-stride-2-1")[0].groups) == 2
+    assert geometry("depthwise-3x3-dilated")[0].groups[0].col_step == 2
     short, _ = geometry("depthwise-5x5-short-maps")
     assert len(short.order) == 15  # kernel rows 0 and 4 read only padding
     irregular, _ = geometry("general-stride-3-dilation-2")

@@ -306,11 +306,13 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             cached_plan(ordered, order, lambda: matrix)
         return matrix
 
-    grouped: dict[int, tuple[FlatGeometry, np.ndarray]] = {}
+    grouped: dict[int, tuple[FlatGeometry, tuple[np.ndarray, ...]]] = {}
     """Constant depthwise weights as :func:`.conv_flat.flat_depthwise` takes them, by the
     id of their geometry (the entry holds it, so a reused id is not mistaken)."""
 
-    def depthwise_taps(w: np.ndarray, wmat: np.ndarray, flat: FlatGeometry) -> np.ndarray:
+    def depthwise_taps(
+        w: np.ndarray, wmat: np.ndarray, flat: FlatGeometry
+    ) -> tuple[np.ndarray, ...]:
         """The depthwise weights for ``flat``, cached when ``w`` is constant."""
         entry = grouped.get(id(flat))
         if w_const is not None and entry is not None and entry[0] is flat:

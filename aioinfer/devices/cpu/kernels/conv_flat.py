@@ -439,49 +439,70 @@ thread (no separate hand-off of an elementwise pass to the threads)."""
 
 def shifted_rows(geometry: FlatGeometry) -> bool:
     """Whether :func:`flat_depthwise` sums shifted rows for ``geometry`` rather than
-    copying its columns: one tap group (stride 1) of several rows and columns. With the
-    four groups of a stride-2 kernel its small products cost twice the columns' time."""
-    return len(geometry.groups) == 1 and min(geometry.groups[0].rows, geometry.groups[0].cols) > 1
+    copying its columns: every tap group has several rows and columns, in one phase
+    column (stride 1 along the rows). Else the rows gain nothing or lose: the four
+    groups of a 3x3 stride-2 kernel took 1.2-2x the columns' time, and numpy's matmul
+    of one inner dimension (a group of one row) does not call BLAS (10x slower)."""
+    groups = geometry.groups
+    return geometry.strides[1] == 1 and all(min(g.rows, g.cols) > 1 for g in groups)
 
 
-def depthwise_weights(geometry: FlatGeometry, weights: np.ndarray) -> np.ndarray:
+def depthwise_weights(geometry: FlatGeometry, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     """``weights`` ``(C, taps)`` (taps in ``geometry.order``) as :func:`flat_depthwise`
-    multiplies them: ``(C, cols, rows)`` for :func:`shifted_rows` (the taps of the
-    group, transposed), else ``(C, 1, taps)``."""
+    multiplies them: per tap group ``(C, cols, rows)`` (its taps, transposed) for
+    :func:`shifted_rows`, else one ``(C, 1, taps)``."""
     if not shifted_rows(geometry):
-        return np.ascontiguousarray(weights.reshape(weights.shape[0], 1, -1))
-    group = geometry.groups[0]
-    grid = weights.reshape(-1, group.rows, group.cols)
-    return np.ascontiguousarray(grid.transpose(0, 2, 1))
+        return (np.ascontiguousarray(weights.reshape(weights.shape[0], 1, -1)),)
+    matrices = []
+    done = 0
+    for group in geometry.groups:
+        size = group.rows * group.cols
+        grid = weights[:, done : done + size].reshape(-1, group.rows, group.cols)
+        matrices.append(np.ascontiguousarray(grid.transpose(0, 2, 1)))
+        done += size
+    return tuple(matrices)
 
 
 def _row_views(geometry: FlatGeometry, phases: np.ndarray) -> list[np.ndarray]:
-    """The read-only view ``(B, rows, length + (cols - 1) * col_step)`` of the rows of
-    the tap group of a :func:`shifted_rows` geometry in ``phases``: row ``u`` starts at
-    the offset of tap ``(u, 0)`` and reaches as far as the columns of tap
-    ``(u, cols - 1)``."""
-    (group,) = geometry.groups
-    source = phases[0, 0, :, group.start :]
-    reach = geometry.length + (group.cols - 1) * group.col_step
+    """Per tap group, the read-only view ``(B, rows, length + (cols - 1) * col_step)``
+    of its rows in ``phases``: row ``u`` starts at the offset of tap ``(u, 0)`` and
+    reaches as far as the columns of tap ``(u, cols - 1)``."""
     item = phases.itemsize
-    shape = (source.shape[0], group.rows, reach)
-    strides = (source.strides[0], group.row_step * item, item)
-    return [as_strided(source, shape, strides, writeable=False)]
+    views = []
+    for group in geometry.groups:
+        source = phases[group.phase_row, group.phase_col, :, group.start :]
+        reach = geometry.length + (group.cols - 1) * group.col_step
+        shape = (source.shape[0], group.rows, reach)
+        strides = (source.strides[0], group.row_step * item, item)
+        views.append(as_strided(source, shape, strides, writeable=False))
+    return views
+
+
+def _reach(geometry: FlatGeometry) -> int:
+    """How far the shifted rows of :func:`shifted_rows` reach past the columns."""
+    return max((group.cols - 1) * group.col_step for group in geometry.groups)
+
+
+def _pitch(geometry: FlatGeometry, width: int) -> int:
+    """Elements per sum of the shifted rows of ``width`` columns: the shift of sum ``v``
+    of a group, ``v * col_step``, is taken out of the row stride of the product that
+    writes it, so that all sums line up at this pitch."""
+    return width + _reach(geometry) + max(group.col_step for group in geometry.groups)
 
 
 def depthwise_channel_bytes(geometry: FlatGeometry, itemsize: int, width: int) -> int:
     """The buffers :func:`flat_depthwise` fills per channel for ``width`` columns."""
     if not shifted_rows(geometry):
         return len(geometry.order) * width * itemsize
-    group = geometry.groups[0]
-    reach = width + (group.cols - 1) * group.col_step
-    return (group.rows * reach + group.cols * (reach + group.col_step)) * itemsize
+    rows = sum(group.rows for group in geometry.groups)
+    sums = sum(group.cols for group in geometry.groups)
+    return (rows * (width + _reach(geometry)) + sums * _pitch(geometry, width)) * itemsize
 
 
 def flat_depthwise(
     geometry: FlatGeometry,
     x: np.ndarray,
-    weights: np.ndarray,
+    weights: tuple[np.ndarray, ...],
     y: np.ndarray,
     bias: np.ndarray | None = None,
     epilogue: Epilogue | None = None,
@@ -494,13 +515,14 @@ def flat_depthwise(
 
     - the columns ``(block, taps, length)`` and a stack of vector-matrix products with
       the channels' taps; or, for :func:`shifted_rows` geometries,
-    - the ``rows`` shifted rows of the taps (each as long as the columns plus
-      ``(cols - 1) * col_step``) instead of the columns of all taps, a product per
-      channel of its ``(cols, rows)`` taps and those rows (``cols`` sums over the
-      kernel rows), and a second product, with ones, summing those, each shifted by
-      ``v * col_step`` (stored so that the shifted sums line up). A 5x5 kernel copies
-      5 rows instead of 25 columns: PP-LCNet's on 256x14x14 takes 0.64x the time of
-      the columns, PP-OCR's on 6x88x3x96 0.60x, a 3x3 one 0.90-0.95x.
+    - per tap group of ``rows x cols`` taps, its ``rows`` shifted rows (each as long as
+      the columns plus ``(cols - 1) * col_step``) instead of the columns of all its
+      taps, and a product per channel of its ``(cols, rows)`` taps and those rows:
+      ``cols`` sums over the kernel rows. A second product, with ones, adds up all the
+      sums, each shifted by ``v * col_step`` (stored so that the shifted sums line up).
+      A 5x5 kernel copies 5 rows instead of 25 columns: PP-LCNet's on 256x14x14 takes
+      0.60-0.64x the time of the columns, PP-OCR's on 6x88x3x96 0.58x, 3x3 ones
+      0.89-0.95x.
 
     The crop of the valid columns of each output row adds the bias on the way."""
     n, c = x.shape[:2]
@@ -519,37 +541,44 @@ def flat_depthwise(
     block = max(1, DEPTHWISE_BLOCK_BYTES // depthwise_channel_bytes(geometry, itemsize, length))
     rows = oh
     if block == 1:  # output rows per piece of a channel
-        row_bytes = depthwise_channel_bytes(geometry, itemsize, wq)
-        rows = max(
-            1, DEPTHWISE_BLOCK_BYTES // (row_bytes - depthwise_channel_bytes(geometry, itemsize, 0))
-        )
+        per_row = depthwise_channel_bytes(geometry, itemsize, wq)
+        per_row -= depthwise_channel_bytes(geometry, itemsize, 0)
+        rows = max(1, DEPTHWISE_BLOCK_BYTES // per_row)
     pieces = [(r, min(oh, r + rows)) for r in range(0, oh, rows)]
     span = min(length, rows * wq)
     blocks = -(-(n * c) // block)
-    group = geometry.groups[0]
-    taps = weights.shape[1] * weights.shape[2]
-    extra = (group.cols - 1) * group.col_step if rows_path else 0
-    # Elements per sum of the shifted rows: the shift of sum v, v * col_step, is taken
-    # out of the row stride of the product's output, so that the sums line up.
-    pitch = span + extra + group.col_step
+    groups = geometry.groups
+    extra = _reach(geometry) if rows_path else 0
+    pitch = _pitch(geometry, span)
+    row_count = sum(group.rows for group in groups)
+    sum_count = sum(group.cols for group in groups)
 
     def part(start: int, stop: int) -> None:
         if start >= stop:
             return
         full = scratch("block-out", (block, 1, span), x.dtype)
         if rows_path:
-            shifted = scratch("block", (block, group.rows, span + extra), x.dtype)
-            sums = scratch("block-sums", (block, group.cols * pitch), x.dtype)
+            shifted = scratch("block", (block, row_count, span + extra), x.dtype)
+            sums = scratch("block-sums", (block, sum_count * pitch), x.dtype)
             item = sums.itemsize
-            shape = (block, group.cols, span + extra)
-            step = (sums.strides[0], (pitch - group.col_step) * item, item)
-            products = as_strided(sums, shape, step)
+            targets = []  # per group: its shifted rows and where its sums go
+            first_row = first_sum = 0
+            for group in groups:
+                reach = span + (group.cols - 1) * group.col_step
+                to = as_strided(
+                    sums[:, first_sum * pitch :],
+                    (block, group.cols, reach),
+                    (sums.strides[0], (pitch - group.col_step) * item, item),
+                )
+                targets.append((shifted[:, first_row : first_row + group.rows], to))
+                first_row += group.rows
+                first_sum += group.cols
             lined_up = as_strided(
-                sums, (block, group.cols, span), (sums.strides[0], pitch * item, item)
+                sums, (block, sum_count, span), (sums.strides[0], pitch * item, item)
             )
-            ones = np.ones((1, 1, group.cols), x.dtype)
+            ones = np.ones((1, 1, sum_count), x.dtype)
         else:
-            cols = scratch("block", (block, taps, span), x.dtype)
+            cols = scratch("block", (block, len(geometry.order), span), x.dtype)
         for number in range(start, stop):
             first, last = number * block, min(n * c, (number + 1) * block)
             size = last - first
@@ -559,20 +588,22 @@ def flat_depthwise(
                 if channel + size <= c
                 else np.arange(first, last) % c  # a block across images
             )
-            kernels = weights[index]
+            kernels = [matrices[index] for matrices in weights]
             for top, bottom in pieces:
                 begin = top * wq
                 width = min(length, bottom * wq) - begin
                 out = full[:size, :, :width]
                 if rows_path:
-                    source = shifted[:size, :, : width + extra]
-                    np.copyto(source, views[0][first:last, :, begin : begin + width + extra])
-                    np.matmul(kernels, source, out=products[:size, :, : width + extra])
+                    for view, taps, (to_rows, to_sums) in zip(views, kernels, targets, strict=True):
+                        wide = width + view.shape[2] - length
+                        source = to_rows[:size, :, :wide]
+                        np.copyto(source, view[first:last, :, begin : begin + wide])
+                        np.matmul(taps, source, out=to_sums[:size, :, :wide])
                     np.matmul(ones, lined_up[:size, :, :width], out=out)
                 else:
                     source = cols[:size, :, :width]
                     copy_columns(views, first, last, source, slice(begin, begin + width))
-                    np.matmul(kernels, source, out=out)
+                    np.matmul(kernels[0], source, out=out)
                 piece = full[:size, 0, : (bottom - top) * wq].reshape(size, bottom - top, wq)
                 target = images[first:last, top:bottom]
                 if lifted is None:
