@@ -420,14 +420,15 @@ def product_by_pixels(w: np.ndarray, cols: np.ndarray, y: np.ndarray) -> None:
     run_parallel(transpose, m, work=y.size, least=MIN_PARALLEL_MACS)
 
 
-DEPTHWISE_BLOCK_BYTES = 1 << 19
-"""Columns (or shifted rows and their sums) per block of a depthwise convolution: they
-stay in the L2 cache between their copy and their product. A channel whose buffers are
-larger is done in pieces of whole output rows. Copying the columns and multiplying them
-(BLAS reads all the taps of a column at once) beats a multiply and an add per tap over
-the whole map even on large maps: in PP-LCNet's run 16 3x3 filters over 16x112x112 and
-64 over 64x56x56 take 0.35 instead of 0.43-0.45 ms of one thread, 0.41 instead of 0.48
-ms of two."""
+DEPTHWISE_BLOCK_BYTES = 1 << 20
+"""Columns (or shifted rows and their sums) per block of a depthwise convolution. A
+channel whose buffers are larger is done in pieces of whole output rows. Each block
+costs a few numpy calls per tap group: blocks of 1 MB rather than 512 KB took 0.91-0.97x
+the time (with numpy 2.4 on AVX-512), though they outgrow the L2 cache. Copying the
+columns and multiplying them (BLAS reads all the taps of a column at once) beats a
+multiply and an add per tap over the whole map even on large maps: in PP-LCNet's run 16
+3x3 filters over 16x112x112 and 64 over 64x56x56 take 0.35 instead of 0.43-0.45 ms of
+one thread, 0.41 instead of 0.48 ms of two."""
 
 Epilogue = Callable[[int, int, np.ndarray], object]
 """``epilogue(first, last, block)``: work applied in place to channels ``first:last``
