@@ -111,6 +111,10 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
     "few-filters-3x3": ((1, 16, 64, 60), (48, 16, 3, 3), {"pads": [1] * 4}),
     "few-filters-pointwise": ((2, 64, 48, 48), (32, 64, 1, 1), {}),
     "few-filters-pointwise-strided": ((1, 64, 95, 96), (40, 64, 1, 1), {"strides": [2, 2]}),
+    # One output pixel per image: the images are the rows of one product.
+    "one-pixel-pointwise-batch": ((6, 88, 1, 1), (22, 88, 1, 1), {}),
+    "one-pixel-3x3-batch": ((4, 8, 3, 3), (5, 8, 3, 3), {}),
+    "one-pixel-strided-1d": ((3, 16, 5), (7, 16, 1), {"strides": [5]}),
     # Winograd F(2x2, 3x3): even and odd output sizes, asymmetric padding, batch.
     "winograd-even": ((1, 96, 12, 12), (96, 96, 3, 3), {"pads": [1] * 4}),
     "winograd-odd-asymmetric": ((2, 96, 13, 11), (100, 96, 3, 3), {"pads": [0, 1, 2, 1]}),
@@ -280,6 +284,7 @@ def test_conv_paths_dtypes(case: str, dtype: type, tol: float) -> None:
     "case",
     [
         "depthwise-5x5-many-channels",
+        "depthwise-5x5-stride-2-1",
         "depthwise-3x3-large-map",
         "depthwise-3x3-pieces",
         "depthwise-1d",
@@ -293,8 +298,10 @@ def test_fused_depthwise_epilogue(
     x_shape, w_shape, attrs = CASES[case]
     x_shape = (2, *x_shape[1:])
     feeds = {"x": _random(*x_shape), "w": _random(*w_shape), "b": _random(w_shape[0])}
+    conv = oh.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)
+    want = run_reference(conv, [feeds["x"], feeds["w"], feeds["b"]], 18)[0]
     if residual:
-        feeds["z"] = _random(*x_shape)
+        feeds["z"] = _random(*want.shape)
     node = oh.make_node(
         "FusedConv",
         list(feeds),
@@ -304,12 +311,36 @@ def test_fused_depthwise_epilogue(
         **attrs,
     )
     got = run_aioinfer(node, list(feeds.values()), 1)[0]
-    conv = oh.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)
-    want = run_reference(conv, [feeds["x"], feeds["w"], feeds["b"]], 18)[0]
     if residual:
         want = want + feeds["z"]
     if unfused_op is not None:
         want = run_reference(oh.make_node(unfused_op, ["c"], ["y"]), [want], 18)[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    ("activation", "params"), [("HardSigmoid", [0.2, 0.5]), ("Relu", []), ("HardSwish", [])]
+)
+@pytest.mark.parametrize("case", ["one-pixel-pointwise-batch", "one-pixel-3x3-batch"])
+def test_fused_one_pixel_epilogue(activation: str, params: list[float], case: str) -> None:
+    """FusedConv of one output pixel per image (a squeeze-and-excitation block's): the
+    bias and the activation on the rows of the one product, as the unfused nodes."""
+    x_shape, w_shape, attrs = CASES[case]
+    inputs = [_random(*x_shape), _random(*w_shape), _random(w_shape[0])]
+    node = oh.make_node(
+        "FusedConv",
+        ["x", "w", "b"],
+        ["y"],
+        domain=AIOINFER_DOMAIN,
+        activation=activation,
+        **({"activation_params": params} if params else {}),
+        **attrs,
+    )
+    got = run_aioinfer(node, inputs, 1)[0]
+    want = run_reference(oh.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), inputs, 18)[0]
+    named = dict(zip(["alpha", "beta"], params, strict=False))
+    unfused = oh.make_node(activation, ["c"], ["y"], **named)
+    want = run_reference(unfused, [want], 18)[0]
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
