@@ -500,6 +500,126 @@ def depthwise_channel_bytes(geometry: FlatGeometry, itemsize: int, width: int) -
     return (rows * (width + _reach(geometry)) + sums * _pitch(geometry, width)) * itemsize
 
 
+@dataclass(frozen=True)
+class _DepthwiseLayout:
+    """How :func:`flat_depthwise` cuts one geometry's channels into blocks."""
+
+    rows_path: bool
+    """:func:`shifted_rows`."""
+    block: int
+    """Channels per block."""
+    pieces: tuple[tuple[int, int], ...]
+    """Output rows of each piece of a block (one piece: all rows)."""
+    span: int
+    """Columns of the longest piece."""
+    extra: int
+    """How far the shifted rows reach past the columns."""
+    pitch: int
+    """Elements per sum of the shifted rows (see :func:`_pitch`)."""
+    row_count: int
+    sum_count: int
+    kept: bool
+    """The buffers are small enough to keep per geometry and thread."""
+
+
+def _depthwise_layout(geometry: FlatGeometry, itemsize: int, channels: int) -> _DepthwiseLayout:
+    """The layout of ``channels`` (batch times channels) of ``geometry``."""
+    oh = geometry.out_shape[0]
+    wq = geometry.grid[1]
+    length = geometry.length
+    rows_path = shifted_rows(geometry)
+    per_channel = depthwise_channel_bytes(geometry, itemsize, length)
+    block = min(channels, max(1, DEPTHWISE_BLOCK_BYTES // per_channel))
+    rows = oh
+    if per_channel > DEPTHWISE_BLOCK_BYTES:  # output rows per piece of a channel
+        per_row = depthwise_channel_bytes(geometry, itemsize, wq)
+        per_row -= depthwise_channel_bytes(geometry, itemsize, 0)
+        rows = max(1, DEPTHWISE_BLOCK_BYTES // per_row)
+    span = min(length, rows * wq)
+    return _DepthwiseLayout(
+        rows_path,
+        block,
+        tuple((r, min(oh, r + rows)) for r in range(0, oh, rows)),
+        span,
+        _reach(geometry) if rows_path else 0,
+        _pitch(geometry, span),
+        sum(group.rows for group in geometry.groups),
+        sum(group.cols for group in geometry.groups),
+        block * depthwise_channel_bytes(geometry, itemsize, span) <= KEPT_PHASES_BYTES,
+    )
+
+
+class _DepthwiseBuffers:
+    """One thread's buffers for the blocks of one depthwise geometry: the products (and
+    the columns, or the shifted rows and their sums), with the views that write the
+    sums at their shifts and read them lined up. Kept per geometry and thread when
+    small (:data:`KEPT_PHASES_BYTES`): making the views costs a small convolution more
+    than its arithmetic."""
+
+    __slots__ = ("full", "lined_up", "ones", "source", "targets")
+
+    def __init__(
+        self,
+        geometry: FlatGeometry,
+        layout: _DepthwiseLayout,
+        dtype: np.dtype,
+        allocate: Callable[[str, tuple[int, ...], np.dtype], np.ndarray],
+    ) -> None:
+        block, span, pitch = layout.block, layout.span, layout.pitch
+        self.full = allocate("block-out", (block, 1, span), dtype)
+        if not layout.rows_path:
+            self.source = allocate("block", (block, len(geometry.order), span), dtype)
+            self.targets: list[tuple[np.ndarray, np.ndarray]] = []
+            return
+        self.source = allocate("block", (block, layout.row_count, span + layout.extra), dtype)
+        sums = allocate("block-sums", (block, layout.sum_count * pitch), dtype)
+        item = sums.itemsize
+        self.targets = []  # per group: its shifted rows and where its sums go
+        first_row = first_sum = 0
+        for group in geometry.groups:
+            reach = span + (group.cols - 1) * group.col_step
+            to = as_strided(
+                sums[:, first_sum * pitch :],
+                (block, group.cols, reach),
+                (sums.strides[0], (pitch - group.col_step) * item, item),
+            )
+            self.targets.append((self.source[:, first_row : first_row + group.rows], to))
+            first_row += group.rows
+            first_sum += group.cols
+        self.lined_up = as_strided(
+            sums, (block, layout.sum_count, span), (sums.strides[0], pitch * item, item)
+        )
+        self.ones = np.ones((1, 1, layout.sum_count), dtype)
+
+
+def _owned(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return np.empty(shape, dtype)
+
+
+_layouts: dict[tuple[int, int, int], tuple[FlatGeometry, _DepthwiseLayout]] = {}
+"""Layouts by the id of their geometry, the item size and the channels (the entry holds
+the geometry, so that an id reused by another one is not mistaken)."""
+
+
+def _depthwise_buffers(
+    geometry: FlatGeometry, layout: _DepthwiseLayout, dtype: np.dtype
+) -> _DepthwiseBuffers:
+    """This thread's buffers for ``geometry``: kept ones when small, else made in its
+    scratch buffers."""
+    if not layout.kept:
+        return _DepthwiseBuffers(geometry, layout, dtype, scratch)
+    kept: dict[tuple[int, np.dtype], tuple[FlatGeometry, _DepthwiseBuffers]]
+    kept = getattr(_kept, "depthwise", None) or {}
+    _kept.depthwise = kept
+    key = (id(geometry), dtype)
+    entry = kept.get(key)
+    if entry is None or entry[0] is not geometry:
+        if len(kept) >= KEPT_GEOMETRIES:
+            kept.clear()
+        entry = kept[key] = (geometry, _DepthwiseBuffers(geometry, layout, dtype, _owned))
+    return entry[1]
+
+
 def flat_depthwise(
     geometry: FlatGeometry,
     x: np.ndarray,
@@ -530,7 +650,14 @@ def flat_depthwise(
     length = geometry.length
     oh, ow = geometry.out_shape
     wq = geometry.grid[1]
-    rows_path = shifted_rows(geometry)
+    key = (id(geometry), x.itemsize, n * c)
+    entry = _layouts.get(key)
+    if entry is None or entry[0] is not geometry:
+        if len(_layouts) >= KEPT_GEOMETRIES:
+            _layouts.clear()
+        entry = _layouts[key] = (geometry, _depthwise_layout(geometry, x.itemsize, n * c))
+    layout = entry[1]
+    rows_path, block, pieces = layout.rows_path, layout.block, layout.pieces
     views = _phase_views(
         geometry,
         x.reshape(n * c, *geometry.in_shape),
@@ -538,48 +665,13 @@ def flat_depthwise(
     )
     images = y.reshape(n * c, oh, ow)
     lifted = None if bias is None else bias.reshape(c, 1, 1)
-    itemsize = x.itemsize
-    block = max(1, DEPTHWISE_BLOCK_BYTES // depthwise_channel_bytes(geometry, itemsize, length))
-    rows = oh
-    if block == 1:  # output rows per piece of a channel
-        per_row = depthwise_channel_bytes(geometry, itemsize, wq)
-        per_row -= depthwise_channel_bytes(geometry, itemsize, 0)
-        rows = max(1, DEPTHWISE_BLOCK_BYTES // per_row)
-    pieces = [(r, min(oh, r + rows)) for r in range(0, oh, rows)]
-    span = min(length, rows * wq)
     blocks = -(-(n * c) // block)
-    groups = geometry.groups
-    extra = _reach(geometry) if rows_path else 0
-    pitch = _pitch(geometry, span)
-    row_count = sum(group.rows for group in groups)
-    sum_count = sum(group.cols for group in groups)
 
     def part(start: int, stop: int) -> None:
         if start >= stop:
             return
-        full = scratch("block-out", (block, 1, span), x.dtype)
-        if rows_path:
-            shifted = scratch("block", (block, row_count, span + extra), x.dtype)
-            sums = scratch("block-sums", (block, sum_count * pitch), x.dtype)
-            item = sums.itemsize
-            targets = []  # per group: its shifted rows and where its sums go
-            first_row = first_sum = 0
-            for group in groups:
-                reach = span + (group.cols - 1) * group.col_step
-                to = as_strided(
-                    sums[:, first_sum * pitch :],
-                    (block, group.cols, reach),
-                    (sums.strides[0], (pitch - group.col_step) * item, item),
-                )
-                targets.append((shifted[:, first_row : first_row + group.rows], to))
-                first_row += group.rows
-                first_sum += group.cols
-            lined_up = as_strided(
-                sums, (block, sum_count, span), (sums.strides[0], pitch * item, item)
-            )
-            ones = np.ones((1, 1, sum_count), x.dtype)
-        else:
-            cols = scratch("block", (block, len(geometry.order), span), x.dtype)
+        buffers = _depthwise_buffers(geometry, layout, x.dtype)
+        full, source_buffer, targets = buffers.full, buffers.source, buffers.targets
         for number in range(start, stop):
             first, last = number * block, min(n * c, (number + 1) * block)
             size = last - first
@@ -600,9 +692,9 @@ def flat_depthwise(
                         source = to_rows[:size, :, :wide]
                         np.copyto(source, view[first:last, :, begin : begin + wide])
                         np.matmul(taps, source, out=to_sums[:size, :, :wide])
-                    np.matmul(ones, lined_up[:size, :, :width], out=out)
+                    np.matmul(buffers.ones, buffers.lined_up[:size, :, :width], out=out)
                 else:
-                    source = cols[:size, :, :width]
+                    source = source_buffer[:size, :, :width]
                     copy_columns(views, first, last, source, slice(begin, begin + width))
                     np.matmul(kernels[0], source, out=out)
                 if lifted is not None:
