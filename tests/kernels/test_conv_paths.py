@@ -23,6 +23,7 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     depthwise_channel_bytes,
     flat_geometry,
     shifted_rows,
+    tap_bands,
 )
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
 from aioinfer.devices.cpu.kernels.matmul import columns_split_exactly
@@ -51,6 +52,12 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (3, 12, 3, 24),
         (12, 1, 5, 5),
         {"group": 12, "pads": [2] * 4, "strides": [2, 1]},
+    ),
+    # Kernel rows from two phases in one band: rows 0 and 2 from one, row 1 the other.
+    "depthwise-3x3-stride-2-1": (
+        (2, 10, 9, 20),
+        (10, 1, 3, 3),
+        {"group": 10, "pads": [1, 1, 2, 1], "strides": [2, 1]},
     ),
     # Blocks of channels that span several images.
     "depthwise-3x3-batch": ((5, 7, 10, 10), (7, 1, 3, 3), {"group": 7, "pads": [1] * 4}),
@@ -182,6 +189,7 @@ def test_the_cases_take_the_paths_they_name() -> None:
     rows = {
         "depthwise-5x5-short-maps",
         "depthwise-5x5-stride-2-1",
+        "depthwise-3x3-stride-2-1",
         "depthwise-3x3-batch",
         "depthwise-5x5-many-channels",
         "depthwise-3x3-dilated",
@@ -191,7 +199,9 @@ def test_the_cases_take_the_paths_they_name() -> None:
     for case in CASES:
         if case.startswith("depthwise"):
             assert shifted_rows(geometry(case)[0]) is (case in rows), case
-    assert len(geometry("depthwise-5x5-stride-2-1")[0].groups) == 2
+    for case in ("depthwise-5x5-stride-2-1", "depthwise-3x3-stride-2-1"):
+        flat = geometry(case)[0]
+        assert len(flat.groups) == 2 and len(tap_bands(flat)) == 1, case  # two phases, one band
     assert geometry("depthwise-3x3-dilated")[0].groups[0].col_step == 2
     short, _ = geometry("depthwise-5x5-short-maps")
     assert len(short.order) == 15  # kernel rows 0 and 4 read only padding

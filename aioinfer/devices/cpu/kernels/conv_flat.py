@@ -438,30 +438,48 @@ applies it to each thread's share of the output when that share is done, on that
 thread (no separate hand-off of an elementwise pass to the threads)."""
 
 
+def tap_bands(geometry: FlatGeometry) -> list[list[int]]:
+    """The tap groups (indices) in bands of the same columns (the same first column,
+    count and step): the rows of a band's groups, from any phase, are multiplied by the
+    band's taps in one product."""
+    bands: dict[tuple[int, int, int, int], list[int]] = {}
+    wq = geometry.grid[1]
+    for number, group in enumerate(geometry.groups):
+        key = (group.phase_col, group.start % wq, group.cols, group.col_step)
+        bands.setdefault(key, []).append(number)
+    return list(bands.values())
+
+
 def shifted_rows(geometry: FlatGeometry) -> bool:
     """Whether :func:`flat_depthwise` sums shifted rows for ``geometry`` rather than
-    copying its columns: every tap group has several rows and columns, in one phase
-    column (stride 1 along the rows). Else the rows gain nothing or lose: the four
-    groups of a 3x3 stride-2 kernel took 1.2-2x the columns' time, and numpy's matmul
-    of one inner dimension (a group of one row) does not call BLAS (10x slower)."""
+    copying its columns: stride 1 along the rows, and every band of tap groups
+    (:func:`tap_bands`) has several rows and columns. Else the rows gain nothing or lose:
+    the four groups of a 3x3 stride-2 kernel took 1.2-2x the columns' time, and numpy's
+    matmul of one inner dimension (a band of one row) does not call BLAS (10x slower)."""
     groups = geometry.groups
-    return geometry.strides[1] == 1 and all(min(g.rows, g.cols) > 1 for g in groups)
+    return geometry.strides[1] == 1 and all(
+        groups[band[0]].cols > 1 and sum(groups[g].rows for g in band) > 1
+        for band in tap_bands(geometry)
+    )
 
 
 def depthwise_weights(geometry: FlatGeometry, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     """``weights`` ``(C, taps)`` (taps in ``geometry.order``) as :func:`flat_depthwise`
-    multiplies them: per tap group ``(C, cols, rows)`` (its taps, transposed) for
+    multiplies them: per band of tap groups (:func:`tap_bands`) ``(C, cols, rows)`` (the
+    taps of its groups, transposed, their rows one after the other) for
     :func:`shifted_rows`, else one ``(C, 1, taps)``."""
     if not shifted_rows(geometry):
         return (np.ascontiguousarray(weights.reshape(weights.shape[0], 1, -1)),)
-    matrices = []
+    grids = []
     done = 0
     for group in geometry.groups:
         size = group.rows * group.cols
-        grid = weights[:, done : done + size].reshape(-1, group.rows, group.cols)
-        matrices.append(np.ascontiguousarray(grid.transpose(0, 2, 1)))
+        grids.append(weights[:, done : done + size].reshape(-1, group.rows, group.cols))
         done += size
-    return tuple(matrices)
+    return tuple(
+        np.ascontiguousarray(np.concatenate([grids[g] for g in band], axis=1).transpose(0, 2, 1))
+        for band in tap_bands(geometry)
+    )
 
 
 def _row_views(geometry: FlatGeometry, phases: np.ndarray) -> list[np.ndarray]:
@@ -496,7 +514,7 @@ def depthwise_channel_bytes(geometry: FlatGeometry, itemsize: int, width: int) -
     if not shifted_rows(geometry):
         return len(geometry.order) * width * itemsize
     rows = sum(group.rows for group in geometry.groups)
-    sums = sum(group.cols for group in geometry.groups)
+    sums = sum(geometry.groups[band[0]].cols for band in tap_bands(geometry))
     return (rows * (width + _reach(geometry)) + sums * _pitch(geometry, width)) * itemsize
 
 
@@ -518,6 +536,10 @@ class _DepthwiseLayout:
     """Elements per sum of the shifted rows (see :func:`_pitch`)."""
     row_count: int
     sum_count: int
+    bands: tuple[tuple[int, ...], ...]
+    """:func:`tap_bands`."""
+    slots: tuple[int, ...]
+    """Per tap group, its first row in the shifted rows (those of a band together)."""
     kept: bool
     """The buffers are small enough to keep per geometry and thread."""
 
@@ -536,6 +558,11 @@ def _depthwise_layout(geometry: FlatGeometry, itemsize: int, channels: int) -> _
         per_row -= depthwise_channel_bytes(geometry, itemsize, 0)
         rows = max(1, DEPTHWISE_BLOCK_BYTES // per_row)
     span = min(length, rows * wq)
+    groups = geometry.groups
+    bands = tap_bands(geometry)
+    slots: dict[int, int] = {}
+    for number in (g for band in bands for g in band):
+        slots[number] = sum(groups[g].rows for g in slots)
     return _DepthwiseLayout(
         rows_path,
         block,
@@ -544,7 +571,9 @@ def _depthwise_layout(geometry: FlatGeometry, itemsize: int, channels: int) -> _
         _reach(geometry) if rows_path else 0,
         _pitch(geometry, span),
         sum(group.rows for group in geometry.groups),
-        sum(group.cols for group in geometry.groups),
+        sum(groups[band[0]].cols for band in bands),
+        tuple(tuple(band) for band in bands),
+        tuple(slots[number] for number in range(len(groups))),
         block * depthwise_channel_bytes(geometry, itemsize, span) <= KEPT_PHASES_BYTES,
     )
 
@@ -574,17 +603,19 @@ class _DepthwiseBuffers:
         self.source = allocate("block", (block, layout.row_count, span + layout.extra), dtype)
         sums = allocate("block-sums", (block, layout.sum_count * pitch), dtype)
         item = sums.itemsize
-        self.targets = []  # per group: its shifted rows and where its sums go
+        self.targets = []  # per band: its shifted rows and where its sums go
         first_row = first_sum = 0
-        for group in geometry.groups:
+        for band in layout.bands:
+            group = geometry.groups[band[0]]
+            rows = sum(geometry.groups[g].rows for g in band)
             reach = span + (group.cols - 1) * group.col_step
             to = as_strided(
                 sums[:, first_sum * pitch :],
                 (block, group.cols, reach),
                 (sums.strides[0], (pitch - group.col_step) * item, item),
             )
-            self.targets.append((self.source[:, first_row : first_row + group.rows], to))
-            first_row += group.rows
+            self.targets.append((self.source[:, first_row : first_row + rows], to))
+            first_row += rows
             first_sum += group.cols
         self.lined_up = as_strided(
             sums, (block, layout.sum_count, span), (sums.strides[0], pitch * item, item)
@@ -658,6 +689,7 @@ def flat_depthwise(
         entry = _layouts[key] = (geometry, _depthwise_layout(geometry, x.itemsize, n * c))
     layout = entry[1]
     rows_path, block, pieces = layout.rows_path, layout.block, layout.pieces
+    slots, bands = layout.slots, layout.bands
     views = _phase_views(
         geometry,
         x.reshape(n * c, *geometry.in_shape),
@@ -687,10 +719,15 @@ def flat_depthwise(
                 width = min(length, bottom * wq) - begin
                 out = full[:size, :, :width]
                 if rows_path:
-                    for view, taps, (to_rows, to_sums) in zip(views, kernels, targets, strict=True):
+                    for view, slot in zip(views, slots, strict=True):
                         wide = width + view.shape[2] - length
+                        np.copyto(
+                            source_buffer[:size, slot : slot + view.shape[1], :wide],
+                            view[first:last, :, begin : begin + wide],
+                        )
+                    for taps, (to_rows, to_sums), band in zip(kernels, targets, bands, strict=True):
+                        wide = width + views[band[0]].shape[2] - length
                         source = to_rows[:size, :, :wide]
-                        np.copyto(source, view[first:last, :, begin : begin + wide])
                         np.matmul(taps, source, out=to_sums[:size, :, :wide])
                     np.matmul(buffers.ones, buffers.lined_up[:size, :, :width], out=out)
                 else:
