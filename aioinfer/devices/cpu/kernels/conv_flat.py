@@ -662,19 +662,20 @@ def flat_depthwise(
     """``y`` ``(N, C, *out)`` = the depthwise convolution of ``x`` ``(N, C, *in)`` with
     ``weights`` (:func:`depthwise_weights`) plus ``bias`` ``(C,)``, then ``epilogue``.
 
-    Per block of channels whose buffers fit the L2 cache (per piece of whole output rows
-    of a channel whose buffers do not), split between the intra-op threads, either
+    Per block of channels (:data:`DEPTHWISE_BLOCK_BYTES`; per piece of whole output rows
+    of a channel whose buffers are larger), split between the intra-op threads, either
 
     - the columns ``(block, taps, length)`` and a stack of vector-matrix products with
       the channels' taps; or, for :func:`shifted_rows` geometries,
     - per tap group of ``rows x cols`` taps, its ``rows`` shifted rows (each as long as
       the columns plus ``(cols - 1) * col_step``) instead of the columns of all its
-      taps, and a product per channel of its ``(cols, rows)`` taps and those rows:
-      ``cols`` sums over the kernel rows. A second product, with ones, adds up all the
-      sums, each shifted by ``v * col_step`` (stored so that the shifted sums line up).
-      A 5x5 kernel copies 5 rows instead of 25 columns: PP-LCNet's on 256x14x14 takes
-      0.60-0.64x the time of the columns, PP-OCR's on 6x88x3x96 0.58x, 3x3 ones
-      0.89-0.95x.
+      taps; per band of groups with the same columns (:func:`tap_bands`), a product per
+      channel of its ``(cols, rows)`` taps and their rows: ``cols`` sums over the
+      kernel rows. A second product, with ones, adds up all the sums, each shifted by
+      ``v * col_step`` (stored so that the shifted sums line up). A 5x5 kernel copies 5
+      rows instead of 25 columns: PP-LCNet's on 256x14x14 takes 0.60-0.65x the time of
+      the columns, PP-OCR's on 6x88x3x96 0.58-0.64x, with stride (2, 1) 0.65x, 3x3 ones
+      0.87-0.96x.
 
     The bias is added to the products, before the crop of the valid columns."""
     n, c = x.shape[:2]
