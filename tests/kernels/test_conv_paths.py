@@ -17,7 +17,14 @@ import pytest
 
 from aioinfer.devices.cpu.kernels import parallel
 from aioinfer.devices.cpu.kernels.conv import KEPT_COLUMNS_BYTES
-from aioinfer.devices.cpu.kernels.conv_flat import DEPTHWISE_BLOCK_BYTES, by_pixels, flat_geometry
+from aioinfer.devices.cpu.kernels.conv_flat import (
+    DEPTHWISE_BLOCK_BYTES,
+    by_pixels,
+    depthwise_channel_bytes,
+    flat_geometry,
+    shifted_rows,
+    tap_bands,
+)
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
 from aioinfer.devices.cpu.kernels.matmul import columns_split_exactly
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
@@ -46,6 +53,12 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (12, 1, 5, 5),
         {"group": 12, "pads": [2] * 4, "strides": [2, 1]},
     ),
+    # Kernel rows from two phases in one band: rows 0 and 2 from one, row 1 the other.
+    "depthwise-3x3-stride-2-1": (
+        (2, 10, 9, 20),
+        (10, 1, 3, 3),
+        {"group": 10, "pads": [1, 1, 2, 1], "strides": [2, 1]},
+    ),
     # Blocks of channels that span several images.
     "depthwise-3x3-batch": ((5, 7, 10, 10), (7, 1, 3, 3), {"group": 7, "pads": [1] * 4}),
     # Many channels: blocks within one image.
@@ -58,6 +71,11 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (1, 32, 23, 22),
         (32, 1, 3, 3),
         {"group": 32, "pads": [1, 0, 1, 1], "strides": [2, 2]},
+    ),
+    "depthwise-3x3-dilated": (
+        (2, 6, 9, 11),
+        (6, 1, 3, 3),
+        {"group": 6, "pads": [2, 1, 2, 3], "dilations": [2, 2]},
     ),
     "depthwise-dilated-kernel-larger-than-map": (
         (2, 4, 3, 4),
@@ -72,9 +90,9 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (5, 1, 3, 3),
         {"group": 5, "pads": [1] * 4, "strides": [2, 2]},
     ),
-    "depthwise-3x3-pieces": ((2, 3, 150, 131), (3, 1, 3, 3), {"group": 3, "pads": [1] * 4}),
+    "depthwise-3x3-pieces": ((2, 3, 211, 213), (3, 1, 3, 3), {"group": 3, "pads": [1] * 4}),
     "depthwise-3x3-pieces-stride-2": (
-        (1, 2, 301, 257),
+        (1, 2, 421, 357),
         (2, 1, 3, 3),
         {"group": 2, "pads": [1, 0, 1, 1], "strides": [2, 2]},
     ),
@@ -100,6 +118,10 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
     "few-filters-3x3": ((1, 16, 64, 60), (48, 16, 3, 3), {"pads": [1] * 4}),
     "few-filters-pointwise": ((2, 64, 48, 48), (32, 64, 1, 1), {}),
     "few-filters-pointwise-strided": ((1, 64, 95, 96), (40, 64, 1, 1), {"strides": [2, 2]}),
+    # One output pixel per image: the images are the rows of one product.
+    "one-pixel-pointwise-batch": ((6, 88, 1, 1), (22, 88, 1, 1), {}),
+    "one-pixel-3x3-batch": ((4, 8, 3, 3), (5, 8, 3, 3), {}),
+    "one-pixel-strided-1d": ((3, 16, 5), (7, 16, 1), {"strides": [5]}),
     # Winograd F(2x2, 3x3): even and odd output sizes, asymmetric padding, batch.
     "winograd-even": ((1, 96, 12, 12), (96, 96, 3, 3), {"pads": [1] * 4}),
     "winograd-odd-asymmetric": ((2, 96, 13, 11), (100, 96, 3, 3), {"pads": [0, 1, 2, 1]}),
@@ -155,13 +177,32 @@ def test_the_cases_take_the_paths_they_name() -> None:
             columns = x_shape[0] * x_shape[1] * np.prod(w_shape[2:]) * np.prod(out) * 4
             assert columns > KEPT_COLUMNS_BYTES, case
 
-    def channel_columns(case: str) -> int:
+    def channel_bytes(case: str) -> int:
         flat = geometry(case)[0]
-        return len(flat.order) * flat.length * 4
+        return depthwise_channel_bytes(flat, 4, flat.length)
 
     for case in ("depthwise-3x3-pieces", "depthwise-3x3-pieces-stride-2"):
-        assert channel_columns(case) > DEPTHWISE_BLOCK_BYTES, case  # in pieces of rows
-    assert channel_columns("depthwise-3x3-large-map") < DEPTHWISE_BLOCK_BYTES
+        assert channel_bytes(case) > DEPTHWISE_BLOCK_BYTES, case  # in pieces of rows
+    assert channel_bytes("depthwise-3x3-large-map") < DEPTHWISE_BLOCK_BYTES
+    # Shifted rows: one tap group, several groups (stride 2 along the columns),
+    # dilated columns, pieces of rows; the others copy columns.
+    rows = {
+        "depthwise-5x5-short-maps",
+        "depthwise-5x5-stride-2-1",
+        "depthwise-3x3-stride-2-1",
+        "depthwise-3x3-batch",
+        "depthwise-5x5-many-channels",
+        "depthwise-3x3-dilated",
+        "depthwise-3x3-large-map",
+        "depthwise-3x3-pieces",
+    }
+    for case in CASES:
+        if case.startswith("depthwise"):
+            assert shifted_rows(geometry(case)[0]) is (case in rows), case
+    for case in ("depthwise-5x5-stride-2-1", "depthwise-3x3-stride-2-1"):
+        flat = geometry(case)[0]
+        assert len(flat.groups) == 2 and len(tap_bands(flat)) == 1, case  # two phases, one band
+    assert geometry("depthwise-3x3-dilated")[0].groups[0].col_step == 2
     short, _ = geometry("depthwise-5x5-short-maps")
     assert len(short.order) == 15  # kernel rows 0 and 4 read only padding
     irregular, _ = geometry("general-stride-3-dilation-2")
@@ -253,6 +294,7 @@ def test_conv_paths_dtypes(case: str, dtype: type, tol: float) -> None:
     "case",
     [
         "depthwise-5x5-many-channels",
+        "depthwise-5x5-stride-2-1",
         "depthwise-3x3-large-map",
         "depthwise-3x3-pieces",
         "depthwise-1d",
@@ -266,8 +308,10 @@ def test_fused_depthwise_epilogue(
     x_shape, w_shape, attrs = CASES[case]
     x_shape = (2, *x_shape[1:])
     feeds = {"x": _random(*x_shape), "w": _random(*w_shape), "b": _random(w_shape[0])}
+    conv = oh.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)
+    want = run_reference(conv, [feeds["x"], feeds["w"], feeds["b"]], 18)[0]
     if residual:
-        feeds["z"] = _random(*x_shape)
+        feeds["z"] = _random(*want.shape)
     node = oh.make_node(
         "FusedConv",
         list(feeds),
@@ -277,12 +321,36 @@ def test_fused_depthwise_epilogue(
         **attrs,
     )
     got = run_aioinfer(node, list(feeds.values()), 1)[0]
-    conv = oh.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)
-    want = run_reference(conv, [feeds["x"], feeds["w"], feeds["b"]], 18)[0]
     if residual:
         want = want + feeds["z"]
     if unfused_op is not None:
         want = run_reference(oh.make_node(unfused_op, ["c"], ["y"]), [want], 18)[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    ("activation", "params"), [("HardSigmoid", [0.2, 0.5]), ("Relu", []), ("HardSwish", [])]
+)
+@pytest.mark.parametrize("case", ["one-pixel-pointwise-batch", "one-pixel-3x3-batch"])
+def test_fused_one_pixel_epilogue(activation: str, params: list[float], case: str) -> None:
+    """FusedConv of one output pixel per image (a squeeze-and-excitation block's): the
+    bias and the activation on the rows of the one product, as the unfused nodes."""
+    x_shape, w_shape, attrs = CASES[case]
+    inputs = [_random(*x_shape), _random(*w_shape), _random(w_shape[0])]
+    node = oh.make_node(
+        "FusedConv",
+        ["x", "w", "b"],
+        ["y"],
+        domain=AIOINFER_DOMAIN,
+        activation=activation,
+        **({"activation_params": params} if params else {}),
+        **attrs,
+    )
+    got = run_aioinfer(node, inputs, 1)[0]
+    want = run_reference(oh.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), inputs, 18)[0]
+    named = dict(zip(["alpha", "beta"], params, strict=False))
+    unfused = oh.make_node(activation, ["c"], ["y"], **named)
+    want = run_reference(unfused, [want], 18)[0]
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 

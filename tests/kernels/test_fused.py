@@ -276,3 +276,33 @@ def test_gelu_of_an_mlp_layer_splits_between_threads(parts: list[tuple[int, int]
     want = wide / 2 * (1 + np.vectorize(math.erf)(wide / math.sqrt(2)))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert sorted(parts) == [(0, 2), (2, 4)]
+
+
+@pytest.mark.parametrize(
+    ("activation", "params", "attributes"),
+    [("HardSwish", [], {}), ("HardSigmoid", [0.2, 0.5], {"alpha": 0.2, "beta": 0.5})],
+)
+def test_hard_activations_at_their_corners(
+    activation: str, params: list[float], attributes: dict[str, float]
+) -> None:
+    """HardSwish and HardSigmoid fused after a product, on values at and around their
+    corners (-3 and 3 for HardSwish), infinities and NaN, as onnx.reference's unfused
+    operator computes them (float32 rounding of the gate's affine step: rtol 1e-6)."""
+    corners = [-np.inf, -100.0, -3.01, -3.0, -2.99, -1e-8, 0.0, 1.5, 2.99, 3.0, 3.01, 100.0]
+    values = np.array([[*corners, np.inf, np.nan]], np.float32)
+    feeds = {"a": np.ones((1, 1), np.float32), "b": values}  # the product is values
+    node = oh.make_node(
+        "FusedMatMul",
+        ["a", "b"],
+        ["y"],
+        domain=AIOINFER_DOMAIN,
+        activation=activation,
+        **({"activation_params": params} if params else {}),
+    )
+    got = run_aioinfer(node, list(feeds.values()), 1)[0]
+    unfused = [
+        oh.make_node("MatMul", ["a", "b"], ["m"]),
+        oh.make_node(activation, ["m"], ["y"], **attributes),
+    ]
+    want = _reference(unfused, feeds, "y")
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)

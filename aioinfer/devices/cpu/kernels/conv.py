@@ -28,6 +28,7 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     Epilogue,
     FlatGeometry,
     by_pixels,
+    depthwise_weights,
     flat_conv,
     flat_depthwise,
     flat_geometry,
@@ -309,6 +310,22 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             cached_plan(ordered, order, lambda: matrix)
         return matrix
 
+    grouped: dict[int, tuple[FlatGeometry, tuple[np.ndarray, ...]]] = {}
+    """Constant depthwise weights as :func:`.conv_flat.flat_depthwise` takes them, by the
+    id of their geometry (the entry holds it, so a reused id is not mistaken)."""
+
+    def depthwise_taps(
+        w: np.ndarray, wmat: np.ndarray, flat: FlatGeometry
+    ) -> tuple[np.ndarray, ...]:
+        """The depthwise weights for ``flat``, cached when ``w`` is constant."""
+        entry = grouped.get(id(flat))
+        if w_const is not None and entry is not None and entry[0] is flat:
+            return entry[1]
+        taps = depthwise_weights(flat, tap_ordered(w, wmat, flat.order))
+        if w_const is not None:
+            cached_plan(grouped, id(flat), lambda: (flat, taps))
+        return taps
+
     prepared: dict[tuple[tuple[int, ...], bool], np.ndarray] = {}
     """Constant weights as :func:`.conv_rows.rows_conv` takes them, per tap order."""
 
@@ -367,12 +384,12 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             return y, rows_conv(plan.rows, work, weights, b, y, epilogue)
         if flat is not None and n and (depthwise or not plan.small):
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
-            weights = tap_ordered(w, wmat, flat.order)
             if depthwise:
                 then = None if epilogue is None else epilogue.channels
-                finish = _chain(_bias_epilogue(b, c, work.dtype, 2), then)
-                flat_depthwise(flat, work, weights, y, finish)
+                bias = None if b is None else b.astype(work.dtype, copy=False)
+                flat_depthwise(flat, work, depthwise_taps(w, wmat, flat), y, bias, then)
                 return y.astype(x.dtype, copy=False), epilogue is not None
+            weights = tap_ordered(w, wmat, flat.order)
             flat_conv(flat, work, weights, y)
             applied = _finish_channels(y, b, epilogue)
             return y.astype(x.dtype, copy=False), applied
@@ -393,7 +410,12 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if out is None
             else out.reshape(n, group, m // group, pixels)
         )
-        if group == 1 and plan.pointwise and by_pixels(m, c, pixels, work.dtype):
+        if group == 1 and pixels == 1:
+            # One pixel per image (the 1x1 convolutions of a squeeze-and-excitation
+            # block on pooled maps): the images are the rows of one product, not one
+            # product each (PP-OCR's 6 images, 88 -> 22 filters: 9.6 instead of 18 us).
+            np.matmul(cols.reshape(n, -1), wmat[0].T, out=y.reshape(n, m))
+        elif group == 1 and plan.pointwise and by_pixels(m, c, pixels, work.dtype):
             for image in range(n):  # split between the threads by pixels
                 product_by_pixels(wmat[0], cols[image, 0], y[image, 0].reshape(m, 1, pixels))
         elif group == 1:

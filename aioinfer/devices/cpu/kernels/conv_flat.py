@@ -274,28 +274,40 @@ _kept = threading.local()
 def _column_views(geometry: FlatGeometry, images: np.ndarray) -> list[np.ndarray]:
     """The column views (:func:`column_views`) of the zero-padded phases of ``images``
     ``(B, hx, wx)``: kept ones for small inputs, else in this thread's scratch."""
+    return _phase_views(geometry, images, column_views)
+
+
+ViewsOf = Callable[[FlatGeometry, np.ndarray], list[np.ndarray]]
+"""Views of the phases of a geometry (:func:`column_views`, :func:`_row_views`)."""
+
+
+def _phase_views(geometry: FlatGeometry, images: np.ndarray, views_of: ViewsOf) -> list[np.ndarray]:
+    """``views_of(geometry, phases)`` of the zero-padded phases of ``images``
+    ``(B, hx, wx)``: kept ones for small inputs, else in this thread's scratch."""
     sh, sw = geometry.strides
     shape = (sh, sw, images.shape[0], geometry.phase_size)
     small = math.prod(shape) * images.itemsize <= KEPT_PHASES_BYTES
     if small:
         # Keyed by the geometry's id (hashing its fields costs microseconds); the entry
         # holds the geometry, so that an id reused by another one is not mistaken.
-        kept: dict[tuple[int, int, np.dtype], tuple[FlatGeometry, np.ndarray, list[np.ndarray]]]
+        kept: dict[
+            tuple[int, int, np.dtype, ViewsOf], tuple[FlatGeometry, np.ndarray, list[np.ndarray]]
+        ]
         kept = getattr(_kept, "phases", None) or {}
         _kept.phases = kept
-        key = (id(geometry), images.shape[0], images.dtype)
+        key = (id(geometry), images.shape[0], images.dtype, views_of)
         entry = kept.get(key)
         if entry is None or entry[0] is not geometry:
             if len(kept) >= KEPT_GEOMETRIES:
                 kept.clear()
             phases = np.zeros(shape, images.dtype)
-            entry = kept[key] = (geometry, phases, column_views(geometry, phases))
+            entry = kept[key] = (geometry, phases, views_of(geometry, phases))
         fill_phases(geometry, images, entry[1])
         return entry[2]
     phases = scratch("phases", shape, images.dtype)
     phases.fill(0)
     fill_phases(geometry, images, phases)
-    return column_views(geometry, phases)
+    return views_of(geometry, phases)
 
 
 def _crop(geometry: FlatGeometry, full: np.ndarray, y: np.ndarray) -> None:
@@ -408,13 +420,15 @@ def product_by_pixels(w: np.ndarray, cols: np.ndarray, y: np.ndarray) -> None:
     run_parallel(transpose, m, work=y.size, least=MIN_PARALLEL_MACS)
 
 
-DEPTHWISE_BLOCK_BYTES = 1 << 19
-"""Columns per block of a depthwise convolution: they stay in the L2 cache between their
-copy and their product. A channel whose columns are larger is done in pieces of whole
-output rows. Copying the columns and multiplying them (BLAS reads all the taps of a
-column at once) beats a multiply and an add per tap over the whole map even on large
-maps: in PP-LCNet's run 16 3x3 filters over 16x112x112 and 64 over 64x56x56 take 0.35
-instead of 0.43-0.45 ms of one thread, 0.41 instead of 0.48 ms of two."""
+DEPTHWISE_BLOCK_BYTES = 1 << 20
+"""Columns (or shifted rows and their sums) per block of a depthwise convolution. A
+channel whose buffers are larger is done in pieces of whole output rows. Each block
+costs a few numpy calls per tap group: blocks of 1 MB rather than 512 KB took 0.91-0.97x
+the time (with numpy 2.4 on AVX-512), though they outgrow the L2 cache. Copying the
+columns and multiplying them (BLAS reads all the taps of a column at once) beats a
+multiply and an add per tap over the whole map even on large maps: in PP-LCNet's run 16
+3x3 filters over 16x112x112 and 64 over 64x56x56 take 0.35 instead of 0.43-0.45 ms of
+one thread, 0.41 instead of 0.48 ms of two."""
 
 Epilogue = Callable[[int, int, np.ndarray], object]
 """``epilogue(first, last, block)``: work applied in place to channels ``first:last``
@@ -424,49 +438,309 @@ applies it to each thread's share of the output when that share is done, on that
 thread (no separate hand-off of an elementwise pass to the threads)."""
 
 
+def tap_bands(geometry: FlatGeometry) -> list[list[int]]:
+    """The tap groups (indices) in bands of the same columns (the same first column,
+    count and step): the rows of a band's groups, from any phase, are multiplied by the
+    band's taps in one product."""
+    bands: dict[tuple[int, int, int, int], list[int]] = {}
+    wq = geometry.grid[1]
+    for number, group in enumerate(geometry.groups):
+        key = (group.phase_col, group.start % wq, group.cols, group.col_step)
+        bands.setdefault(key, []).append(number)
+    return list(bands.values())
+
+
+def shifted_rows(geometry: FlatGeometry) -> bool:
+    """Whether :func:`flat_depthwise` sums shifted rows for ``geometry`` rather than
+    copying its columns: stride 1 along the rows, and every band of tap groups
+    (:func:`tap_bands`) has several rows and columns. Else the rows gain nothing or lose:
+    the four groups of a 3x3 stride-2 kernel took 1.2-2x the columns' time, and numpy's
+    matmul of one inner dimension (a band of one row) does not call BLAS (10x slower)."""
+    groups = geometry.groups
+    return geometry.strides[1] == 1 and all(
+        groups[band[0]].cols > 1 and sum(groups[g].rows for g in band) > 1
+        for band in tap_bands(geometry)
+    )
+
+
+def depthwise_weights(geometry: FlatGeometry, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``weights`` ``(C, taps)`` (taps in ``geometry.order``) as :func:`flat_depthwise`
+    multiplies them: per band of tap groups (:func:`tap_bands`) ``(C, cols, rows)`` (the
+    taps of its groups, transposed, their rows one after the other) for
+    :func:`shifted_rows`, else one ``(C, 1, taps)``."""
+    if not shifted_rows(geometry):
+        return (np.ascontiguousarray(weights.reshape(weights.shape[0], 1, -1)),)
+    grids = []
+    done = 0
+    for group in geometry.groups:
+        size = group.rows * group.cols
+        grids.append(weights[:, done : done + size].reshape(-1, group.rows, group.cols))
+        done += size
+    return tuple(
+        np.ascontiguousarray(np.concatenate([grids[g] for g in band], axis=1).transpose(0, 2, 1))
+        for band in tap_bands(geometry)
+    )
+
+
+def _row_views(geometry: FlatGeometry, phases: np.ndarray) -> list[np.ndarray]:
+    """Per tap group, the read-only view ``(B, rows, length + (cols - 1) * col_step)``
+    of its rows in ``phases``: row ``u`` starts at the offset of tap ``(u, 0)`` and
+    reaches as far as the columns of tap ``(u, cols - 1)``."""
+    item = phases.itemsize
+    views = []
+    for group in geometry.groups:
+        source = phases[group.phase_row, group.phase_col, :, group.start :]
+        reach = geometry.length + (group.cols - 1) * group.col_step
+        shape = (source.shape[0], group.rows, reach)
+        strides = (source.strides[0], group.row_step * item, item)
+        views.append(as_strided(source, shape, strides, writeable=False))
+    return views
+
+
+def _reach(geometry: FlatGeometry) -> int:
+    """How far the shifted rows of :func:`shifted_rows` reach past the columns."""
+    return max((group.cols - 1) * group.col_step for group in geometry.groups)
+
+
+def _pitch(geometry: FlatGeometry, width: int) -> int:
+    """Elements per sum of the shifted rows of ``width`` columns: the shift of sum ``v``
+    of a group, ``v * col_step``, is taken out of the row stride of the product that
+    writes it, so that all sums line up at this pitch."""
+    return width + _reach(geometry) + max(group.col_step for group in geometry.groups)
+
+
+def depthwise_channel_bytes(geometry: FlatGeometry, itemsize: int, width: int) -> int:
+    """The buffers :func:`flat_depthwise` fills per channel for ``width`` columns."""
+    if not shifted_rows(geometry):
+        return len(geometry.order) * width * itemsize
+    rows = sum(group.rows for group in geometry.groups)
+    sums = sum(geometry.groups[band[0]].cols for band in tap_bands(geometry))
+    return (rows * (width + _reach(geometry)) + sums * _pitch(geometry, width)) * itemsize
+
+
+@dataclass(frozen=True)
+class _DepthwiseLayout:
+    """How :func:`flat_depthwise` cuts one geometry's channels into blocks."""
+
+    rows_path: bool
+    """:func:`shifted_rows`."""
+    block: int
+    """Channels per block."""
+    pieces: tuple[tuple[int, int], ...]
+    """Output rows of each piece of a block (one piece: all rows)."""
+    span: int
+    """Columns of the longest piece."""
+    extra: int
+    """How far the shifted rows reach past the columns."""
+    pitch: int
+    """Elements per sum of the shifted rows (see :func:`_pitch`)."""
+    row_count: int
+    sum_count: int
+    bands: tuple[tuple[int, ...], ...]
+    """:func:`tap_bands`."""
+    slots: tuple[int, ...]
+    """Per tap group, its first row in the shifted rows (those of a band together)."""
+    kept: bool
+    """The buffers are small enough to keep per geometry and thread."""
+
+
+def _depthwise_layout(geometry: FlatGeometry, itemsize: int, channels: int) -> _DepthwiseLayout:
+    """The layout of ``channels`` (batch times channels) of ``geometry``."""
+    oh = geometry.out_shape[0]
+    wq = geometry.grid[1]
+    length = geometry.length
+    rows_path = shifted_rows(geometry)
+    per_channel = depthwise_channel_bytes(geometry, itemsize, length)
+    block = min(channels, max(1, DEPTHWISE_BLOCK_BYTES // per_channel))
+    rows = oh
+    if per_channel > DEPTHWISE_BLOCK_BYTES:  # output rows per piece of a channel
+        per_row = depthwise_channel_bytes(geometry, itemsize, wq)
+        per_row -= depthwise_channel_bytes(geometry, itemsize, 0)
+        rows = max(1, DEPTHWISE_BLOCK_BYTES // per_row)
+    span = min(length, rows * wq)
+    groups = geometry.groups
+    bands = tap_bands(geometry)
+    slots: dict[int, int] = {}
+    for number in (g for band in bands for g in band):
+        slots[number] = sum(groups[g].rows for g in slots)
+    return _DepthwiseLayout(
+        rows_path,
+        block,
+        tuple((r, min(oh, r + rows)) for r in range(0, oh, rows)),
+        span,
+        _reach(geometry) if rows_path else 0,
+        _pitch(geometry, span),
+        sum(group.rows for group in geometry.groups),
+        sum(groups[band[0]].cols for band in bands),
+        tuple(tuple(band) for band in bands),
+        tuple(slots[number] for number in range(len(groups))),
+        block * depthwise_channel_bytes(geometry, itemsize, span) <= KEPT_PHASES_BYTES,
+    )
+
+
+class _DepthwiseBuffers:
+    """One thread's buffers for the blocks of one depthwise geometry: the products (and
+    the columns, or the shifted rows and their sums), with the views that write the
+    sums at their shifts and read them lined up. Kept per geometry and thread when
+    small (:data:`KEPT_PHASES_BYTES`): making the views costs a small convolution more
+    than its arithmetic."""
+
+    __slots__ = ("full", "lined_up", "ones", "source", "targets")
+
+    def __init__(
+        self,
+        geometry: FlatGeometry,
+        layout: _DepthwiseLayout,
+        dtype: np.dtype,
+        allocate: Callable[[str, tuple[int, ...], np.dtype], np.ndarray],
+    ) -> None:
+        block, span, pitch = layout.block, layout.span, layout.pitch
+        self.full = allocate("block-out", (block, 1, span), dtype)
+        if not layout.rows_path:
+            self.source = allocate("block", (block, len(geometry.order), span), dtype)
+            self.targets: list[tuple[np.ndarray, np.ndarray]] = []
+            return
+        self.source = allocate("block", (block, layout.row_count, span + layout.extra), dtype)
+        sums = allocate("block-sums", (block, layout.sum_count * pitch), dtype)
+        item = sums.itemsize
+        self.targets = []  # per band: its shifted rows and where its sums go
+        first_row = first_sum = 0
+        for band in layout.bands:
+            group = geometry.groups[band[0]]
+            rows = sum(geometry.groups[g].rows for g in band)
+            reach = span + (group.cols - 1) * group.col_step
+            to = as_strided(
+                sums[:, first_sum * pitch :],
+                (block, group.cols, reach),
+                (sums.strides[0], (pitch - group.col_step) * item, item),
+            )
+            self.targets.append((self.source[:, first_row : first_row + rows], to))
+            first_row += rows
+            first_sum += group.cols
+        self.lined_up = as_strided(
+            sums, (block, layout.sum_count, span), (sums.strides[0], pitch * item, item)
+        )
+        self.ones = np.ones((1, 1, layout.sum_count), dtype)
+
+
+def _owned(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return np.empty(shape, dtype)
+
+
+_layouts: dict[tuple[int, int, int], tuple[FlatGeometry, _DepthwiseLayout]] = {}
+"""Layouts by the id of their geometry, the item size and the channels (the entry holds
+the geometry, so that an id reused by another one is not mistaken)."""
+
+
+def _depthwise_buffers(
+    geometry: FlatGeometry, layout: _DepthwiseLayout, dtype: np.dtype
+) -> _DepthwiseBuffers:
+    """This thread's buffers for ``geometry``: kept ones when small, else made in its
+    scratch buffers."""
+    if not layout.kept:
+        return _DepthwiseBuffers(geometry, layout, dtype, scratch)
+    kept: dict[tuple[int, np.dtype], tuple[FlatGeometry, _DepthwiseBuffers]]
+    kept = getattr(_kept, "depthwise", None) or {}
+    _kept.depthwise = kept
+    key = (id(geometry), dtype)
+    entry = kept.get(key)
+    if entry is None or entry[0] is not geometry:
+        if len(kept) >= KEPT_GEOMETRIES:
+            kept.clear()
+        entry = kept[key] = (geometry, _DepthwiseBuffers(geometry, layout, dtype, _owned))
+    return entry[1]
+
+
 def flat_depthwise(
     geometry: FlatGeometry,
     x: np.ndarray,
-    weights: np.ndarray,
+    weights: tuple[np.ndarray, ...],
     y: np.ndarray,
+    bias: np.ndarray | None = None,
     epilogue: Epilogue | None = None,
 ) -> None:
     """``y`` ``(N, C, *out)`` = the depthwise convolution of ``x`` ``(N, C, *in)`` with
-    ``weights`` ``(C, taps)`` (taps in ``geometry.order``; a geometry of one filter per
-    group, whose columns are long runs)."""
+    ``weights`` (:func:`depthwise_weights`) plus ``bias`` ``(C,)``, then ``epilogue``.
+
+    Per block of channels (:data:`DEPTHWISE_BLOCK_BYTES`; per piece of whole output rows
+    of a channel whose buffers are larger), split between the intra-op threads, either
+
+    - the columns ``(block, taps, length)`` and a stack of vector-matrix products with
+      the channels' taps; or, for :func:`shifted_rows` geometries,
+    - per tap group of ``rows x cols`` taps, its ``rows`` shifted rows (each as long as
+      the columns plus ``(cols - 1) * col_step``) instead of the columns of all its
+      taps; per band of groups with the same columns (:func:`tap_bands`), a product per
+      channel of its ``(cols, rows)`` taps and their rows: ``cols`` sums over the
+      kernel rows. A second product, with ones, adds up all the sums, each shifted by
+      ``v * col_step`` (stored so that the shifted sums line up). A 5x5 kernel copies 5
+      rows instead of 25 columns: PP-LCNet's on 256x14x14 takes 0.60-0.65x the time of
+      the columns, PP-OCR's on 6x88x3x96 0.58-0.64x, with stride (2, 1) 0.65x, 3x3 ones
+      0.87-0.96x.
+
+    The bias is added to the products, before the crop of the valid columns."""
     n, c = x.shape[:2]
-    taps, length = len(geometry.order), geometry.length
+    length = geometry.length
     oh, ow = geometry.out_shape
-    views = _column_views(geometry, x.reshape(n * c, *geometry.in_shape))
-    stack = weights.reshape(c, 1, taps)
-    images = y.reshape(n * c, oh, ow)
     wq = geometry.grid[1]
-    per_channel = taps * length * x.itemsize
-    block = max(1, DEPTHWISE_BLOCK_BYTES // per_channel)
-    # Output rows per piece of a channel (all of them unless its columns are larger).
-    rows = max(1, DEPTHWISE_BLOCK_BYTES // (taps * wq * x.itemsize)) if block == 1 else oh
-    pieces = [(r, min(oh, r + rows)) for r in range(0, oh, rows)]
+    key = (id(geometry), x.itemsize, n * c)
+    entry = _layouts.get(key)
+    if entry is None or entry[0] is not geometry:
+        if len(_layouts) >= KEPT_GEOMETRIES:
+            _layouts.clear()
+        entry = _layouts[key] = (geometry, _depthwise_layout(geometry, x.itemsize, n * c))
+    layout = entry[1]
+    rows_path, block, pieces = layout.rows_path, layout.block, layout.pieces
+    slots, bands = layout.slots, layout.bands
+    views = _phase_views(
+        geometry,
+        x.reshape(n * c, *geometry.in_shape),
+        _row_views if rows_path else column_views,
+    )
+    images = y.reshape(n * c, oh, ow)
+    lifted = None if bias is None else bias.reshape(c, 1, 1)
     blocks = -(-(n * c) // block)
 
     def part(start: int, stop: int) -> None:
         if start >= stop:
             return
-        span = min(length, rows * wq)
-        cols = scratch("block", (block, taps, span), x.dtype)
-        full = scratch("block-out", (block, 1, span), x.dtype)
+        buffers = _depthwise_buffers(geometry, layout, x.dtype)
+        full, source_buffer, targets = buffers.full, buffers.source, buffers.targets
         for number in range(start, stop):
             first, last = number * block, min(n * c, (number + 1) * block)
             size = last - first
             channel = first % c
-            if channel + size <= c:
-                kernels = stack[channel : channel + size]
-            else:  # a block across images
-                kernels = stack[np.arange(first, last) % c]
+            index: slice | np.ndarray = (
+                slice(channel, channel + size)
+                if channel + size <= c
+                else np.arange(first, last) % c  # a block across images
+            )
+            kernels = [matrices[index] for matrices in weights]
             for top, bottom in pieces:
-                columns = slice(top * wq, min(length, bottom * wq))
-                width = columns.stop - columns.start
-                copy_columns(views, first, last, cols[:size, :, :width], columns)
-                np.matmul(kernels, cols[:size, :, :width], out=full[:size, :, :width])
+                begin = top * wq
+                width = min(length, bottom * wq) - begin
+                out = full[:size, :, :width]
+                if rows_path:
+                    for view, slot in zip(views, slots, strict=True):
+                        wide = width + view.shape[2] - length
+                        np.copyto(
+                            source_buffer[:size, slot : slot + view.shape[1], :wide],
+                            view[first:last, :, begin : begin + wide],
+                        )
+                    for taps, (to_rows, to_sums), band in zip(kernels, targets, bands, strict=True):
+                        wide = width + views[band[0]].shape[2] - length
+                        source = to_rows[:size, :, :wide]
+                        np.matmul(taps, source, out=to_sums[:size, :, :wide])
+                    np.matmul(buffers.ones, buffers.lined_up[:size, :, :width], out=out)
+                else:
+                    source = source_buffer[:size, :, :width]
+                    copy_columns(views, first, last, source, slice(begin, begin + width))
+                    np.matmul(kernels[0], source, out=out)
+                if lifted is not None:
+                    # In place over whole runs, then the crop: numpy adds a value per
+                    # row of a few thousand elements 2-4x slower than one per longer
+                    # row, and runs of one output row are short (0.80-0.95x the time
+                    # of adding while cropping).
+                    out += lifted[index]
                 piece = full[:size, 0, : (bottom - top) * wq].reshape(size, bottom - top, wq)
                 np.copyto(images[first:last, top:bottom], piece[:, :, :ow])
         if epilogue is not None:
@@ -474,5 +748,9 @@ def flat_depthwise(
             epilogue(first, last, images[first:last])
 
     run_parallel(
-        part, blocks, work=n * c * taps * length, parts_per_thread=2, least=MIN_PARALLEL_MACS
+        part,
+        blocks,
+        work=n * c * len(geometry.order) * length,
+        parts_per_thread=2,
+        least=MIN_PARALLEL_MACS,
     )
