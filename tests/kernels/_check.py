@@ -66,7 +66,7 @@ def check_node(
 
 def split_small_products(monkeypatch: Any) -> None:
     """Let products and their copies split between the intra-op threads from 64K
-    multiply-adds on (the device waits for 4M), and Winograd's transforms from 4K
+    multiply-adds on (the device waits for 16M), and Winograd's transforms from 4K
     elements (the device waits for 1M), and max pools' blocks of channels likewise, so
     that test-sized convolutions and pools take the split paths."""
     from aioinfer.devices.cpu.kernels import conv_flat, conv_rows, conv_winograd, matmul, pool
