@@ -49,7 +49,6 @@ SERVICE = "inference.GRPCInferenceService"
 
 def serve_floor(port: int, answer: bytes) -> None:
     """The floor server: ``ModelInfer`` answers ``answer`` whatever it is asked."""
-    import asyncio
 
     import grpc
 
@@ -65,12 +64,7 @@ def serve_floor(port: int, answer: bytes) -> None:
         await server.start()
         await server.wait_for_termination()
 
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main())
-    else:
-        uvloop.run(main())
+    run(main())  # on uvloop, as aioinfer serve runs
 
 
 def serve_rest_floor(port: int, answer: bytes) -> None:
@@ -97,12 +91,7 @@ def serve_rest_floor(port: int, answer: bytes) -> None:
         async with server:
             await server.serve_forever()
 
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main())
-    else:
-        uvloop.run(main())
+    run(main())  # on uvloop, as aioinfer serve runs
 
 
 def prepared_http_answer(expected: np.ndarray) -> bytes:

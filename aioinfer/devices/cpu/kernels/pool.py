@@ -149,13 +149,7 @@ class _PoolGeometry:
             else:
                 lead = (slice(None),) * (2 + axis)
                 taps = [(*lead, slice(t * d, t * d + (out - 1) * s + 1, s)) for t in range(k)]
-            if k == 1:
-                y = y[taps[0]]
-                continue
-            acc = op(y[taps[0]], y[taps[1]])
-            for tap in taps[2:]:
-                op(acc, y[tap], out=acc)
-            y = acc
+            y = _reduce_taps(y, taps, op)
         return y.copy() if np.may_share_memory(y, x) else y
 
     def _reduce_inside(self, x: np.ndarray, plan: _PoolPlan, op: np.ufunc) -> np.ndarray:
@@ -167,14 +161,19 @@ class _PoolGeometry:
             span = (plan.out_shape[axis] - 1) * s + 1
             lead = (slice(None),) * (2 + axis)
             taps = [(*lead, slice(t * d, t * d + span, s)) for t in range(k)]
-            if k == 1:
-                y = y[taps[0]]
-                continue
-            acc = op(y[taps[0]], y[taps[1]])
-            for tap in taps[2:]:
-                op(acc, y[tap], out=acc)
-            y = acc
+            y = _reduce_taps(y, taps, op)
         return y.copy() if np.may_share_memory(y, x) else y
+
+
+def _reduce_taps(y: np.ndarray, taps: list[tuple[Any, ...]], op: np.ufunc) -> np.ndarray:
+    """``op`` over the slices ``taps`` of ``y`` (one pass per tap after the first two; a
+    single tap is its slice, a view of ``y``)."""
+    if len(taps) == 1:
+        return y[taps[0]]
+    acc = op(y[taps[0]], y[taps[1]])
+    for tap in taps[2:]:
+        op(acc, y[tap], out=acc)
+    return acc
 
 
 def _split_by_channels(
