@@ -354,7 +354,7 @@ def flat_conv(
             gemm_2d(wmat[0], matrix[0], target[0])
         else:
             stacked_matmul(wmat, matrix, target)
-        if finishing and finish is not None:
+        if finishing and finish is not None and full is not None:
             finish(full.reshape(m, oh, geometry.grid[1]), y[image].reshape(m, oh, ow))
         elif full is not None:
             _crop(geometry, full.reshape(m, length), y[image].reshape(m, oh, ow))
