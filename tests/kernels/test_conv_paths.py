@@ -379,3 +379,70 @@ def test_conv_paths_from_several_threads(case: str) -> None:
         return found + [run_aioinfer(node, [inputs[index], w], 11)[0] for _ in range(5)]
 
     check_from_threads(results_of, want, RTOL, ATOL)
+
+
+# Phase-flattened columns whose product is cropped (its padded width is not the output's),
+# above the kept im2col's size, below the blocks of rows' work: the bias is added in the
+# crop, then the activation (PP-LCNet's stem).
+CROPPED: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
+    "stem-stride-2-batch": ((2, 3, 65, 77), (16, 3, 3, 3), {"pads": [1] * 4, "strides": [2, 2]}),
+    "5x5-asymmetric": ((1, 3, 47, 53), (6, 3, 5, 5), {"pads": [2, 1, 0, 2]}),
+    "grouped": ((1, 4, 60, 61), (8, 2, 3, 3), {"pads": [1] * 4, "group": 2}),
+}
+
+
+@pytest.mark.parametrize(
+    ("activation", "unfused_op"),
+    [("HardSwish", "HardSwish"), ("Relu", "Relu"), ("Sigmoid", "Sigmoid"), ("", None)],
+)
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("case", list(CROPPED))
+def test_fused_bias_added_in_the_crop(
+    activation: str, unfused_op: str | None, residual: bool, case: str, threads: int
+) -> None:
+    """FusedConv (and Conv) on cropped phase-flattened columns: the bias added while the
+    valid columns are copied, then the activation, as the unfused nodes compute them."""
+    x_shape, w_shape, attrs = CROPPED[case]
+    entries = x_shape[0] * x_shape[1] * int(np.prod(w_shape[2:]))
+    geometry = flat_geometry(
+        x_shape[2:],
+        w_shape[2:],
+        attrs.get("strides", (1, 1)),
+        (1, 1),
+        attrs["pads"][:2],
+        attrs["pads"][2:],
+        _out(x_shape, w_shape, attrs),
+        w_shape[0],
+        w_shape[1],
+    )
+    assert not geometry.exact and geometry.grid[1] != geometry.out_shape[1]
+    assert entries * int(np.prod(geometry.out_shape)) * 4 > KEPT_COLUMNS_BYTES
+    feeds = {"x": _random(*x_shape), "w": _random(*w_shape), "b": _random(w_shape[0])}
+    conv = oh.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)
+    want = run_reference(conv, list(feeds.values()), 18)[0]
+    if not activation and not residual:
+        got = run_aioinfer(
+            oh.make_node("Conv", ["x", "w", "b"], ["y"], **attrs), list(feeds.values()), 18
+        )[0]
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    if residual:
+        feeds["z"] = _random(*want.shape)
+        want = want + feeds["z"]
+    if unfused_op is not None:
+        want = run_reference(oh.make_node(unfused_op, ["c"], ["y"]), [want], 18)[0]
+    node = oh.make_node(
+        "FusedConv", list(feeds), ["y"], domain=AIOINFER_DOMAIN, activation=activation, **attrs
+    )
+    got = run_aioinfer(node, list(feeds.values()), 1)[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def _out(
+    x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[str, Any]
+) -> tuple[int, int]:
+    """The output's spatial shape of a convolution with explicit pads."""
+    strides, pads = attrs.get("strides", (1, 1)), attrs["pads"]
+    return tuple(  # type: ignore[return-value]
+        (x_shape[2 + i] + pads[i] + pads[i + 2] - w_shape[2 + i]) // strides[i] + 1
+        for i in range(2)
+    )
