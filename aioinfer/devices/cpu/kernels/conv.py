@@ -26,7 +26,6 @@ from numpy.lib.stride_tricks import as_strided
 
 from aioinfer.devices.cpu.kernels.conv_flat import (
     Epilogue,
-    Finish,
     FlatGeometry,
     by_pixels,
     depthwise_weights,
@@ -391,9 +390,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 flat_depthwise(flat, work, depthwise_taps(w, wmat, flat), y, bias, then)
                 return y.astype(x.dtype, copy=False), epilogue is not None
             weights = tap_ordered(w, wmat, flat.order)
-            finish = _crop_finish(b, epilogue, y)
-            if flat_conv(flat, work, weights, y, finish):
-                return y.astype(x.dtype, copy=False), epilogue is not None
+            flat_conv(flat, work, weights, y)
             applied = _finish_channels(y, b, epilogue)
             return y.astype(x.dtype, copy=False), applied
         if depthwise and not plan.pointwise:
@@ -450,32 +447,6 @@ def _bias_epilogue(
             block += bias[np.arange(first, last) % channels]
 
     return add
-
-
-def _crop_finish(
-    b: np.ndarray | None, epilogue: ConvEpilogue | None, y: np.ndarray
-) -> Finish | None:
-    """The bias of :func:`.conv_flat.flat_conv`'s images added in the copy of their
-    valid columns, then the activation (in place: numpy's passes over the contiguous
-    image are faster than over its rows in the padded product), or None without a bias,
-    with a residual, or where :func:`_finish_channels` splits the work between the
-    intra-op threads. PP-LCNet's stem, 16 3x3 filters over 3x224x224 with stride 2 and
-    a HardSwish: ..."""
-    if (
-        b is None
-        or 2 * y.size >= MIN_PARALLEL_ELEMENTS
-        or (epilogue is not None and epilogue.residual is not None)
-    ):
-        return None
-    bias = b.astype(y.dtype, copy=False).reshape(-1, 1, 1)
-    activation = None if epilogue is None else epilogue.activation
-
-    def finish(full: np.ndarray, target: np.ndarray) -> None:
-        np.add(full[:, :, : target.shape[2]], bias, out=target)
-        if activation is not None:
-            activation(target)
-
-    return finish
 
 
 def _finish_channels(y: np.ndarray, b: np.ndarray | None, epilogue: ConvEpilogue | None) -> bool:

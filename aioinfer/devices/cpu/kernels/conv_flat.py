@@ -321,12 +321,9 @@ def flat_conv(
     x: np.ndarray,
     wmat: np.ndarray,
     y: np.ndarray,
-    finish: Finish | None = None,
-) -> bool:
+) -> None:
     """``y`` ``(N, M, *out)`` = the convolution of ``x`` ``(N, C, *in)`` with ``wmat``
-    ``(groups, M / groups, C / groups * taps)`` (taps in ``geometry.order``); returns
-    whether ``finish`` made each image's ``y`` from its padded product (in place of the
-    copy of its valid columns), which it does where there is such a copy."""
+    ``(groups, M / groups, C / groups * taps)`` (taps in ``geometry.order``)."""
     n, c = x.shape[:2]
     group = wmat.shape[0]
     m = y.shape[1]
@@ -336,8 +333,6 @@ def flat_conv(
     cols = scratch("cols", (c, taps, length), x.dtype)
     direct = geometry.exact or ow == geometry.grid[1]
     full = None if direct else scratch("full", (group, m // group, length), x.dtype)
-    split = group == 1 and by_pixels(m, c * taps, length, x.dtype)
-    finishing = full is not None and finish is not None and not split
     for image in range(n):
         base = image * c
 
@@ -346,7 +341,7 @@ def flat_conv(
 
         run_parallel(copy, c, work=cols.size, least=MIN_PARALLEL_MACS)
         matrix = cols.reshape(group, c // group * taps, length)
-        if split:
+        if group == 1 and by_pixels(m, matrix.shape[1], length, x.dtype):
             product_by_pixels(wmat[0], matrix[0], y[image].reshape(m, oh, ow))
             continue
         target = y[image].reshape(group, m // group, length) if full is None else full
@@ -354,11 +349,8 @@ def flat_conv(
             gemm_2d(wmat[0], matrix[0], target[0])
         else:
             stacked_matmul(wmat, matrix, target)
-        if finishing and finish is not None and full is not None:
-            finish(full.reshape(m, oh, geometry.grid[1]), y[image].reshape(m, oh, ow))
-        elif full is not None:
+        if full is not None:
             _crop(geometry, full.reshape(m, length), y[image].reshape(m, oh, ow))
-    return finishing
 
 
 BY_PIXELS_BELOW = 96
@@ -438,10 +430,6 @@ multiply and an add per tap over the whole map even on large maps: in PP-LCNet's
 3x3 filters over 16x112x112 and 64 over 64x56x56 take 0.35 instead of 0.43-0.45 ms of
 one thread, 0.41 instead of 0.48 ms of two."""
 
-Finish = Callable[[np.ndarray, np.ndarray], object]
-"""``finish(full, y)``: ``y`` ``(M, oh, ow)`` made from the product over the padded
-width ``full`` ``(M, oh, wq)`` (which it may change): its valid columns with a bias and
-an activation, in the copy (what it returns is ignored)."""
 Epilogue = Callable[[int, int, np.ndarray], object]
 """``epilogue(first, last, block)``: work applied in place to channels ``first:last``
 (of the flattened batch and channels) of a convolution's output, ``block``

@@ -42,9 +42,6 @@ from aioinfer.devices.cpu.kernels.parallel import MIN_PARALLEL_MACS, run_paralle
 
 InPlace = Callable[[np.ndarray], object]
 """An activation applied in place to a float array (what it returns is ignored)."""
-Place = Callable[[np.ndarray, np.ndarray], object]
-"""``place(source, target)``: a block ``source`` (which it may change) cropped to
-``target``'s last axis, with an activation, written into ``target``."""
 
 BLOCK_ELEMENTS = 1 << 19
 """Elements of a block's source (its columns of one tap) and result together: both stay
@@ -146,44 +143,21 @@ def row_plan(
     return RowPlan(geometry, strides, out_shape, rows, block_rows, taps, reach, implicit)
 
 
-Into = Callable[[np.ndarray, np.ndarray, np.ndarray], object]
-"""``into(source, kept, target)``: ``target`` = an activation of ``kept``, a part of
-``source`` (which it may change; its passes run over the whole of ``source`` where that
-is contiguous and ``kept`` is not), written by its last pass."""
-
-
 class ConvEpilogue:
     """A fused convolution's residual ``z`` (of its output's batch and channels) and
     activation, applied in place to the blocks of the output a kernel computes.
-    ``bounds``: the activation is a clip to these bounds (Relu, Clip); ``into``: the
-    activation written into another array (see :meth:`place`)."""
+    ``bounds``: the activation is a clip to these bounds (Relu, Clip), which
+    :func:`rows_conv` applies while it copies a block into place."""
 
     def __init__(
         self,
         residual: np.ndarray | None,
         activation: InPlace | None,
         bounds: tuple[float, float] | None = None,
-        into: Into | None = None,
     ) -> None:
         self.residual = residual
         self.activation = activation
         self.bounds = bounds
-        self.into = into
-
-    def place(self, source: np.ndarray, target: np.ndarray) -> None:
-        """``target`` = the activation of ``source`` (a block in the cache, which it may
-        change) cropped to ``target``'s last axis: a kernel that copies its blocks into
-        place activates them in the copy, one pass over the block fewer than the
-        activation in place and then the copy. The residual is the caller's."""
-        kept = source[..., : target.shape[-1]] if source.shape != target.shape else source
-        if self.bounds is not None:
-            np.clip(kept, *self.bounds, out=target)
-        elif self.into is not None:
-            self.into(source, kept, target)
-        else:
-            if self.activation is not None:
-                self.activation(source)
-            np.copyto(target, kept)
 
     def channels(self, first: int, last: int, block: np.ndarray) -> None:
         """Apply to channels ``first:last`` of the flattened batch and channels, ``block``
@@ -237,7 +211,8 @@ def rows_conv(
     m = y.shape[1]
     residual = None if epilogue is None else epilogue.pixel_residual(plan.out_shape)
     applied = epilogue is not None and residual is not False
-    place: Place = epilogue.place if applied and epilogue is not None else _copy
+    act = epilogue.activation if applied and epilogue is not None else None
+    bounds = epilogue.bounds if applied and epilogue is not None else None
     z = residual if isinstance(residual, np.ndarray) else None
     pixels = math.prod(plan.out_shape)
     outputs = y.reshape(n, m, pixels)
@@ -259,7 +234,13 @@ def rows_conv(
             part = z[image, :, first:last] if whole else z[image]
             full[:, :, :span] += part.reshape(m, rows, span) if whole else part.reshape(m, 1, 1)
         placed = outputs[image, :, first:last].reshape(m, rows, span)
-        place(full, placed)
+        kept = full[:, :, :span] if full.shape[2] != span else full
+        if bounds is not None:  # the activation and the copy in one pass
+            np.clip(kept, *bounds, out=placed)
+            return
+        if act is not None:
+            act(full)
+        np.copyto(placed, kept)
 
     if plan.geometry is None:
         inputs = x.reshape(n, c, -1)
@@ -331,10 +312,6 @@ def rows_conv(
     work = n * m * pixels * c * len(plan.taps)
     run_parallel(part, total, work=work, parts_per_thread=PARTS_PER_THREAD, least=MIN_PARALLEL_MACS)
     return applied
-
-
-def _copy(source: np.ndarray, target: np.ndarray) -> None:
-    np.copyto(target, source[..., : target.shape[-1]])
 
 
 def _column_views(geometry: FlatGeometry, slab: np.ndarray, size: int) -> list[np.ndarray]:

@@ -30,7 +30,6 @@ import numpy as np
 
 from aioinfer.devices.cpu.kernels.activations import gelu32_chunk, leaky_relu, relu
 from aioinfer.devices.cpu.kernels.conv import conv_compute
-from aioinfer.devices.cpu.kernels.conv_flat import scratch
 from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue
 from aioinfer.devices.cpu.kernels.elementwise import erf
 from aioinfer.devices.cpu.kernels.matmul import matmul_into, small_gemm
@@ -98,17 +97,6 @@ def _hard_swish(y: np.ndarray) -> None:
     gate += 3.0
     gate *= 1 / 6
     y *= gate
-
-
-def _hard_swish_into(y: np.ndarray, kept: np.ndarray, out: np.ndarray) -> None:
-    """``out`` = :func:`_hard_swish` of ``kept``, a part of ``y``: the gate made over
-    ``y`` (contiguous: numpy's passes over the short rows of ``kept`` are slower), in
-    this thread's scratch (called per block: fresh arrays would fault in pages), the
-    last pass writing ``out``."""
-    gate = np.clip(y, -3.0, 3.0, out=scratch("gate", y.shape, y.dtype))
-    gate += 3.0
-    gate *= 1 / 6
-    np.multiply(kept, gate[..., : kept.shape[-1]], out=out)
 
 
 _CHUNK = 1 << 16
@@ -275,7 +263,6 @@ def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
     compute = conv_compute(spec)
     act = activation(spec)
     bounds = _clip_bounds(spec)
-    into = _hard_swish_into if act is _hard_swish else None
 
     def run(
         out: np.ndarray | None,
@@ -289,7 +276,7 @@ def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
         # cache, in the thread that made it; the others leave it to _finish.
         whole = z is None or (z.ndim == x.ndim and z.shape[:2] == (x.shape[0], w.shape[0]))
         useful = z is not None or act is not None
-        epilogue = ConvEpilogue(z, act, bounds, into) if whole and useful else None
+        epilogue = ConvEpilogue(z, act, bounds) if whole and useful else None
         y, applied = compute(x, w, b, out, epilogue)
         if applied:
             return (y,)
