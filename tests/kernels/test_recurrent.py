@@ -572,24 +572,7 @@ def test_gru_with_constant_weights_in_a_compiled_model_matches_reference(
         direction="bidirectional",
         linear_before_reset=linear_before_reset,
     )
-    model = make_model(
-        [node],
-        [
-            tensor_info("X", np.float32, [None, 3, features]),
-            tensor_info("initial_h", np.float32, [2, 3, hidden]),
-        ],
-        [tensor_info("Y", np.float32, [None] * 4), tensor_info("Y_h", np.float32, [None] * 3)],
-        weights,
-        opsets={"": 14},
-    )
-    request = aioinfer.Core().compile_model(model, "CPU").create_infer_request()
-    for seq in (7, 4):
-        x = rng.standard_normal((seq, 3, features)).astype(np.float32)
-        h0 = rng.standard_normal((2, 3, hidden)).astype(np.float32)
-        got = request.infer_sync({"X": x, "initial_h": h0})
-        want = run_reference(node, [x, weights["W"], weights["R"], weights["B"], None, h0], 14)
-        for name, expected in zip(["Y", "Y_h"], want):
-            np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
+    _compiled_matches_reference(node, weights, rng, batch=3, features=features, seqs=(7, 4))
 
 
 @pytest.mark.parametrize("hidden", [BOTH_DIRECTIONS_MAX_HIDDEN, BOTH_DIRECTIONS_MAX_HIDDEN + 1])
@@ -615,28 +598,42 @@ def test_lstm_with_constant_weights_in_a_compiled_model_matches_reference(
         hidden_size=hidden,
         direction="bidirectional",
     )
-    state = tensor_info("initial_h", np.float32, [2, batch, hidden])
+    _compiled_matches_reference(node, weights, rng, batch=batch, features=features, seqs=(6, 3))
+
+
+def _compiled_matches_reference(
+    node: onnx.NodeProto,
+    weights: dict[str, np.ndarray],
+    rng: np.random.Generator,
+    *,
+    batch: int,
+    features: int,
+    seqs: tuple[int, ...],
+) -> None:
+    """A bidirectional GRU or LSTM ``node`` with constant ``weights`` (W, R, B) and initial
+    states as inputs, compiled on the CPU device, agrees with onnx.reference on runs of
+    each length of ``seqs`` with fresh inputs and states (float32: rtol 1e-5, atol 1e-5)."""
+    states = [name for name in node.input if name.startswith("initial_")]
+    outputs = list(node.output)
+    hidden = weights["R"].shape[-1]
     model = make_model(
         [node],
         [
             tensor_info("X", np.float32, [None, batch, features]),
-            state,
-            tensor_info("initial_c", np.float32, [2, batch, hidden]),
+            *(tensor_info(name, np.float32, [2, batch, hidden]) for name in states),
         ],
-        [
-            tensor_info(name, np.float32, [None] * rank)
-            for name, rank in zip(OUTPUT_NAMES, (4, 3, 3))
-        ],
+        [tensor_info(name, np.float32, [None] * (4 if name == "Y" else 3)) for name in outputs],
         weights,
         opsets={"": 14},
     )
     request = aioinfer.Core().compile_model(model, "CPU").create_infer_request()
-    for seq in (6, 3):
+    for seq in seqs:
         x = rng.standard_normal((seq, batch, features)).astype(np.float32)
-        h0, c0 = (rng.standard_normal((2, batch, hidden)).astype(np.float32) for _ in range(2))
-        got = request.infer_sync({"X": x, "initial_h": h0, "initial_c": c0})
-        want = run_reference(node, [x, weights["W"], weights["R"], weights["B"], None, h0, c0], 14)
-        for name, expected in zip(OUTPUT_NAMES, want):
+        initial = [rng.standard_normal((2, batch, hidden)).astype(np.float32) for _ in states]
+        got = request.infer_sync({"X": x, **dict(zip(states, initial))})
+        inputs = [x, weights["W"], weights["R"], weights["B"], None, *initial]
+        want = run_reference(node, inputs, 14)
+        for name, expected in zip(outputs, want):
             np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
