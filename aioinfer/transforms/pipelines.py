@@ -17,6 +17,7 @@ from aioinfer.transforms.fuse_activation import FuseActivationPass
 from aioinfer.transforms.fuse_attention import FuseAttentionPass
 from aioinfer.transforms.fuse_gelu import FuseGeluPass
 from aioinfer.transforms.fuse_layernorm import FuseLayerNormPass
+from aioinfer.transforms.fuse_lstm_stack import FuseLSTMStackPass
 from aioinfer.transforms.loop_invariants import HoistLoopInvariantsPass, LoopInvariantsPass
 from aioinfer.transforms.make_stateful import MakeStatefulPass, SizeStatesPass
 from aioinfer.transforms.matmul_add import FuseMatMulAddPass
@@ -53,6 +54,7 @@ def compile_passes(
             FuseLayerNormPass(),
             FuseGeluPass(),
             FuseAttentionPass(),
+            FuseLSTMStackPass(),
             FoldTransposePass(),
             FuseMatMulAddPass(),
             FuseActivationPass(),

@@ -14,6 +14,7 @@ from aioinfer.devices.cpu.kernels import (  # noqa: F401  (import registers the 
     fused,
     indexing,
     loss,
+    lstm_stack,
     matmul,
     normalization,
     optional,

@@ -1,0 +1,137 @@
+"""Fuse stacked unidirectional LSTM layers into one ``ai.aioinfer::LSTMStack`` node.
+
+    LSTM(X, W1, R1, B1, -, h1, c1) -> Y1 -> Squeeze(axes=[1]) -> LSTM(., W2, R2, B2, -, h2, c2)
+
+is what exporters write for a multi-layer LSTM (one node per layer, the direction axis
+of ``Y`` squeezed away between them). The layers become one node that the CPU device
+runs as a wavefront (:mod:`aioinfer.devices.cpu.kernels.lstm_stack`), three or more
+layers by fusing the next one into the stack. A layer qualifies when it runs forward in
+layout 0 with the default activations, without ``clip``, ``input_forget``,
+``sequence_lens`` or peepholes, and its ``W`` and ``R`` (and ``B``) are constants; the
+``Y`` of a lower layer must feed nothing but the ``Squeeze``, whose output feeds only
+the next layer. ``Y_h`` and ``Y_c`` of every layer stay outputs of the fused node.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from aioinfer.transforms.rewrite import AIOINFER_DOMAIN, RewritePass, constant, is_op, only_use
+
+STACK = "LSTMStack"
+_DEFAULT_ACTIVATIONS = ["sigmoid", "tanh", "tanh"]
+_STATE_INPUTS = (5, 6)  # initial_h, initial_c
+
+
+def _input(node: ir.Node, index: int) -> ir.Value | None:
+    return node.inputs[index] if index < len(node.inputs) else None
+
+
+def _layer_hidden(node: ir.Node) -> int | None:
+    """The hidden size of an LSTM node that can join a stack, else None."""
+    if not is_op(node, "LSTM") or len(node.inputs) > 8:
+        return None
+    attrs = node.attributes
+    if attrs.get_string("direction", "forward") != "forward" or attrs.get_int("layout"):
+        return None
+    if "clip" in attrs or attrs.get_int("input_forget"):
+        return None
+    activations = attrs.get_strings("activations", _DEFAULT_ACTIVATIONS)
+    if [str(a).lower() for a in activations] != _DEFAULT_ACTIVATIONS:
+        return None
+    if _input(node, 4) is not None or _input(node, 7) is not None:
+        return None
+    w, r = constant(_input(node, 1)), constant(_input(node, 2))
+    bias = _input(node, 3)
+    if w is None or r is None or w.ndim != 3 or r.ndim != 3 or w.shape[0] != 1:
+        return None
+    if bias is not None and constant(bias) is None:
+        return None
+    hidden = r.shape[-1]
+    if r.shape != (1, 4 * hidden, hidden) or w.shape[1] != 4 * hidden:
+        return None
+    if attrs.get_int("hidden_size", hidden) != hidden:
+        return None
+    return int(hidden)
+
+
+def _squeezes_direction(squeeze: ir.Node) -> bool:
+    """Whether the Squeeze removes exactly axis 1 of a rank-4 ``Y``."""
+    axes = constant(_input(squeeze, 1))
+    listed = (
+        [int(a) for a in axes.reshape(-1)]
+        if axes is not None
+        else squeeze.attributes.get_ints("axes", None)
+    )
+    return listed is not None and list(listed) in ([1], [-3])
+
+
+def _layer_inputs(node: ir.Node) -> list[ir.Value | None]:
+    """W, R, B, initial_h, initial_c of an LSTM node."""
+    return [_input(node, i) for i in (1, 2, 3, *_STATE_INPUTS)]
+
+
+def _layer_outputs(node: ir.Node) -> list[ir.Value | None]:
+    """Y_h and Y_c of an LSTM node (None where it has none)."""
+    return [node.outputs[i] if i < len(node.outputs) else None for i in (1, 2)]
+
+
+def _move(old: ir.Value | None, new: ir.Value) -> None:
+    """Make ``new`` stand for ``old``: its name, shape, type, uses and graph outputs."""
+    if old is None:
+        return
+    new.shape, new.type = old.shape, old.type
+    name = old.name
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    if name:
+        old.name = None
+        new.name = name
+
+
+class FuseLSTMStackPass(RewritePass):
+    """An LSTM fed by the squeezed ``Y`` of an LSTM (or of a stack) joins it."""
+
+    def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
+        hidden = _layer_hidden(node)
+        squeeze = node.inputs[0].producer() if node.inputs and node.inputs[0] else None
+        if hidden is None or squeeze is None or squeeze.graph is not graph:
+            return False
+        if not is_op(squeeze, "Squeeze") or only_use(squeeze.outputs[0]) is not node:
+            return False
+        y = squeeze.inputs[0]
+        below = None if y is None else y.producer()
+        if below is None or below.graph is not graph or y is not below.outputs[0]:
+            return False
+        if only_use(y) is not squeeze or not _squeezes_direction(squeeze):
+            return False
+        if is_op(below, STACK, domain=AIOINFER_DOMAIN):
+            inputs: list[ir.Value | None] = list(below.inputs)
+            kept: list[ir.Value | None] = list(below.outputs[1:])
+            hiddens = list(below.attributes.get_ints("hidden_sizes", []))
+            names = list(below.attributes.get_strings("layer_names", []))
+        else:
+            below_hidden = _layer_hidden(below)
+            if below_hidden is None:
+                return False
+            inputs = [below.inputs[0], *_layer_inputs(below)]
+            kept = _layer_outputs(below)
+            hiddens, names = [below_hidden], [below.name or ""]
+        if constant(_input(node, 1)).shape[-1] != hiddens[-1]:  # type: ignore[union-attr]
+            return False
+        fused = ir.Node(
+            AIOINFER_DOMAIN,
+            STACK,
+            [*inputs, *_layer_inputs(node)],
+            [
+                ir.AttrInt64s("hidden_sizes", [*hiddens, hidden]),
+                ir.AttrStrings("layer_names", [*names, node.name or ""]),
+            ],
+            num_outputs=2 + len(kept) + 1,
+            name=node.name,
+        )
+        graph.insert_before(node, fused)
+        for old, new in zip([node.outputs[0], *kept, *_layer_outputs(node)], fused.outputs):
+            _move(old, new)
+        for gone in (node, squeeze, below):
+            graph.remove(gone, safe=True)
+        return True
