@@ -59,7 +59,7 @@ def test_the_products_of_a_run_and_their_shapes():
     )
     assert (found["Gemm1"].first, found["Gemm1"].output) == ((1, 36), (1, 7))
     assert (found["MatMul1"].first, found["MatMul1"].output) == ((2, 5, 6), (2, 5, 9))
-    cache: dict[numpy_floor.Product, float] = {}
+    cache: dict[tuple[numpy_floor.Product, bool], float] = {}
     floors = [numpy_floor.floor_seconds(p, cache) for p in found.values()]
     assert all(0 < floor < 1 for floor in floors) and len(cache) == 4
 
@@ -93,3 +93,17 @@ def test_a_recurrent_layer_counts_its_steps():
     one_step = numpy_floor.floor_seconds(found[0], {})
     longer = numpy_floor.Product("LSTM", (30, 2, 5), (30, 1, 2, 4))
     assert numpy_floor.floor_seconds(longer, {}) > one_step  # ten times the steps
+
+
+def test_a_stacked_lstm_layer_shares_the_calls_of_the_one_below():
+    """A forward LSTM over the steps of the forward LSTM before it counts no calls of its
+    own (the wavefront runs both layers' gates in the same calls); a bidirectional one,
+    or one over other steps, is no stack."""
+    below = numpy_floor.Product("LSTM", (30, 2, 5), (30, 1, 2, 4))
+    above = numpy_floor.Product("LSTM", (30, 2, 4), (30, 1, 2, 6))
+    both = numpy_floor.Product("LSTM", (30, 2, 6), (30, 2, 2, 3))
+    other = numpy_floor.Product("LSTM", (20, 2, 6), (20, 1, 2, 3))
+    assert numpy_floor.stacked([below, above, both, other]) == [False, True, False, False]
+    assert numpy_floor.stacked([below, other]) == [False, False]
+    alone = numpy_floor.floor_seconds(above, {})
+    assert numpy_floor.floor_seconds(above, {}, True) < alone
