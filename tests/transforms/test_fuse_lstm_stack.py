@@ -225,3 +225,86 @@ def test_a_bad_state_of_an_upper_layer_fails_naming_the_layer_and_keeps_the_requ
     got = request.infer_sync(feeds)
     want = ReferenceEvaluator(model).run(None, feeds)
     np.testing.assert_allclose(got["Y1"], want[0], rtol=1e-5, atol=1e-5)
+
+
+def _streaming_stack(hidden: int = 6, layers: int = 2) -> onnx.ModelProto:
+    """A multi-layer LSTM as PyTorch exports ``nn.LSTM(num_layers=2)`` for streaming:
+    ``h0``/``c0`` [layers, batch, hidden] sliced per layer, the layers' ``Y_h``/``Y_c``
+    concatenated into ``hn``/``cn``."""
+    rng = np.random.default_rng(3)
+    nodes: list[onnx.NodeProto] = []
+    weights: dict[str, np.ndarray] = {}
+    x, width = "X", FEATURES
+    for k in range(layers):
+        weights[f"W{k}"] = (rng.standard_normal((1, 4 * hidden, width)) * 0.4).astype(np.float32)
+        weights[f"R{k}"] = (rng.standard_normal((1, 4 * hidden, hidden)) * 0.3).astype(np.float32)
+        weights[f"B{k}"] = (rng.standard_normal((1, 8 * hidden)) * 0.3).astype(np.float32)
+        weights[f"at{k}"] = np.array([k], np.int64)
+        weights[f"to{k}"] = np.array([k + 1], np.int64)
+        for state in ("h", "c"):
+            nodes.append(
+                oh.make_node("Slice", [f"{state}0", f"at{k}", f"to{k}"], [f"{state}0_{k}"])
+            )
+        nodes.append(
+            oh.make_node(
+                "LSTM",
+                [x, f"W{k}", f"R{k}", f"B{k}", "", f"h0_{k}", f"c0_{k}"],
+                [f"Y{k}", f"hn{k}", f"cn{k}"],
+                name=f"lstm{k}",
+                hidden_size=hidden,
+            )
+        )
+        weights[f"axis{k}"] = np.array([1], np.int64)
+        nodes.append(oh.make_node("Squeeze", [f"Y{k}", f"axis{k}"], [f"y{k}"]))
+        x, width = f"y{k}", hidden
+    for state in ("h", "c"):
+        parts = [f"{state}n{k}" for k in range(layers)]
+        nodes.append(oh.make_node("Concat", parts, [f"{state}n"], axis=0))
+    shape = [layers, "batch", hidden]
+    return make_model(
+        nodes,
+        [
+            tensor_info("X", np.float32, ["seq", "batch", FEATURES]),
+            tensor_info("h0", np.float32, shape),
+            tensor_info("c0", np.float32, shape),
+        ],
+        [
+            tensor_info(x, np.float32, ["seq", "batch", hidden]),
+            tensor_info("hn", np.float32, shape),
+            tensor_info("cn", np.float32, shape),
+        ],
+        weights,
+        opsets={"": 14},
+    )
+
+
+def test_a_streaming_stack_made_stateful_matches_the_whole_sequence() -> None:
+    """The states of both layers as variables (``STATEFUL``): chunks of 3, 1 and 4 steps
+    give the last layer's outputs and final states of the whole 8-step sequence."""
+    model = _streaming_stack()
+    compiled = aioinfer.Core().compile_model(
+        model, "CPU", {"STATEFUL": {"h0": "hn", "c0": "cn"}, "PERF_COUNT": True}
+    )
+    request = compiled.create_infer_request()
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 2, FEATURES)).astype(np.float32)
+    zeros = np.zeros((2, 2, 6), np.float32)
+    want = ReferenceEvaluator(model).run(None, {"X": x, "h0": zeros, "c0": zeros})
+    got = [request.infer_sync({"X": x[a:b]})["y1"] for a, b in ((0, 3), (3, 4), (4, 8))]
+    assert "LSTMStack" in _ops(request)
+    np.testing.assert_allclose(np.concatenate(got), want[0], rtol=1e-5, atol=1e-5)
+    states = {s.name: s.state for s in request.query_state()}
+    np.testing.assert_allclose(states["h0"], want[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(states["c0"], want[2], rtol=1e-5, atol=1e-5)
+
+
+def test_an_exported_stack_imports_and_runs_the_same() -> None:
+    core = aioinfer.Core()
+    model = _stack([6, 4], states=True, finals=True)
+    blob = core.compile_model(model, "CPU").export_model()
+    request = core.import_model(blob, "CPU", {"PERF_COUNT": True}).create_infer_request()
+    feeds = _feeds(model, 5, 2, np.random.default_rng(5), np.float32)
+    got = request.infer_sync(feeds)
+    assert "LSTMStack" in _ops(request)
+    for output, expected in zip(model.graph.output, ReferenceEvaluator(model).run(None, feeds)):
+        np.testing.assert_allclose(got[output.name], expected, rtol=1e-5, atol=1e-5)
