@@ -17,6 +17,22 @@ from collections.abc import Sequence
 import numpy as np
 
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d
+from aioinfer.devices.cpu.plan import current_cancel_token
+from aioinfer.errors import InferCancelledError
+from aioinfer.plugin.sync_request import CancelToken
+
+CANCEL_EVERY = 32
+"""Steps between two looks at the inference's cancel token in a recurrent loop: a long
+sequence stops within this many steps of a cancel (a look costs ~0.1 us; a step of the
+lean loops 3-10 us)."""
+
+
+def stop_if_cancelled(token: CancelToken) -> None:
+    """Raise :class:`~aioinfer.errors.InferCancelledError` once ``token`` is cancelled
+    (the recurrent loops call it every :data:`CANCEL_EVERY` steps)."""
+    if token.requested:
+        raise InferCancelledError("the inference was cancelled")
+
 
 COPIES_PER_BATCH_MAX = 8
 """Up to this batch, :func:`project_steps` moves the batch axis last one batch entry at a
@@ -117,9 +133,10 @@ def gru_fast(
     dtype = w_t.dtype
     xw = project_steps(x, w_t, bias, 3 * hidden)
     ys = np.empty((dirs, seq, hidden, batch), dtype)
+    token = current_cancel_token()
     for d in range(dirs):
         h0 = None if initial_h is None else initial_h[d].T
-        _gru_direction(r_loop[d], r_bias_h[d][:, None], xw[d], h0, reverse[d], ys[d])
+        _gru_direction(r_loop[d], r_bias_h[d][:, None], xw[d], h0, reverse[d], ys[d], token)
     y = np.ascontiguousarray(ys.transpose(1, 0, 3, 2))
     y_h = np.empty((dirs, batch, hidden), dtype)
     for d in range(dirs):
@@ -134,10 +151,11 @@ def _gru_direction(
     initial_h: np.ndarray | None,
     reverse: bool,
     ys: np.ndarray,
+    token: CancelToken,
 ) -> None:
     """One direction: ``xw`` (step, gate, batch) in, the hidden states (step, hidden,
     batch) into ``ys`` in time order; ``r_loop``: R alone with ``linear_before_reset``,
-    else its z and r rows and its candidate rows."""
+    else its z and r rows and its candidate rows. Stops when ``token`` is cancelled."""
     linear_before_reset = len(r_loop) == 1
     first, last = r_loop[0], r_loop[-1]  # R twice, or its z and r rows and candidate rows
     seq, gates, batch = xw.shape
@@ -155,6 +173,8 @@ def _gru_direction(
     gated = np.empty((hidden, batch), dtype)  # r * h, then z * (h - h~)
     h = np.zeros((hidden, batch), dtype) if initial_h is None else initial_h  # only read
     for t in range(seq - 1, -1, -1) if reverse else range(seq):
+        if not t % CANCEL_EVERY:
+            stop_if_cancelled(token)
         if linear_before_reset:
             dot(first, h, pre)
             add(zr, xw[t, : 2 * hidden], zr)

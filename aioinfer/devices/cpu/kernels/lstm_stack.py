@@ -36,9 +36,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.gru_fast import halves, project_steps
+from aioinfer.devices.cpu.kernels.gru_fast import (
+    CANCEL_EVERY,
+    halves,
+    project_steps,
+    stop_if_cancelled,
+)
 from aioinfer.devices.cpu.kernels.recurrent import lstm
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
+from aioinfer.devices.cpu.plan import current_cancel_token
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 
 LAYER_INPUTS = 5
@@ -164,7 +170,10 @@ def wave(
     joint = weights.joint
     h = start_h
     tanh, multiply, add, dot = np.tanh, np.multiply, np.add, np.dot
+    token = current_cancel_token()
     for s in range(waves):
+        if not s % CANCEL_EVERY:
+            stop_if_cancelled(token)
         dot(joint, h, pre)
         add(pre, steps[s], pre)
         tanh(pre, pre)

@@ -25,14 +25,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from aioinfer.devices.cpu.kernels.gru_fast import (
+    CANCEL_EVERY,
     GruWeights,
     gru_fast,
     gru_fast_weights,
     halves,
     project_steps,
+    stop_if_cancelled,
 )
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
+from aioinfer.devices.cpu.plan import current_cancel_token
+from aioinfer.plugin.sync_request import CancelToken
 
 Activation = Callable[[np.ndarray], np.ndarray]
 State = tuple[np.ndarray, ...]
@@ -171,7 +175,10 @@ def _scan(step: Step, xw: np.ndarray, state: State, lengths: np.ndarray | None) 
     seq = xw.shape[0]
     h = state[0]
     y = np.empty((seq, *h.shape), h.dtype)
+    token = current_cancel_token()
     for t in range(seq):
+        if not t % CANCEL_EVERY:
+            stop_if_cancelled(token)
         new = step(xw[t], state)
         if lengths is not None:
             alive = (t < lengths)[:, None]
@@ -560,7 +567,10 @@ def _lstm_both_directions(
             cell[rows] = initial_c[d].T
     hs = np.empty((seq, width, batch), dtype)
     tanh, multiply, add, dot = np.tanh, np.multiply, np.add, np.dot
+    token = current_cancel_token()
     for t in range(seq):
+        if not t % CANCEL_EVERY:
+            stop_if_cancelled(token)
         dot(r_both, h, pre)
         add(pre, paired_steps[t], pre)
         tanh(pre, pre)
@@ -603,11 +613,13 @@ def _lstm_fast(
     ys = np.empty((dirs, seq, hidden, batch), dtype)
     finals_c = np.empty((dirs, hidden, batch), dtype)
 
+    token = current_cancel_token()  # of this thread: a direction may run on another
+
     def directions(first: int, last: int) -> None:
         for d in range(first, last):
             h0 = None if initial_h is None else initial_h[d].T
             c0 = None if initial_c is None else initial_c[d].T
-            _lstm_direction(r_all[d], xw[d], h0, c0, reverse[d], ys[d], finals_c[d])
+            _lstm_direction(r_all[d], xw[d], h0, c0, reverse[d], ys[d], finals_c[d], token)
 
     # Each direction is one thread's whole loop, bit for bit as on one thread.
     work = gates * hidden * batch if dirs > 1 else 0
@@ -626,10 +638,11 @@ def _lstm_direction(
     reverse: bool,
     ys: np.ndarray,
     final_c: np.ndarray,
+    token: CancelToken,
 ) -> None:
     """The recurrence of one direction of :func:`_lstm_fast`: ``xw`` (step, gate, batch)
     in, the hidden states (step, hidden, batch) into ``ys`` in time order and the last
-    cell (hidden, batch) into ``final_c``."""
+    cell (hidden, batch) into ``final_c``; stops when ``token`` is cancelled."""
     seq, gates, batch = xw.shape
     hidden = gates // 4
     dtype = xw.dtype
@@ -652,6 +665,8 @@ def _lstm_direction(
     else:
         cell[...] = initial_c
     for t in range(seq - 1, -1, -1) if reverse else range(seq):
+        if not t % CANCEL_EVERY:
+            stop_if_cancelled(token)
         # Positional outs and np.dot: each call's fixed cost is most of a step
         # (np.matmul costs ~0.4 us more than np.dot here, keyword outs ~0.05 us).
         dot(r, h, pre)
