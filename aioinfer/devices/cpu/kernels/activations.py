@@ -168,6 +168,14 @@ def _shrink(spec: NodeSpec) -> Kernel:
 # -- sigmoid-like -------------------------------------------------------------------------
 
 
+def sigmoid_scalar(v: float) -> float:
+    """``1 / (1 + exp(-v))`` in double precision, never overflowing."""
+    if v >= 0:
+        return 1 / (1 + math.exp(-v))
+    e = math.exp(v)
+    return e / (1 + e)
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     # exp(-x) overflows to inf for very negative x, and 1 / (1 + inf) is the exact 0.
     with np.errstate(over="ignore"):
