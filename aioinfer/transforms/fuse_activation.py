@@ -7,8 +7,8 @@
 - ``Mul(Conv(x, W, B), s)`` with a constant scalar ``s`` scales W and B; with
   ``Add(..., t)`` for a constant scalar ``t`` after it, ``t`` joins the bias (PP-OCRv4's
   learnable affine after each convolution).
-- ``Relu``/``LeakyRelu``/``Clip``/``Sigmoid``/``Tanh``/``Gelu``/``HardSigmoid``/``HardSwish``
-  after a Conv, Gemm or MatMul (or their fused forms) becomes the ``activation``
+- ``Relu``/``LeakyRelu``/``Clip``/``Sigmoid``/``Tanh``/``Gelu`` (erf or tanh)/``HardSigmoid``/
+  ``HardSwish`` after a Conv, Gemm or MatMul (or their fused forms) becomes the ``activation``
   attribute of ``FusedConv``/``FusedGemm``/``FusedMatMul``, applied in place on the
   product. So do the decomposed forms exporters write: HardSwish as
   ``x * HardSigmoid(x)`` (its constants) or as ``x * Clip(x + 3, 0, 6) / 6`` (Paddle's
@@ -42,11 +42,10 @@ def _activation(node: ir.Node) -> tuple[str, list[float]] | None:
     """The activation ``node`` computes (name, parameters), if the fused kernels have it."""
     if is_op(node, "Relu", "Sigmoid", "Tanh"):
         return node.op_type, []
-    if is_op(node, "Gelu", domain=AIOINFER_DOMAIN):
-        return "Gelu", []
-    if is_op(node, "Gelu"):
+    if is_op(node, "Gelu") or is_op(node, "Gelu", domain=AIOINFER_DOMAIN):
         approximate = node.attributes.get("approximate")
-        return ("Gelu", []) if approximate is None or approximate.as_string() == "none" else None
+        form = "none" if approximate is None else approximate.as_string()
+        return {"none": ("Gelu", []), "tanh": ("GeluTanh", [])}.get(form)
     if is_op(node, "LeakyRelu"):
         alpha = node.attributes.get("alpha")
         return "LeakyRelu", [0.01 if alpha is None else alpha.as_float()]

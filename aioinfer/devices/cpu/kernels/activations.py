@@ -331,7 +331,7 @@ def gelu32_chunk(
     out -= p
 
 
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))."""
     y = x * x
     y *= 0.044715
@@ -352,7 +352,7 @@ def _gelu_kernel(spec: NodeSpec) -> Kernel:
         raise ValueError(
             f"Gelu node {spec.name!r}: approximate must be 'none' or 'tanh', got {approximate!r}"
         )
-    return _unary_kernel(_gelu if approximate == "none" else _gelu_tanh)
+    return _unary_kernel(_gelu if approximate == "none" else gelu_tanh)
 
 
 # -- Clip ---------------------------------------------------------------------------------
