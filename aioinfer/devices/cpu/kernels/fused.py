@@ -83,9 +83,11 @@ def _sigmoid(y: np.ndarray) -> None:
 
 def _floored_leaky_relu(y: np.ndarray, alpha: float, floor: float) -> None:
     """``max(LeakyRelu(y), floor)`` for a slope in [0, 1]: ``max(y, max(alpha * y,
-    floor))``, the same maxima as the two operators, in three passes."""
+    floor))``, the same maxima as the two operators, in three passes (the floor as a
+    clip with two bounds: numpy has no SIMD loop for ``np.maximum(array, scalar)``, 18
+    against 6 us on openWakeWord's 24x74x32)."""
     scaled = np.multiply(y, y.dtype.type(alpha))
-    np.maximum(scaled, y.dtype.type(floor), out=scaled)
+    np.clip(scaled, y.dtype.type(floor), math.inf, out=scaled)
     np.maximum(y, scaled, out=y)
 
 
