@@ -7,13 +7,14 @@
 - ``Mul(Conv(x, W, B), s)`` with a constant scalar ``s`` scales W and B; with
   ``Add(..., t)`` for a constant scalar ``t`` after it, ``t`` joins the bias (PP-OCRv4's
   learnable affine after each convolution).
-- ``Relu``/``LeakyRelu``/``Clip``/``Sigmoid``/``Tanh``/``Gelu``/``HardSigmoid``/``HardSwish``
-  after a Conv, Gemm or MatMul (or their fused forms) becomes the ``activation``
+- ``Relu``/``LeakyRelu``/``Clip``/``Sigmoid``/``Tanh``/``Gelu`` (erf or tanh)/``HardSigmoid``/
+  ``HardSwish`` after a Conv, Gemm or MatMul (or their fused forms) becomes the ``activation``
   attribute of ``FusedConv``/``FusedGemm``/``FusedMatMul``, applied in place on the
   product. So do the decomposed forms exporters write: HardSwish as
   ``x * HardSigmoid(x)`` (its constants) or as ``x * Clip(x + 3, 0, 6) / 6`` (Paddle's
   four nodes, also with ``* (1/6)``), and SiLU ``x * Sigmoid(x)`` (as ``Swish``; YOLO
-  exports). Unfused, each of these is two to four full passes over a convolution's
+  exports). A ``Max`` with a constant after a LeakyRelu (TensorFlow's clipped leaky ReLU)
+  joins it as a floor. Unfused, each of these is two to four full passes over a convolution's
   output: on PicoDet's layout model 52 of 437 ms.
 """
 
@@ -42,11 +43,10 @@ def _activation(node: ir.Node) -> tuple[str, list[float]] | None:
     """The activation ``node`` computes (name, parameters), if the fused kernels have it."""
     if is_op(node, "Relu", "Sigmoid", "Tanh"):
         return node.op_type, []
-    if is_op(node, "Gelu", domain=AIOINFER_DOMAIN):
-        return "Gelu", []
-    if is_op(node, "Gelu"):
+    if is_op(node, "Gelu") or is_op(node, "Gelu", domain=AIOINFER_DOMAIN):
         approximate = node.attributes.get("approximate")
-        return ("Gelu", []) if approximate is None or approximate.as_string() == "none" else None
+        form = "none" if approximate is None else approximate.as_string()
+        return {"none": ("Gelu", []), "tanh": ("GeluTanh", [])}.get(form)
     if is_op(node, "LeakyRelu"):
         alpha = node.attributes.get("alpha")
         return "LeakyRelu", [0.01 if alpha is None else alpha.as_float()]
@@ -124,6 +124,8 @@ class FuseActivationPass(RewritePass):
             )
         if is_op(node, "Div") and len(node.inputs) == 2:
             return self._hard_swish_clipped(graph, node)
+        if is_op(node, "Max") and len(node.inputs) == 2:
+            return self._floored_leaky_relu(graph, node)
         act = _activation(node)
         if act is None:
             return False
@@ -251,6 +253,35 @@ class FuseActivationPass(RewritePass):
                 )
                 replace(graph, [source, add, clip, mul, node], fused, node.outputs[0])
                 return True
+        return False
+
+    @staticmethod
+    def _floored_leaky_relu(graph: ir.Graph, node: ir.Node) -> bool:
+        """``Max(y, c)`` with a constant scalar ``c`` and ``y`` a product whose
+        activation is a LeakyRelu of slope in [0, 1] (TensorFlow's clipped leaky ReLU,
+        in openWakeWord's embedding after each of its 19 convolutions): ``c`` joins the
+        activation's parameters as a floor, applied on the product as it is made."""
+        for index in (0, 1):
+            value, floor = node.inputs[index], node.inputs[1 - index]
+            source = producer(value, *_FUSED_OF.values(), domain=AIOINFER_DOMAIN)
+            bound = scalar(floor)
+            array = constant(floor)
+            if source is None or bound is None or array is None or not single_use(value):
+                continue
+            rank = None if value is None or value.shape is None else len(value.shape)
+            if array.ndim > 0 and (rank is None or array.ndim > rank):
+                continue  # the Max would grow the product's rank
+            name = source.attributes.get("activation")
+            params = source.attributes.get("activation_params")
+            if name is None or name.as_string() != "LeakyRelu" or params is None:
+                continue
+            alphas = list(params.as_floats())
+            if len(alphas) != 1 or not 0 <= alphas[0] <= 1:
+                continue
+            extra = [ir.AttrFloat32s("activation_params", [alphas[0], bound])]
+            fused = _fused_node(source, list(source.inputs), extra)
+            replace(graph, [source, node], fused, node.outputs[0])
+            return True
         return False
 
     @staticmethod

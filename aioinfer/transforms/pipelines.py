@@ -10,6 +10,7 @@ from onnx_ir.passes import common
 from aioinfer.transforms.constant_folding import ConstantFoldingPass, Evaluator
 from aioinfer.transforms.eliminate_noops import EliminateNoOpsPass
 from aioinfer.transforms.fold_batchnorm import FoldBatchNormPass
+from aioinfer.transforms.fold_one_hot import FoldOneHotMatMulPass
 from aioinfer.transforms.fold_qdq import FoldQuantizedWeightsPass
 from aioinfer.transforms.fold_shapes import FoldShapesPass
 from aioinfer.transforms.fold_transpose import FoldTransposePass
@@ -55,6 +56,7 @@ def compile_passes(
             FuseGeluPass(),
             FuseAttentionPass(),
             FuseLSTMStackPass(),
+            FoldOneHotMatMulPass(),  # before MatMul + Add become one node
             FoldTransposePass(),
             FuseMatMulAddPass(),
             FuseActivationPass(),

@@ -306,3 +306,23 @@ def test_hard_activations_at_their_corners(
     ]
     want = _reference(unfused, feeds, "y")
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(
+    "value", [-np.inf, -200.0, -100.0, -30.0, -1.5, -0.0, 0.0, 0.75, 30.0, 100.0, np.inf, np.nan]
+)
+def test_sigmoid_of_one_score(value: float) -> None:
+    """A FusedGemm of one output (a wake-word classifier's score) and a Sigmoid: the
+    one value computed in Python floats, as numpy computes the sigmoid in float64
+    rounded to float32 (rtol 1e-7): sigmoid(-100) is the subnormal 3.7e-44, where a
+    float32 exp(100) overflowed to a 0.)"""
+    a, b = np.ones((1, 1), np.float32), np.array([[value]], np.float32)
+    node = oh.make_node(
+        "FusedGemm", ["a", "b"], ["y"], domain=AIOINFER_DOMAIN, activation="Sigmoid"
+    )
+    got = run_aioinfer(node, [a, b], 1)[0]
+    wide = np.float64(value)
+    with np.errstate(over="ignore"):
+        want = np.float32(1 / (1 + np.exp(-wide)))
+    assert got.shape == (1, 1) and got.dtype == np.float32
+    np.testing.assert_allclose(got[0, 0], want, rtol=1e-7, atol=0)

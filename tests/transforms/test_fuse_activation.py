@@ -343,3 +343,39 @@ def test_conv_times_a_tensor_stays() -> None:
     weights = {"scale": RNG.standard_normal((1, 6, 1, 1)).astype(np.float32)}
     after = applied(_conv_then(nodes, weights), FuseActivationPass())  # type: ignore[arg-type]
     assert op_types(after) == ["Conv", "Mul"]
+
+
+@pytest.mark.parametrize("order", [("c2", "floor"), ("floor", "c2")])
+def test_max_after_a_leaky_relu_becomes_its_floor(order: tuple[str, str]) -> None:
+    """TensorFlow's clipped leaky ReLU (openWakeWord): Conv, LeakyRelu(0.2), then Max
+    with a constant of shape [1, 1, 1, 1]: one FusedConv whose LeakyRelu has the floor."""
+    nodes = [
+        oh.make_node("LeakyRelu", ["c"], ["c2"], alpha=0.2),
+        oh.make_node("Max", list(order), ["y"]),
+    ]
+    model = _conv_then(nodes, {"floor": np.full((1, 1, 1, 1), -0.4, np.float32)})
+    _fused_agrees(model, "LeakyRelu")
+    after = applied(model, FuseActivationPass())  # type: ignore[arg-type]
+    assert list(_attr(after, "activation_params")) == pytest.approx([0.2, -0.4])  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    ("alpha", "floor"),
+    [
+        (1.5, np.array(-0.4, np.float32)),  # a slope above 1: max(y, alpha*y) is not it
+        (0.2, np.full((1, 6, 1, 1), -0.4, np.float32)),  # a floor per channel
+        (0.2, np.full((1, 1, 1, 1, 1), -0.4, np.float32)),  # a Max that adds an axis
+    ],
+)
+def test_max_after_other_leaky_relus_stays(alpha: float, floor: np.ndarray) -> None:
+    nodes = [
+        oh.make_node("LeakyRelu", ["c"], ["c2"], alpha=alpha),
+        oh.make_node("Max", ["c2", "floor"], ["y"]),
+    ]
+    model = _conv_then(nodes, {"floor": floor})
+    if floor.ndim > 4:
+        model.graph.output[0].type.tensor_type.shape.ClearField("dim")  # type: ignore[attr-defined]
+    after = applied(model, FuseActivationPass())  # type: ignore[arg-type]
+    assert op_types(after) == ["FusedConv", "Max"]
+    feeds = {"x": (RNG.standard_normal((2, 3, 7, 6)) * 3).astype(np.float32)}
+    assert_close(run_compiled(model, feeds), run_reference(model, feeds), rtol=1e-5, atol=1e-5)  # type: ignore[arg-type]

@@ -168,6 +168,14 @@ def _shrink(spec: NodeSpec) -> Kernel:
 # -- sigmoid-like -------------------------------------------------------------------------
 
 
+def sigmoid_scalar(v: float) -> float:
+    """``1 / (1 + exp(-v))`` in double precision, never overflowing."""
+    if v >= 0:
+        return 1 / (1 + math.exp(-v))
+    e = math.exp(v)
+    return e / (1 + e)
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     # exp(-x) overflows to inf for very negative x, and 1 / (1 + inf) is the exact 0.
     with np.errstate(over="ignore"):
@@ -323,7 +331,7 @@ def gelu32_chunk(
     out -= p
 
 
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))."""
     y = x * x
     y *= 0.044715
@@ -344,7 +352,7 @@ def _gelu_kernel(spec: NodeSpec) -> Kernel:
         raise ValueError(
             f"Gelu node {spec.name!r}: approximate must be 'none' or 'tanh', got {approximate!r}"
         )
-    return _unary_kernel(_gelu if approximate == "none" else _gelu_tanh)
+    return _unary_kernel(_gelu if approximate == "none" else gelu_tanh)
 
 
 # -- Clip ---------------------------------------------------------------------------------

@@ -36,12 +36,13 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     scratch,
 )
 from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue, RowPlan, row_plan, rows_conv
+from aioinfer.devices.cpu.kernels.conv_small import SmallConv
 from aioinfer.devices.cpu.kernels.conv_winograd import (
     winograd_conv,
     winograd_fits,
     winograd_weights,
 )
-from aioinfer.devices.cpu.kernels.matmul import gemm_2d, stacked_matmul
+from aioinfer.devices.cpu.kernels.matmul import SPLIT_PRODUCT, gemm_2d, stacked_matmul
 from aioinfer.devices.cpu.kernels.parallel import (
     MIN_PARALLEL_ELEMENTS,
     intra_op_threads,
@@ -357,6 +358,12 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         out: np.ndarray | None,
         epilogue: ConvEpilogue | None = None,
     ) -> tuple[np.ndarray, bool]:
+        small = getattr(local, "small", {}).get((x.shape, x.dtype.char)) if w is w_const else None
+        if small is not None:
+            y = small(x, b, out)
+            if epilogue is not None:
+                epilogue.channels(0, y.shape[1], y[0])
+            return y, epilogue is not None
         plan = cached_plan(plans, (x.shape, w.shape), lambda: plan_for(x.shape, w.shape))
         n, c = x.shape[:2]
         work = x.astype(compute_dtype(x.dtype), copy=False)
@@ -396,6 +403,23 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         if depthwise and not plan.pointwise:
             return _depthwise(work, w, b, plan, out).astype(x.dtype, copy=False), False
         pixels = plan.pixels
+        if (
+            n == 1
+            and group == 1
+            and plan.small
+            and w is w_const
+            and work.dtype == x.dtype
+            and wmat.size * pixels < SPLIT_PRODUCT
+        ):
+            kept = local.__dict__.setdefault("small", {})
+            if len(kept) >= PLAN_CACHE_SIZE:
+                kept.clear()
+            geometry = (plan.kernel_shape, plan.strides, plan.dilations, plan.begins, plan.ends)
+            bias = spec.const(2)
+            kept[x.shape, x.dtype.char] = SmallConv(
+                x.shape, x.dtype, wmat[0], *geometry, plan.out_shape, bias
+            )
+            return compute(x, w, b, out, epilogue)
         if plan.pointwise:
             # 1x1 kernel without padding: the (strided) input is the column matrix.
             if any(s != 1 for s in plan.strides):
