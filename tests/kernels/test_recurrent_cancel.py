@@ -1,10 +1,11 @@
 """Cancelling an inference stops a recurrent layer inside its loop over time, on every
-path (the lean LSTM loop, both directions in one loop, the general path, the lean GRU
-loop, a stack of LSTM layers as one wavefront), and the request stays usable.
+path (the lean LSTM loop, both directions in one loop, directions on two threads, the
+general path, the lean GRU loop, a stack of LSTM layers as one wavefront), and the
+request stays usable.
 
-No absolute time: the control is the same model over a fiftieth of the sequence,
-measured in the same test. A cancel must end the long run within ten controls; without
-the checks in the loops the run would go on for about fifty.
+No absolute time: the control is the same inference run to its end in the same test. A
+cancel sent a tenth of the way in must end the run before six tenths; without the checks
+in the loops it runs to its end.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tests.helpers import make_model, tensor_info
 
 pytestmark = pytest.mark.anyio
 
-FEATURES, HIDDEN, STEPS = 3, 4, 120_000
+FEATURES, HIDDEN, STEPS = 3, 4, 40_000
 
 
 def _layer(op: str, x: str, y: str, k: int, width: int, hidden: int, **attrs: object) -> tuple:
@@ -67,7 +68,7 @@ CASES: dict[str, tuple[Callable[[], onnx.ModelProto], int]] = {
         lambda: _model("LSTM", hidden=512, direction="bidirectional"),
         STEPS // 20,
     ),
-    "lstm-general": (lambda: _model("LSTM", clip=50.0), STEPS),
+    "lstm-general": (lambda: _model("LSTM", clip=50.0), STEPS // 4),
     "gru-lean": (lambda: _model("GRU"), STEPS),
     "lstm-stack": (lambda: _model("LSTM", layers=2), STEPS),
 }
@@ -80,20 +81,20 @@ async def test_cancel_stops_a_long_sequence_inside_the_loop(case: str) -> None:
     request = compiled.create_infer_request()
     rng = np.random.default_rng(0)
     long = rng.standard_normal((steps, 1, FEATURES)).astype(np.float32)
-    short = long[: steps // 50]
-    await request.infer({"X": short})  # warm: the plan for this shape is made
+    name = compiled.outputs[0].name
+    await request.infer({"X": long})  # warm: the plan for this shape is made
     started = time.perf_counter()
-    control = (await request.infer({"X": short}))[compiled.outputs[0].name].copy()
-    control_time = time.perf_counter() - started
+    whole = (await request.infer({"X": long}))[name].copy()
+    whole_time = time.perf_counter() - started
 
     request.start_async({"X": long})
-    await anyio.sleep(control_time)
-    cancelled_at = time.perf_counter()
+    started = time.perf_counter()
+    await anyio.sleep(whole_time / 10)
     request.cancel()
     with pytest.raises(aioinfer.InferCancelledError), anyio.fail_after(120):
         await request.wait()
-    assert time.perf_counter() - cancelled_at < 10 * control_time + 0.05
+    assert time.perf_counter() - started < 0.6 * whole_time
 
-    again = await request.infer({"X": short})  # the request is reusable, same results
-    np.testing.assert_array_equal(again[compiled.outputs[0].name], control)
+    again = await request.infer({"X": long})  # the request is reusable, same results
+    np.testing.assert_array_equal(again[name], whole)
     await compiled.close()
