@@ -5,11 +5,12 @@
 
 Latency: for each model, aioinfer (``PERFORMANCE_HINT=LATENCY``, ``infer_sync``) and
 onnxruntime (CPU, 2 intra-op threads, default spinning) run alternately in ``--blocks``
-blocks; each block starts with untimed warm-up runs (so onnxruntime's spinning workers
-cannot tax the runtime after it), then ``--runs`` timed runs; the median of all timed
-runs is reported. onnx.reference is slow: it runs once after a warm-up-free first call
-and at most until ``--reference-budget`` seconds are spent (up to 3 runs), its median
-marked with the number of runs.
+blocks; each block starts with untimed warm-up runs, ``--warmup`` of them and for at
+least :data:`WARMUP_SECONDS` (onnxruntime's spinning workers tax the runtime after it for
+that long), then ``--runs`` timed runs; the median of all timed runs is reported.
+onnx.reference is slow: it runs once after a warm-up-free first call and at most until
+``--reference-budget`` seconds are spent (up to 3 runs), its median marked with the
+number of runs.
 
 Peak memory: each runtime runs the model in a fresh subprocess (``--memory-probe``),
 which imports the runtime, builds the model and its inputs, resets the kernel's peak-RSS
@@ -105,6 +106,26 @@ RUNNERS = {
 }
 
 
+WARMUP_SECONDS = 0.15
+"""The least time of untimed runs at the start of every block. onnxruntime's intra-op
+threads keep spinning after its last run (its default) and hold the cores: aioinfer's
+inferences right after an onnxruntime block took 1.5-3.5x their steady time for the
+first 50-75 ms (2026-12-01, 2-core AMD EPYC: Magika, PP-LCNet; with spinning off,
+none); a warm-up of a few runs is gone in a few milliseconds on a small model. Every
+runtime gets the same warm-up."""
+
+
+def warm(run: Callable[[], object], count: int, seconds: float = WARMUP_SECONDS) -> int:
+    """Untimed calls of ``run``: ``count`` of them, and more until ``seconds`` passed;
+    returns how many ran."""
+    done = 0
+    deadline = time.perf_counter() + seconds
+    while done < count or time.perf_counter() < deadline:
+        run()
+        done += 1
+    return done
+
+
 def timed(run: Callable[[], object], count: int) -> list[float]:
     """The seconds of ``count`` calls of ``run``, one by one."""
     times = []
@@ -141,7 +162,7 @@ def measure(name: str, blocks: int, runs: int, warmup: int, budget: float) -> Ro
     times: dict[str, list[float]] = {"aioinfer": [], "onnxruntime": []}
     for _ in range(blocks):
         for runtime, runner in (("onnxruntime", theirs), ("aioinfer", ours)):
-            timed(lambda runner=runner: runner(feeds), warmup)
+            warm(lambda runner=runner: runner(feeds), warmup)
             times[runtime] += timed(lambda runner=runner: runner(feeds), runs)
     diff = max(
         float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
@@ -277,7 +298,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names")
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--runs", type=int, default=10, help="timed runs per block")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per block")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help=f"untimed runs per block (for at least {WARMUP_SECONDS} s)",
+    )
     parser.add_argument("--reference-budget", type=float, default=20.0, help="seconds")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory runs")
     parser.add_argument("--output", help="also write the table (markdown) to this file")

@@ -11,9 +11,11 @@ the package that ships it (``importlib.metadata``, without importing the package
 Latency: for each model aioinfer (``PERFORMANCE_HINT=LATENCY``; ``infer_sync`` and
 ``await request.infer()`` under asyncio) and onnxruntime (CPU, 2 intra-op threads, the
 same count aioinfer's LATENCY hint gives numpy's BLAS on this machine) run in alternating
-blocks: each block starts with untimed warm-up runs, then ``--runs`` timed runs; the
-reported figure is the median of all timed runs. Ratios are aioinfer / onnxruntime;
-the geometric mean is over the ``infer_sync`` ratios.
+blocks: each block starts with untimed warm-up runs (``--warmup``, and for at least
+:data:`~benchmarks.compare.WARMUP_SECONDS`: onnxruntime's spinning threads tax what runs
+right after it), then ``--runs`` timed runs; the reported figure is the median of all
+timed runs. Ratios are aioinfer / onnxruntime; the geometric mean is over the
+``infer_sync`` ratios.
 
 Agreement: every output of aioinfer is compared with onnxruntime's on the same inputs;
 the per-model tolerances (``Case.rtol`` / ``Case.atol``, absolute difference allowed
@@ -41,7 +43,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from benchmarks.compare import geomean, machine, timed
+from benchmarks.compare import WARMUP_SECONDS, geomean, machine, timed, warm
 
 Feeds = Callable[[np.random.Generator], dict[str, np.ndarray]]
 
@@ -296,6 +298,15 @@ class Row:
         return self.sync_ms / self.ort_ms
 
 
+async def _awarm(request: Any, feeds: Mapping[str, np.ndarray], count: int) -> None:
+    """:func:`~benchmarks.compare.warm` for ``await request.infer()``."""
+    done = 0
+    deadline = time.perf_counter() + WARMUP_SECONDS
+    while done < count or time.perf_counter() < deadline:
+        await request.infer(dict(feeds))
+        done += 1
+
+
 async def _atimed(request: Any, feeds: Mapping[str, np.ndarray], count: int) -> list[float]:
     times = []
     for _ in range(count):
@@ -321,11 +332,11 @@ def measure(case: Case, path: Path, blocks: int, runs: int, warmup: int) -> Row:
     loop = asyncio.new_event_loop()
     try:
         for _ in range(blocks):
-            timed(lambda: theirs(feeds), warmup)
+            warm(lambda: theirs(feeds), warmup)
             times["ort"] += timed(lambda: theirs(feeds), runs)
-            timed(ours, warmup)
+            warm(ours, warmup)
             times["sync"] += timed(ours, runs)
-            loop.run_until_complete(_atimed(request, feeds, warmup))
+            loop.run_until_complete(_awarm(request, feeds, warmup))
             times["async"] += loop.run_until_complete(_atimed(request, feeds, runs))
     finally:
         loop.close()
@@ -402,7 +413,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default=",".join(CASES), help="comma-separated names")
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--runs", type=int, default=20, help="timed runs per block and side")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per block")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help=f"untimed runs per block (for at least {WARMUP_SECONDS} s)",
+    )
     parser.add_argument("--profile", help="print the PERF_COUNT profile of these models")
     parser.add_argument("--output", help="also write the table (markdown) to this file")
     args = parser.parse_args(argv)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from benchmarks import compare
@@ -33,3 +35,14 @@ def test_memory_probe_reports_growth() -> None:
     # VmHWM minus the RSS noted before: pages the allocator returned between the two
     # readings can make a model this small read a hair below zero.
     assert -1 < peak < 200
+
+
+def test_a_block_warms_for_the_count_and_the_least_time() -> None:
+    """onnxruntime's spinning threads tax what runs right after it for tens of
+    milliseconds: each block's warm-up lasts WARMUP_SECONDS, however fast the model."""
+    calls: list[int] = []
+    started = time.perf_counter()
+    done = compare.warm(lambda: calls.append(1), 3, seconds=0.05)
+    assert done == len(calls) > 3 and time.perf_counter() - started >= 0.05
+    assert compare.warm(lambda: None, 2, seconds=0) == 2  # the count alone
+    assert compare.WARMUP_SECONDS >= 0.1
