@@ -238,7 +238,9 @@ def lstm_stack(spec: NodeSpec) -> Kernel:
     constant = len(const_ws) == len(const_rs) == layers
     cache: dict[np.dtype, StackWeights] = {}
 
-    def one_after_another(x: np.ndarray, inputs: Sequence[np.ndarray | None]) -> tuple:
+    def one_after_another(
+        x: np.ndarray, inputs: Sequence[np.ndarray | None]
+    ) -> tuple[np.ndarray, ...]:
         finals: list[np.ndarray] = []
         y = x
         for k, run in enumerate(runs):
@@ -266,7 +268,7 @@ def lstm_stack(spec: NodeSpec) -> Kernel:
         itemsize = 8 if x.dtype == np.float64 else 4
         return batch <= WAVE_MAX_BATCH and joint_bytes(hiddens, itemsize) <= WAVE_MAX_JOINT_BYTES
 
-    def run(x: np.ndarray, *inputs: np.ndarray | None) -> tuple:
+    def run(x: np.ndarray, *inputs: np.ndarray | None) -> tuple[np.ndarray, ...]:
         inputs = inputs + (None,) * (LAYER_INPUTS * layers - len(inputs))
         if not takes_wave(x, inputs):
             return one_after_another(x, inputs)
