@@ -323,14 +323,20 @@ def flat_conv(
     y: np.ndarray,
 ) -> None:
     """``y`` ``(N, M, *out)`` = the convolution of ``x`` ``(N, C, *in)`` with ``wmat``
-    ``(groups, M / groups, C / groups * taps)`` (taps in ``geometry.order``)."""
+    ``(groups, M / groups, C / groups * taps)`` (taps in ``geometry.order``); with one
+    group, ``wmat`` may have one more column, the bias (the columns then get a row of
+    ones)."""
     n, c = x.shape[:2]
     group = wmat.shape[0]
     m = y.shape[1]
     taps, length = len(geometry.order), geometry.length
     oh, ow = geometry.out_shape
     views = _column_views(geometry, x.reshape(n * c, *geometry.in_shape))
-    cols = scratch("cols", (c, taps, length), x.dtype)
+    ones = group == 1 and wmat.shape[2] == c * taps + 1
+    rows = scratch("cols", (c * taps + ones, length), x.dtype)
+    cols = rows[: c * taps].reshape(c, taps, length)
+    if ones:
+        rows[-1] = 1
     direct = geometry.exact or ow == geometry.grid[1]
     full = None if direct else scratch("full", (group, m // group, length), x.dtype)
     for image in range(n):
@@ -340,7 +346,7 @@ def flat_conv(
             copy_columns(views, base + start, base + stop, cols[start:stop])
 
         run_parallel(copy, c, work=cols.size, least=MIN_PARALLEL_MACS)
-        matrix = cols.reshape(group, c // group * taps, length)
+        matrix = rows.reshape(group, -1, length)
         if group == 1 and by_pixels(m, matrix.shape[1], length, x.dtype):
             product_by_pixels(wmat[0], matrix[0], y[image].reshape(m, oh, ow))
             continue
