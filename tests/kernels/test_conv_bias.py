@@ -50,6 +50,8 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], str]] =
     "expand-1x1": ((2, 8, 11, 9), (32, 8, 1, 1), {}, "pointwise"),
     "expand-1x1-strided": ((3, 5, 12, 13), (10, 5, 1, 1), {"strides": [2, 3]}, "pointwise"),
     "expand-1x1-equal-halves": ((1, 16, 7, 7), (32, 16, 1, 1), {}, "pointwise"),
+    # Small columns kept per node (im2col), of at most half as many rows as filters.
+    "kept-columns": ((2, 2, 6, 7), (40, 2, 3, 3), {"pads": [1, 0, 1, 2]}, "kept"),
 }
 """Cases whose bias is folded into the product."""
 
@@ -68,14 +70,15 @@ def _random(*shape: int, dtype: type = np.float32) -> np.ndarray:
 @pytest.fixture
 def rows_or_not(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of rows for the ``rows`` cases (small blocks, many of them, on two threads),
-    none for the others."""
+    none for the others; the phase-flattened columns for the ``flat`` ones."""
     if request.node.callspec.params["case"] in [n for n, c in CASES.items() if c[3] == "rows"]:
         monkeypatch.setattr(conv_rows, "MIN_BLOCK_WORK", 1 << 12)
         monkeypatch.setattr(conv_rows, "BLOCK_ELEMENTS", 1 << 12)
         monkeypatch.setattr(conv_rows, "ONE_THREAD_FILTERS", 1 << 10)
     else:
         monkeypatch.setattr(conv_rows, "MIN_BLOCK_WORK", 1 << 40)
-        # Test-sized columns are not kept per node (that path adds the bias after).
+    if CASES[request.node.callspec.params["case"]][3] == "flat":
+        # Test-sized columns kept per node take the im2col path instead.
         monkeypatch.setattr(conv, "KEPT_COLUMNS_BYTES", 0)
 
 

@@ -445,16 +445,17 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             for image in range(n):  # split between the threads by pixels
                 product_by_pixels(wmat[0], cols[image, 0], y[image, 0].reshape(m, 1, pixels))
         elif group == 1:
-            # Fewer input than output channels: the input under a row of ones costs less
-            # than a bias pass over the output.
-            folded = with_bias("pointwise", wmat[0], b) if 2 * c <= m else None
+            # Columns of at most half as many rows as filters: copied under a row of
+            # ones, they cost less than a bias pass over the output.
+            inner = wmat.shape[-1]
+            folded = with_bias("plain", wmat[0], b) if 2 * inner <= m else None
             for image in range(n):  # a large product is split between the threads
                 if folded is None:
                     gemm_2d(wmat[0], cols[image, 0], y[image, 0])
                     continue
-                ones = scratch("cols", (c + 1, pixels), work.dtype)
-                ones[:c] = cols[image, 0]
-                ones[c] = 1
+                ones = scratch("ones", (inner + 1, pixels), work.dtype)
+                ones[:inner] = cols[image, 0]
+                ones[inner] = 1
                 gemm_2d(folded, ones, y[image, 0])
             if folded is not None:
                 b = None
