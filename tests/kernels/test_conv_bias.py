@@ -2,7 +2,7 @@
 row of ones under the columns) rather than by a pass over the output: the
 phase-flattened columns, the blocks of rows that copy their columns, and 1x1
 convolutions with fewer input than output channels (whose input is copied under a row
-of ones).
+of ones). SqueezeNet's 3x3 expands over small maps copy their exact columns.
 
 Checked against onnx.reference, with SqueezeNet's shapes scaled down: float32 rtol and
 atol 1e-4 on sums of up to 577 products of standard normal values (the bias is one more
@@ -19,6 +19,7 @@ import onnx.helper as oh
 import pytest
 
 from aioinfer.devices.cpu.kernels import conv, conv_rows
+from aioinfer.devices.cpu.kernels.conv_flat import flat_geometry
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 from tests.kernels._check import run_aioinfer, run_reference
 from tests.kernels.test_conv import run_with_constant_weights
@@ -171,3 +172,33 @@ def test_unfolded_cases_add_the_bias_after(
     got = run_with_constant_weights(node, inputs, 18)[0]
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     assert finished and finished[0][1] is inputs[2], case
+
+
+@pytest.mark.parametrize(
+    ("channels", "filters", "size"), [(32, 128, 27), (48, 192, 13), (64, 256, 13)]
+)
+def test_fire_expands_over_small_maps_copy_exact_columns(
+    channels: int, filters: int, size: int
+) -> None:
+    """Copying their columns run by run costs less than multiplying and cropping the
+    two padding columns of every row."""
+    geometry = flat_geometry(
+        (size, size), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), (size, size), filters, channels
+    )
+    assert geometry.exact and geometry.length == size * size
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_exact_columns_with_folded_bias_match_the_reference(
+    batch: int, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(conv, "KEPT_COLUMNS_BYTES", 0)
+    x_shape, w_shape = (batch, 16, 9, 11), (256, 16, 3, 3)
+    flat = flat_geometry((9, 11), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), (9, 11), 256, 16)
+    assert flat.exact
+    inputs = _inputs(x_shape, w_shape, np.float32)
+    node = oh.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1] * 4)
+    want = run_reference(node, inputs, 18)[0]
+    np.testing.assert_allclose(
+        run_with_constant_weights(node, inputs, 18)[0], want, rtol=RTOL, atol=ATOL
+    )
