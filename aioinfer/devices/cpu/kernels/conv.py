@@ -347,6 +347,25 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             cached_plan(prepared, key, lambda: matrix)
         return matrix
 
+    b_const = spec.const(2)
+    biased: dict[object, np.ndarray] = {}
+    """Constant weight matrices with the constant bias as one more column, by key."""
+
+    def with_bias(key: object, matrix: np.ndarray, b: np.ndarray | None) -> np.ndarray | None:
+        """``matrix`` ``(M, K)`` with ``b`` as column ``K`` (cached), for columns with a
+        row of ones after their ``K`` rows: the product then adds the bias, and no pass
+        over the output does (64 3x3 filters over 16x55x55: 277 instead of 304 us,
+        64 1x1 filters over 16x55x55 45 instead of 70 us with the copy of the input
+        under a row of ones). None unless the weights and the bias are constant."""
+        if b is None or b is not b_const or w_const is None or group != 1:
+            return None
+        found = biased.get(key)
+        if found is None:
+            column = b.astype(matrix.dtype, copy=False).reshape(-1, 1)
+            found = np.ascontiguousarray(np.concatenate([matrix, column], axis=1))
+            cached_plan(biased, key, lambda: found)
+        return found
+
     local = threading.local()
     """This thread's :class:`_Columns` per input shape (kernels are shared by requests
     running on several threads)."""
@@ -388,6 +407,10 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         if plan.rows is not None and not depthwise and work.dtype == x.dtype:
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             weights = row_weights(w, wmat, plan.rows)
+            if plan.rows.geometry is not None and not plan.rows.implicit:
+                folded = with_bias(("rows", plan.rows.geometry.order), weights, b)
+                if folded is not None:  # the block columns get a row of ones
+                    return y, rows_conv(plan.rows, work, folded, None, y, epilogue)
             return y, rows_conv(plan.rows, work, weights, b, y, epilogue)
         if flat is not None and n and (depthwise or not plan.small):
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
@@ -397,6 +420,9 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 flat_depthwise(flat, work, depthwise_taps(w, wmat, flat), y, bias, then)
                 return y.astype(x.dtype, copy=False), epilogue is not None
             weights = tap_ordered(w, wmat, flat.order)
+            folded = with_bias(("flat", flat.order), weights[0], b)
+            if folded is not None:  # the columns get a row of ones
+                weights, b = folded[np.newaxis], None
             flat_conv(flat, work, weights, y)
             applied = _finish_channels(y, b, epilogue)
             return y.astype(x.dtype, copy=False), applied
@@ -443,8 +469,20 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             for image in range(n):  # split between the threads by pixels
                 product_by_pixels(wmat[0], cols[image, 0], y[image, 0].reshape(m, 1, pixels))
         elif group == 1:
+            # Columns of at most half as many rows as filters: copied under a row of
+            # ones, they cost less than a bias pass over the output.
+            inner = wmat.shape[-1]
+            folded = with_bias("plain", wmat[0], b) if 2 * inner <= m else None
             for image in range(n):  # a large product is split between the threads
-                gemm_2d(wmat[0], cols[image, 0], y[image, 0])
+                if folded is None:
+                    gemm_2d(wmat[0], cols[image, 0], y[image, 0])
+                    continue
+                ones = scratch("ones", (inner + 1, pixels), work.dtype)
+                ones[:inner] = cols[image, 0]
+                ones[inner] = 1
+                gemm_2d(folded, ones, y[image, 0])
+            if folded is not None:
+                b = None
         else:
             stacked_matmul(wmat, cols, y)
         y = y.reshape((n, m, *plan.out_shape))

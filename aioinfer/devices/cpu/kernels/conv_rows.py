@@ -206,7 +206,8 @@ def rows_conv(
     """``y`` ``(N, M, *out)`` = the convolution of ``x`` ``(N, C, *in)`` plus ``bias``,
     then ``epilogue`` when its residual fits blocks of pixels; returns whether it was
     applied. ``weights``: ``(taps, M, C)`` when ``plan.implicit``, else ``(M, C * taps)``
-    (channel-major, taps in ``geometry.order``)."""
+    (channel-major, taps in ``geometry.order``), or ``(M, C * taps + 1)`` with the bias
+    as the last column (the block columns then get a row of ones; ``bias`` None)."""
     n, c = x.shape[:2]
     m = y.shape[1]
     residual = None if epilogue is None else epilogue.pixel_residual(plan.out_shape)
@@ -235,8 +236,15 @@ def rows_conv(
             full[:, :, :span] += part.reshape(m, rows, span) if whole else part.reshape(m, 1, 1)
         placed = outputs[image, :, first:last].reshape(m, rows, span)
         kept = full[:, :, :span] if full.shape[2] != span else full
-        if bounds is not None:  # the activation and the copy in one pass
+        if bounds is not None and kept is full:  # the activation and the copy in one pass
             np.clip(kept, *bounds, out=placed)
+            return
+        if bounds is not None:
+            # Rows cropped: the clip in place over the contiguous block, then the copy
+            # (one clip over the short rows of both took 1.45x as long: 64 x 44 rows of
+            # 111 of 112 columns, 84 instead of 58 us).
+            np.clip(full, *bounds, out=full)
+            np.copyto(placed, kept)
             return
         if act is not None:
             act(full)
@@ -294,7 +302,10 @@ def rows_conv(
                                 np.matmul(weights[tap], source, out=term)
                                 full += term
                     else:
-                        cols = scratch("rows-cols", (c, len(taps), length), x.dtype)
+                        whole = scratch("rows-cols", (weights.shape[1], length), x.dtype)
+                        if weights.shape[1] > c * len(taps):  # the bias: a row of ones
+                            whole[-1] = 1
+                        cols = whole[: c * len(taps)].reshape(c, len(taps), length)
                         done = 0
                         for view in views:
                             group_taps = view.shape[1] * view.shape[2]
@@ -304,7 +315,7 @@ def rows_conv(
                                 view[..., base : base + length],
                             )
                             done += group_taps
-                        np.matmul(weights, cols.reshape(c * len(taps), length), out=full)
+                        np.matmul(weights, whole, out=full)
                     finish(image, r0 * span, r1 * span, full.reshape(m, r1 - r0, wq))
                 index += count
 
