@@ -50,7 +50,8 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], str]] =
     # 1x1 expands (and a strided one): fewer input than output channels.
     "expand-1x1": ((2, 8, 11, 9), (32, 8, 1, 1), {}, "pointwise"),
     "expand-1x1-strided": ((3, 5, 12, 13), (10, 5, 1, 1), {"strides": [2, 3]}, "pointwise"),
-    "expand-1x1-equal-halves": ((1, 16, 7, 7), (32, 16, 1, 1), {}, "pointwise"),
+    # (two images: one image this small takes the small-convolution path of conv_small)
+    "expand-1x1-equal-halves": ((2, 16, 7, 7), (32, 16, 1, 1), {}, "pointwise"),
     # Small columns kept per node (im2col), of at most half as many rows as filters.
     "kept-columns": ((2, 2, 6, 7), (40, 2, 3, 3), {"pads": [1, 0, 1, 2]}, "kept"),
 }
