@@ -11,6 +11,8 @@ into one node each:
 - ``GRUGates(gx, gh, h)`` with ``hidden_size`` (see :mod:`aioinfer.transforms.fuse_gru_cell`):
   the gates of a GRU cell from its two projections (reset, update, candidate thirds of
   the last axis): ``(h - c) * z + c`` with ``c = tanh(gx2 + r * gh2)``, twelve nodes.
+- ``CastAdd(x)`` with ``offset`` and ``to`` (see :mod:`aioinfer.transforms.fuse_counters`):
+  ``cast(float32(x) + offset, to)``, a counter's ``i + 1`` as paddle2onnx writes it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import onnx
 
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
+from aioinfer.transforms.fuse_counters import CAST_ADD
 from aioinfer.transforms.fuse_gru_cell import GRU_GATES
 from aioinfer.transforms.fuse_slice_assign import SLICE_ASSIGN
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
@@ -87,5 +91,17 @@ def _gru_gates(spec: NodeSpec) -> Kernel:
         update = sigmoids[..., hidden:]
         out = np.multiply(out, update, out=out if out.shape == update.shape else None)
         return (np.add(out, candidate, out=out if out.shape == candidate.shape else None),)
+
+    return run
+
+
+@kernel(CAST_ADD, domain=AIOINFER_DOMAIN, execution_type="fused")
+def _cast_add(spec: NodeSpec) -> Kernel:
+    """The Cast kernels' conversions around the Add kernel's float32 addition."""
+    offset = np.float32(spec.attr("offset"))
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(spec.attr("to"))))
+
+    def run(x: np.ndarray) -> Any:
+        return (np.add(x.astype(np.float32), offset).astype(dtype),)
 
     return run
