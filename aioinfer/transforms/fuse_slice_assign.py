@@ -158,8 +158,8 @@ class FuseSliceAssignPass(RewritePass):
         source, start, bound, slice_axes, slice_steps = slicer.inputs
         if source is not arr or _axis(slice_axes, rank) != axis or _ints(slice_steps) != [1]:
             return None
-        if not _is_int64_bound(start):
-            return None
+        if not _is_int64_bound(start) or start is None or start.shape != ir.Shape([1]):
+            return None  # Slice's starts are 1-D
         assert start is not None and bound is not None
         # m = Min(Gather(Shape(arr), [axis]), e)
         minimum = producer(bound, "Min")
