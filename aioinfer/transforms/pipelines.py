@@ -16,9 +16,12 @@ from aioinfer.transforms.fold_shapes import FoldShapesPass
 from aioinfer.transforms.fold_transpose import FoldTransposePass
 from aioinfer.transforms.fuse_activation import FuseActivationPass
 from aioinfer.transforms.fuse_attention import FuseAttentionPass
+from aioinfer.transforms.fuse_counters import FuseCountersPass
 from aioinfer.transforms.fuse_gelu import FuseGeluPass
+from aioinfer.transforms.fuse_gru_cell import FuseGRUGatesPass
 from aioinfer.transforms.fuse_layernorm import FuseLayerNormPass
 from aioinfer.transforms.fuse_lstm_stack import FuseLSTMStackPass
+from aioinfer.transforms.fuse_slice_assign import FuseSliceAssignPass
 from aioinfer.transforms.loop_invariants import HoistLoopInvariantsPass, LoopInvariantsPass
 from aioinfer.transforms.make_stateful import MakeStatefulPass, SizeStatesPass
 from aioinfer.transforms.matmul_add import FuseMatMulAddPass
@@ -56,6 +59,9 @@ def compile_passes(
             FuseGeluPass(),
             FuseAttentionPass(),
             FuseLSTMStackPass(),
+            FuseSliceAssignPass(),  # paddle2onnx's tensor-array writes in decoder Loops
+            FuseGRUGatesPass(),  # before FuseActivationPass takes a Sigmoid
+            FuseCountersPass(),  # paddle2onnx's i + 1 through float, its bool round trips
             FoldOneHotMatMulPass(),  # before MatMul + Add become one node
             FoldTransposePass(),
             FuseMatMulAddPass(),
