@@ -27,6 +27,7 @@ from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
     constant,
+    in_graph_order,
     is_op,
     only_use,
     producer,
@@ -120,9 +121,7 @@ class FuseSliceAssignPass(RewritePass):
             num_outputs=1,
             name=node.name,
         )
-        order = {id(n): i for i, n in enumerate(graph)}
-        nodes.sort(key=lambda n: order[id(n)])
-        replace(graph, [*nodes, node], fused, node.outputs[0])
+        replace(graph, [*in_graph_order(graph, nodes), node], fused, node.outputs[0])
         return True
 
     @staticmethod

@@ -94,6 +94,13 @@ def initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return value
 
 
+def in_graph_order(graph: ir.Graph, nodes: Sequence[ir.Node]) -> list[ir.Node]:
+    """``nodes`` in the order the graph runs them (a pattern matched from its end lists
+    them backwards; :func:`replace` puts the new node where the last one was)."""
+    order = {id(n): i for i, n in enumerate(graph)}
+    return sorted(nodes, key=lambda n: order[id(n)])
+
+
 def replace(
     graph: ir.Graph,
     old_nodes: Sequence[ir.Node],

@@ -10,8 +10,8 @@ call alone costs half of one.
 Step ``t`` of layer ``k`` needs only step ``t`` of layer ``k - 1`` and step ``t - 1`` of
 its own, so wave ``s`` computes step ``s - k`` of every layer ``k`` at once: one product
 of a joint matrix (each layer's ``R`` on the diagonal, the next layer's ``W`` below it)
-by the hidden states of all layers, then the gates of all layers in the same ten calls
-(the loop of :func:`.recurrent._lstm_direction`, its buffers holding every layer). A
+by the hidden states of all layers, then the gates of all layers in the same calls
+(:func:`.lstm_loop.lstm_loop`, its buffers holding every layer). A
 stack of ``n`` layers over ``seq`` steps takes ``seq + n - 1`` waves instead of
 ``n * seq`` steps. Waves where a layer has not started yet reset its state afterwards;
 waves past a layer's end compute values nobody reads.
@@ -36,12 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.gru_fast import (
-    CANCEL_EVERY,
-    halves,
-    project_steps,
-    stop_if_cancelled,
-)
+from aioinfer.devices.cpu.kernels.gru_fast import project_steps
+from aioinfer.devices.cpu.kernels.lstm_loop import lstm_loop
 from aioinfer.devices.cpu.kernels.recurrent import lstm
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 from aioinfer.devices.cpu.plan import current_cancel_token
@@ -155,35 +151,11 @@ def wave(
             start_h[rows] = h_k[0].T
         if c_k is not None:
             start_c[rows] = c_k[0].T
-    state = np.empty((5 * width, batch), dtype)  # o, i, f, g (all layers each), then c
-    pre, sig = state[: 4 * width], state[: 3 * width]
-    i_f, g_c = state[width : 3 * width], state[3 * width :]
-    out_gate, cell = state[:width], state[4 * width :]
-    products = np.empty((2 * width, batch), dtype)
-    first_part, second_part = products[:width], products[width:]
-    cell_tanh = np.empty((width, batch), dtype)
-    half = halves(3 * width, batch, dtype)
-    cell[...] = start_c
     hs = np.empty((waves, width, batch), dtype)
     finals_c = np.empty((width, batch), dtype)
     last_wave = {seq - 1 + k: k for k in range(layers)}  # layer k's last step
-    joint = weights.joint
-    h = start_h
-    tanh, multiply, add, dot = np.tanh, np.multiply, np.add, np.dot
-    token = current_cancel_token()
-    for s in range(waves):
-        if not s % CANCEL_EVERY:
-            stop_if_cancelled(token)
-        dot(joint, h, pre)
-        add(pre, steps[s], pre)
-        tanh(pre, pre)
-        multiply(sig, half, sig)  # the sigmoid gates: (1 + tanh(z / 2)) / 2
-        add(sig, half, sig)
-        multiply(i_f, g_c, products)  # i * g and f * c
-        add(first_part, second_part, cell)
-        tanh(cell, cell_tanh)
-        h = hs[s]
-        multiply(out_gate, cell_tanh, h)
+
+    def after(s: int, h: np.ndarray, cell: np.ndarray) -> None:
         if s < layers - 1:  # the layers past s have not started: back to their start
             waiting = slice(offsets[s + 1], width)
             h[waiting] = start_h[waiting]
@@ -191,6 +163,9 @@ def wave(
         if s in last_wave:
             rows = slice(offsets[last_wave[s]], offsets[last_wave[s] + 1])
             finals_c[rows] = cell[rows]
+
+    hooked = {*range(layers - 1), *last_wave}
+    lstm_loop(weights.joint, steps, start_h, start_c, hs, current_cancel_token(), after, hooked)
     last = slice(offsets[-2], width)
     y = np.ascontiguousarray(hs[layers - 1 :, last].transpose(0, 2, 1))[:, None]
     finals: list[np.ndarray] = []

@@ -29,10 +29,10 @@ from aioinfer.devices.cpu.kernels.gru_fast import (
     GruWeights,
     gru_fast,
     gru_fast_weights,
-    halves,
     project_steps,
     stop_if_cancelled,
 )
+from aioinfer.devices.cpu.kernels.lstm_loop import lstm_loop
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 from aioinfer.devices.cpu.plan import current_cancel_token
@@ -549,16 +549,8 @@ def _lstm_both_directions(
     paired[:, :, 0] = xw[0].reshape(seq, 4, hidden, batch)
     paired[:, :, 1] = xw[1, ::-1].reshape(seq, 4, hidden, batch)
     paired_steps = paired.reshape(seq, 4 * width, batch)
-    state = np.empty((5 * width, batch), dtype)
-    pre, sig = state[: 4 * width], state[: 3 * width]
-    i_f, g_c = state[width : 3 * width], state[3 * width :]
-    out_gate, cell = state[:width], state[4 * width :]
-    products = np.empty((2 * width, batch), dtype)
-    first, second = products[:width], products[width:]
-    cell_tanh = np.empty((width, batch), dtype)
-    half = halves(3 * width, batch, dtype)
     h = np.zeros((width, batch), dtype)
-    cell[...] = 0
+    cell = np.zeros((width, batch), dtype)
     for d in range(2):
         rows = slice(d * hidden, (d + 1) * hidden)
         if initial_h is not None:
@@ -566,25 +558,11 @@ def _lstm_both_directions(
         if initial_c is not None:
             cell[rows] = initial_c[d].T
     hs = np.empty((seq, width, batch), dtype)
-    tanh, multiply, add, dot = np.tanh, np.multiply, np.add, np.dot
-    token = current_cancel_token()
-    for t in range(seq):
-        if not t % CANCEL_EVERY:
-            stop_if_cancelled(token)
-        dot(r_both, h, pre)
-        add(pre, paired_steps[t], pre)
-        tanh(pre, pre)
-        multiply(sig, half, sig)
-        add(sig, half, sig)
-        multiply(i_f, g_c, products)
-        add(first, second, cell)
-        tanh(cell, cell_tanh)
-        h = hs[t]
-        multiply(out_gate, cell_tanh, h)
+    cell = lstm_loop(r_both, paired_steps, h, cell, hs, current_cancel_token())
     ys = np.empty((2, seq, hidden, batch), dtype)
     ys[0] = hs[:, :hidden]
     ys[1] = hs[::-1, hidden:]
-    return ys, cell.reshape(2, hidden, batch).copy()
+    return ys, cell.reshape(2, hidden, batch)
 
 
 def _lstm_fast(
@@ -643,43 +621,9 @@ def _lstm_direction(
     """The recurrence of one direction of :func:`_lstm_fast`: ``xw`` (step, gate, batch)
     in, the hidden states (step, hidden, batch) into ``ys`` in time order and the last
     cell (hidden, batch) into ``final_c``; stops when ``token`` is cancelled."""
-    seq, gates, batch = xw.shape
-    hidden = gates // 4
-    dtype = xw.dtype
-    tanh, multiply, add, dot = np.tanh, np.multiply, np.add, np.dot
-    half = halves(3 * hidden, batch, dtype)
-    state = np.empty((5 * hidden, batch), dtype)  # o, i, f, g (the gates), then c
-    pre, sig, i_f, g_c = (
-        state[:gates],
-        state[: 3 * hidden],
-        state[hidden : 3 * hidden],
-        state[3 * hidden :],
-    )
-    out_gate, cell = state[:hidden], state[4 * hidden :]
-    products = np.empty((2 * hidden, batch), dtype)
-    first, second = products[:hidden], products[hidden:]
-    cell_tanh = np.empty((hidden, batch), dtype)
-    h = np.zeros((hidden, batch), dtype) if initial_h is None else initial_h  # only read
-    if initial_c is None:
-        cell[...] = 0
-    else:
-        cell[...] = initial_c
-    for t in range(seq - 1, -1, -1) if reverse else range(seq):
-        if not t % CANCEL_EVERY:
-            stop_if_cancelled(token)
-        # Positional outs and np.dot: each call's fixed cost is most of a step
-        # (np.matmul costs ~0.4 us more than np.dot here, keyword outs ~0.05 us).
-        dot(r, h, pre)
-        add(pre, xw[t], pre)
-        tanh(pre, pre)
-        multiply(sig, half, sig)  # the sigmoid gates: (1 + tanh(z / 2)) / 2
-        add(sig, half, sig)
-        multiply(i_f, g_c, products)  # i * g and f * c
-        add(first, second, cell)
-        tanh(cell, cell_tanh)
-        h = ys[t]
-        multiply(out_gate, cell_tanh, h)
-    final_c[...] = cell
+    if reverse:  # the steps backwards, each hidden state still at its time
+        xw, ys = xw[::-1], ys[::-1]
+    final_c[...] = lstm_loop(r, xw, initial_h, initial_c, ys, token)
 
 
 def _lstm_results(
