@@ -9,10 +9,13 @@ to ~100; float32 rounding of such sums, in any order, stays below 1e-4), float64
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import numpy as np
 import onnx.helper as oh
+import onnx_ir as ir
 import pytest
 
 from aioinfer.devices.cpu.kernels import parallel
@@ -27,6 +30,7 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
 )
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
 from aioinfer.devices.cpu.kernels.matmul import columns_split_exactly
+from aioinfer.devices.cpu.kernels.registry import find_kernel, make_spec
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 from tests.kernels._check import (
     check_from_threads,
@@ -379,3 +383,29 @@ def test_conv_paths_from_several_threads(case: str) -> None:
         return found + [run_aioinfer(node, [inputs[index], w], 11)[0] for _ in range(5)]
 
     check_from_threads(results_of, want, RTOL, ATOL)
+
+
+@pytest.mark.parametrize("threads", [1], indirect=True)
+def test_depthwise_views_of_scratch_follow_a_grown_slot(threads: int) -> None:
+    """A depthwise convolution whose phases and blocks are views of this thread's
+    scratch keeps the views between calls, but not past a slot that another kernel grew
+    since: the next call makes them again, and the replaced buffers are freed."""
+    from aioinfer.devices.cpu.kernels import conv_flat
+
+    x_shape, w_shape, attrs = CASES["depthwise-3x3-pieces"]  # blocks on this thread
+    node = oh.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
+    w, b = _random(*w_shape), _random(w_shape[0])
+    ir_node = ir.from_proto(node)
+    conv = find_kernel("", "Conv", 11).factory(make_spec(ir_node, 11, [None, w, b]))
+    for call in range(2):
+        x = _random(*x_shape)
+        want = run_reference(node, [x, w, b], 11)[0]
+        np.testing.assert_allclose(conv(x, w, b)[0], want, rtol=RTOL, atol=ATOL)
+        slots = ("phases", "block", "block-sums")
+        arena = conv_flat._arena.buffers
+        if call == 0:
+            replaced = [weakref.ref(arena[slot]) for slot in slots]
+            for slot in slots:  # another kernel needs more
+                conv_flat.scratch(slot, (arena[slot].nbytes + 1,), np.dtype(np.uint8))
+    gc.collect()
+    assert all(ref() is None for ref in replaced)
