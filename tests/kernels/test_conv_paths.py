@@ -76,6 +76,12 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (32, 1, 3, 3),
         {"group": 32, "pads": [1, 0, 1, 1], "strides": [2, 2]},
     ),
+    # Stride 2 along the columns too: two bands (kernel columns 0, 2, 4 and 1, 3).
+    "depthwise-5x5-stride-2": (
+        (2, 9, 23, 18),
+        (9, 1, 5, 5),
+        {"group": 9, "pads": [2, 1, 2, 2], "strides": [2, 2]},
+    ),
     "depthwise-3x3-dilated": (
         (2, 6, 9, 11),
         (6, 1, 3, 3),
@@ -99,6 +105,11 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (1, 2, 421, 357),
         (2, 1, 3, 3),
         {"group": 2, "pads": [1, 0, 1, 1], "strides": [2, 2]},
+    ),
+    "depthwise-5x5-pieces-stride-2": (
+        (1, 2, 421, 357),
+        (2, 1, 5, 5),
+        {"group": 2, "pads": [2, 1, 2, 2], "strides": [2, 2]},
     ),
     "depthwise-1d": ((2, 16, 50), (16, 1, 5), {"group": 16, "pads": [2, 2]}),
     # Taps of one phase whose offsets do not form one run (stride 3, dilation 2, and
@@ -185,11 +196,15 @@ def test_the_cases_take_the_paths_they_name() -> None:
         flat = geometry(case)[0]
         return depthwise_channel_bytes(flat, 4, flat.length)
 
-    for case in ("depthwise-3x3-pieces", "depthwise-3x3-pieces-stride-2"):
+    for case in (
+        "depthwise-3x3-pieces",
+        "depthwise-3x3-pieces-stride-2",
+        "depthwise-5x5-pieces-stride-2",
+    ):
         assert channel_bytes(case) > DEPTHWISE_BLOCK_BYTES, case  # in pieces of rows
     assert channel_bytes("depthwise-3x3-large-map") < DEPTHWISE_BLOCK_BYTES
-    # Shifted rows: one tap group, several groups (stride 2 along the columns),
-    # dilated columns, pieces of rows; the others copy columns.
+    # Shifted rows: one tap group, several groups (stride 2 along the rows, or both
+    # ways with 5x5), dilated columns, pieces of rows; the others copy columns.
     rows = {
         "depthwise-5x5-short-maps",
         "depthwise-5x5-stride-2-1",
@@ -199,6 +214,8 @@ def test_the_cases_take_the_paths_they_name() -> None:
         "depthwise-3x3-dilated",
         "depthwise-3x3-large-map",
         "depthwise-3x3-pieces",
+        "depthwise-5x5-stride-2",
+        "depthwise-5x5-pieces-stride-2",
     }
     for case in CASES:
         if case.startswith("depthwise"):
@@ -206,6 +223,8 @@ def test_the_cases_take_the_paths_they_name() -> None:
     for case in ("depthwise-5x5-stride-2-1", "depthwise-3x3-stride-2-1"):
         flat = geometry(case)[0]
         assert len(flat.groups) == 2 and len(tap_bands(flat)) == 1, case  # two phases, one band
+    flat = geometry("depthwise-5x5-stride-2")[0]
+    assert len(flat.groups) == 4 and len(tap_bands(flat)) == 2  # four phases, two bands
     assert geometry("depthwise-3x3-dilated")[0].groups[0].col_step == 2
     short, _ = geometry("depthwise-5x5-short-maps")
     assert len(short.order) == 15  # kernel rows 0 and 4 read only padding
