@@ -10,6 +10,7 @@ from onnx_ir.passes import common
 from aioinfer.transforms.constant_folding import ConstantFoldingPass, Evaluator
 from aioinfer.transforms.eliminate_noops import EliminateNoOpsPass
 from aioinfer.transforms.fold_batchnorm import FoldBatchNormPass
+from aioinfer.transforms.fold_hardswish_scale import FoldHardSwishScalePass
 from aioinfer.transforms.fold_one_hot import FoldOneHotMatMulPass
 from aioinfer.transforms.fold_qdq import FoldQuantizedWeightsPass
 from aioinfer.transforms.fold_shapes import FoldShapesPass
@@ -66,6 +67,7 @@ def compile_passes(
             FoldTransposePass(),
             FuseMatMulAddPass(),
             FuseActivationPass(),
+            FoldHardSwishScalePass(),  # after the fusions that make HardSwish epilogues
             PrepackWeightsPass(),  # after the fusions, which match weights as exported
         ]
 

@@ -9,10 +9,13 @@ to ~100; float32 rounding of such sums, in any order, stays below 1e-4), float64
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import numpy as np
 import onnx.helper as oh
+import onnx_ir as ir
 import pytest
 
 from aioinfer.devices.cpu.kernels import parallel
@@ -27,6 +30,7 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
 )
 from aioinfer.devices.cpu.kernels.conv_winograd import winograd_fits
 from aioinfer.devices.cpu.kernels.matmul import columns_split_exactly
+from aioinfer.devices.cpu.kernels.registry import find_kernel, make_spec
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 from tests.kernels._check import (
     check_from_threads,
@@ -72,6 +76,12 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (32, 1, 3, 3),
         {"group": 32, "pads": [1, 0, 1, 1], "strides": [2, 2]},
     ),
+    # Stride 2 along the columns too: two bands (kernel columns 0, 2, 4 and 1, 3).
+    "depthwise-5x5-stride-2": (
+        (2, 9, 23, 18),
+        (9, 1, 5, 5),
+        {"group": 9, "pads": [2, 1, 2, 2], "strides": [2, 2]},
+    ),
     "depthwise-3x3-dilated": (
         (2, 6, 9, 11),
         (6, 1, 3, 3),
@@ -95,6 +105,11 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = {
         (1, 2, 421, 357),
         (2, 1, 3, 3),
         {"group": 2, "pads": [1, 0, 1, 1], "strides": [2, 2]},
+    ),
+    "depthwise-5x5-pieces-stride-2": (
+        (1, 2, 421, 357),
+        (2, 1, 5, 5),
+        {"group": 2, "pads": [2, 1, 2, 2], "strides": [2, 2]},
     ),
     "depthwise-1d": ((2, 16, 50), (16, 1, 5), {"group": 16, "pads": [2, 2]}),
     # Taps of one phase whose offsets do not form one run (stride 3, dilation 2, and
@@ -181,11 +196,15 @@ def test_the_cases_take_the_paths_they_name() -> None:
         flat = geometry(case)[0]
         return depthwise_channel_bytes(flat, 4, flat.length)
 
-    for case in ("depthwise-3x3-pieces", "depthwise-3x3-pieces-stride-2"):
+    for case in (
+        "depthwise-3x3-pieces",
+        "depthwise-3x3-pieces-stride-2",
+        "depthwise-5x5-pieces-stride-2",
+    ):
         assert channel_bytes(case) > DEPTHWISE_BLOCK_BYTES, case  # in pieces of rows
     assert channel_bytes("depthwise-3x3-large-map") < DEPTHWISE_BLOCK_BYTES
-    # Shifted rows: one tap group, several groups (stride 2 along the columns),
-    # dilated columns, pieces of rows; the others copy columns.
+    # Shifted rows: one tap group, several groups (stride 2 along the rows, or both
+    # ways with 5x5), dilated columns, pieces of rows; the others copy columns.
     rows = {
         "depthwise-5x5-short-maps",
         "depthwise-5x5-stride-2-1",
@@ -195,6 +214,8 @@ def test_the_cases_take_the_paths_they_name() -> None:
         "depthwise-3x3-dilated",
         "depthwise-3x3-large-map",
         "depthwise-3x3-pieces",
+        "depthwise-5x5-stride-2",
+        "depthwise-5x5-pieces-stride-2",
     }
     for case in CASES:
         if case.startswith("depthwise"):
@@ -202,6 +223,8 @@ def test_the_cases_take_the_paths_they_name() -> None:
     for case in ("depthwise-5x5-stride-2-1", "depthwise-3x3-stride-2-1"):
         flat = geometry(case)[0]
         assert len(flat.groups) == 2 and len(tap_bands(flat)) == 1, case  # two phases, one band
+    flat = geometry("depthwise-5x5-stride-2")[0]
+    assert len(flat.groups) == 4 and len(tap_bands(flat)) == 2  # four phases, two bands
     assert geometry("depthwise-3x3-dilated")[0].groups[0].col_step == 2
     short, _ = geometry("depthwise-5x5-short-maps")
     assert len(short.order) == 15  # kernel rows 0 and 4 read only padding
@@ -379,3 +402,29 @@ def test_conv_paths_from_several_threads(case: str) -> None:
         return found + [run_aioinfer(node, [inputs[index], w], 11)[0] for _ in range(5)]
 
     check_from_threads(results_of, want, RTOL, ATOL)
+
+
+@pytest.mark.parametrize("threads", [1], indirect=True)
+def test_depthwise_views_of_scratch_follow_a_grown_slot(threads: int) -> None:
+    """A depthwise convolution whose phases and blocks are views of this thread's
+    scratch keeps the views between calls, but not past a slot that another kernel grew
+    since: the next call makes them again, and the replaced buffers are freed."""
+    from aioinfer.devices.cpu.kernels import conv_flat
+
+    x_shape, w_shape, attrs = CASES["depthwise-3x3-pieces"]  # blocks on this thread
+    node = oh.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
+    w, b = _random(*w_shape), _random(w_shape[0])
+    ir_node = ir.from_proto(node)
+    conv = find_kernel("", "Conv", 11).factory(make_spec(ir_node, 11, [None, w, b]))
+    for call in range(2):
+        x = _random(*x_shape)
+        want = run_reference(node, [x, w, b], 11)[0]
+        np.testing.assert_allclose(conv(x, w, b)[0], want, rtol=RTOL, atol=ATOL)
+        slots = ("phases", "block", "block-sums")
+        arena = conv_flat._arena.buffers
+        if call == 0:
+            replaced = [weakref.ref(arena[slot]) for slot in slots]
+            for slot in slots:  # another kernel needs more
+                conv_flat.scratch(slot, (arena[slot].nbytes + 1,), np.dtype(np.uint8))
+    gc.collect()
+    assert all(ref() is None for ref in replaced)

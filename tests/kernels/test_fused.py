@@ -280,7 +280,11 @@ def test_gelu_of_an_mlp_layer_splits_between_threads(parts: list[tuple[int, int]
 
 @pytest.mark.parametrize(
     ("activation", "params", "attributes"),
-    [("HardSwish", [], {}), ("HardSigmoid", [0.2, 0.5], {"alpha": 0.2, "beta": 0.5})],
+    [
+        ("HardSwish", [], {}),
+        ("HardSwish", [6.0], {}),  # six times it (its 1/6 in the next weights)
+        ("HardSigmoid", [0.2, 0.5], {"alpha": 0.2, "beta": 0.5}),
+    ],
 )
 def test_hard_activations_at_their_corners(
     activation: str, params: list[float], attributes: dict[str, float]
@@ -304,7 +308,9 @@ def test_hard_activations_at_their_corners(
         oh.make_node("MatMul", ["a", "b"], ["m"]),
         oh.make_node(activation, ["m"], ["y"], **attributes),
     ]
-    want = _reference(unfused, feeds, "y")
+    want = _reference(unfused, feeds, "y") * (
+        params[0] if activation == "HardSwish" and params else 1
+    )
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
 
 

@@ -25,10 +25,11 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from aioinfer.devices.cpu.kernels.conv_flat import (
+    DepthwiseOperands,
     Epilogue,
     FlatGeometry,
     by_pixels,
-    depthwise_weights,
+    depthwise_operands,
     flat_conv,
     flat_depthwise,
     flat_geometry,
@@ -311,21 +312,24 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             cached_plan(ordered, order, lambda: matrix)
         return matrix
 
-    grouped: dict[int, tuple[FlatGeometry, tuple[np.ndarray, ...]]] = {}
-    """Constant depthwise weights as :func:`.conv_flat.flat_depthwise` takes them, by the
-    id of their geometry (the entry holds it, so a reused id is not mistaken)."""
+    b_const = spec.const(2)
+    grouped: dict[int, tuple[FlatGeometry, DepthwiseOperands]] = {}
+    """Constant depthwise weights and bias as :func:`.conv_flat.flat_depthwise` takes
+    them, by the id of their geometry (the entry holds it, so a reused id is not
+    mistaken; a geometry is made for one input shape, so for one batch size)."""
 
     def depthwise_taps(
-        w: np.ndarray, wmat: np.ndarray, flat: FlatGeometry
-    ) -> tuple[np.ndarray, ...]:
-        """The depthwise weights for ``flat``, cached when ``w`` is constant."""
+        w: np.ndarray, wmat: np.ndarray, b: np.ndarray | None, flat: FlatGeometry, images: int
+    ) -> DepthwiseOperands:
+        """The depthwise operands for ``flat``, cached when ``w`` and ``b`` are constant."""
+        constant = w_const is not None and (b is None or b_const is not None)
         entry = grouped.get(id(flat))
-        if w_const is not None and entry is not None and entry[0] is flat:
+        if constant and entry is not None and entry[0] is flat:
             return entry[1]
-        taps = depthwise_weights(flat, tap_ordered(w, wmat, flat.order))
-        if w_const is not None:
-            cached_plan(grouped, id(flat), lambda: (flat, taps))
-        return taps
+        operands = depthwise_operands(flat, tap_ordered(w, wmat, flat.order), b, images)
+        if constant:
+            cached_plan(grouped, id(flat), lambda: (flat, operands))
+        return operands
 
     prepared: dict[tuple[tuple[int, ...], bool], np.ndarray] = {}
     """Constant weights as :func:`.conv_rows.rows_conv` takes them, per tap order."""
@@ -416,8 +420,8 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             if depthwise:
                 then = None if epilogue is None else epilogue.channels
-                bias = None if b is None else b.astype(work.dtype, copy=False)
-                flat_depthwise(flat, work, depthwise_taps(w, wmat, flat), y, bias, then)
+                operands = depthwise_taps(w, wmat, b, flat, n)
+                flat_depthwise(flat, work, operands, y, then)
                 return y.astype(x.dtype, copy=False), epilogue is not None
             weights = tap_ordered(w, wmat, flat.order)
             folded = with_bias(("flat", flat.order), weights[0], b)

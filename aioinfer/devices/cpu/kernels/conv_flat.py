@@ -31,6 +31,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -64,6 +65,26 @@ def scratch(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if buffer is None or buffer.nbytes < nbytes:
         buffer = buffers[slot] = np.empty(nbytes, np.uint8)
     return buffer[:nbytes].view(dtype).reshape(shape)
+
+
+def _slots(names: tuple[str, ...]) -> tuple[np.ndarray | None, ...]:
+    """This thread's scratch buffers of ``names`` (None for a slot not made yet)."""
+    buffers: dict[str, np.ndarray] = getattr(_arena, "buffers", None) or {}
+    return tuple(buffers.get(name) for name in names)
+
+
+def _same(first: tuple[object, ...], second: tuple[object, ...]) -> bool:
+    return all(a is b for a, b in zip(first, second, strict=True))
+
+
+def _forget_replaced(
+    entries: dict[Any, Any], position: int, current: tuple[np.ndarray | None, ...]
+) -> None:
+    """Drop the ``entries`` whose views are of scratch buffers other than ``current``
+    (``entry[position]``; kept buffers have none): a grown slot's old buffer is freed
+    even if the kernel of those views never runs again."""
+    for key in [k for k, e in entries.items() if e[position] and not _same(e[position], current)]:
+        del entries[key]
 
 
 @dataclass(frozen=True)
@@ -311,10 +332,27 @@ def _phase_views(geometry: FlatGeometry, images: np.ndarray, views_of: ViewsOf) 
             entry = kept[key] = (geometry, phases, views_of(geometry, phases))
         fill_phases(geometry, images, entry[1])
         return entry[2]
-    phases = scratch("phases", shape, images.dtype)
+    # Larger phases are made in this thread's scratch; their views are kept until the
+    # slot is replaced (grown): ``as_strided`` costs 2.5 us a view.
+    views: dict[
+        tuple[int, int, np.dtype, ViewsOf],
+        tuple[FlatGeometry, np.ndarray, list[np.ndarray], tuple[object, ...]],
+    ]
+    views = getattr(_kept, "scratch_views", None) or {}
+    _kept.scratch_views = views
+    key = (id(geometry), images.shape[0], images.dtype, views_of)
+    entry = views.get(key)
+    current = _slots(("phases",))
+    if entry is None or entry[0] is not geometry or not _same(entry[3], current):
+        _forget_replaced(views, 3, current)
+        if len(views) >= KEPT_GEOMETRIES:
+            views.clear()
+        phases = scratch("phases", shape, images.dtype)
+        entry = views[key] = (geometry, phases, views_of(geometry, phases), _slots(("phases",)))
+    phases = entry[1]
     phases.fill(0)
     fill_phases(geometry, images, phases)
-    return views_of(geometry, phases)
+    return entry[2]
 
 
 def _crop(geometry: FlatGeometry, full: np.ndarray, y: np.ndarray) -> None:
@@ -465,12 +503,14 @@ def tap_bands(geometry: FlatGeometry) -> list[list[int]]:
 
 def shifted_rows(geometry: FlatGeometry) -> bool:
     """Whether :func:`flat_depthwise` sums shifted rows for ``geometry`` rather than
-    copying its columns: stride 1 along the rows, and every band of tap groups
-    (:func:`tap_bands`) has several rows and columns. Else the rows gain nothing or lose:
-    the four groups of a 3x3 stride-2 kernel took 1.2-2x the columns' time, and numpy's
-    matmul of one inner dimension (a band of one row) does not call BLAS (10x slower)."""
+    copying its columns: every band of tap groups (:func:`tap_bands`) has several rows
+    and columns. Else the rows gain nothing or lose: the two bands of a 3x3 stride-2
+    kernel (one of them one column wide) took 1.05-2x the columns' time, and numpy's
+    matmul of one inner dimension (a band of one row) does not call BLAS (10x slower).
+    A 5x5 stride-2 kernel's two bands (3 and 2 columns) take 0.77-0.91x the columns'
+    time (PicoDet's and PP-LCNet's on 128-256 channels of 14x14 to 100x76)."""
     groups = geometry.groups
-    return geometry.strides[1] == 1 and all(
+    return all(
         groups[band[0]].cols > 1 and sum(groups[g].rows for g in band) > 1
         for band in tap_bands(geometry)
     )
@@ -492,6 +532,45 @@ def depthwise_weights(geometry: FlatGeometry, weights: np.ndarray) -> tuple[np.n
     return tuple(
         np.ascontiguousarray(np.concatenate([grids[g] for g in band], axis=1).transpose(0, 2, 1))
         for band in tap_bands(geometry)
+    )
+
+
+@dataclass(frozen=True)
+class DepthwiseOperands:
+    """The per-channel operands of :func:`flat_depthwise` for a batch of images: one row
+    per image and channel, so that a block of channels across images takes a slice of
+    them rather than a gather (26 of 470 us on PP-OCR's 5x5 over 6x200x3x48)."""
+
+    bands: tuple[np.ndarray, ...]
+    """:func:`shifted_rows`: per band of tap groups ``(N * C, cols, rows)``; else empty."""
+    final: np.ndarray
+    """The vectors ``(N * C, 1, K)`` of the last product: the taps (columns) or ones (the
+    sums of the shifted rows), then the bias when there is one, which multiplies a row
+    of ones kept in the buffers: the bias comes with the product instead of a pass over
+    each block (product, pass and crop took 1.2x the time of the product with the bias
+    and the crop on 5x5 over 256x14x14, 1.26x on 6x200x3x48)."""
+    biased: bool
+
+
+def depthwise_operands(
+    geometry: FlatGeometry, weights: np.ndarray, bias: np.ndarray | None, images: int
+) -> DepthwiseOperands:
+    """The operands of :func:`flat_depthwise` for ``images`` images: ``weights``
+    ``(C, taps)`` (taps in ``geometry.order``) and ``bias`` ``(C,)`` or None."""
+    channels = weights.shape[0]
+    taps = depthwise_weights(geometry, weights)
+    if shifted_rows(geometry):
+        bands = taps
+        final = np.ones((channels, 1, sum(band.shape[1] for band in bands)), weights.dtype)
+    else:
+        bands, final = (), taps[0]
+    if bias is not None:
+        lifted = bias.astype(weights.dtype, copy=False).reshape(channels, 1, 1)
+        final = np.concatenate([final, lifted], axis=2)
+    return DepthwiseOperands(
+        tuple(np.tile(band, (images, 1, 1)) for band in bands),
+        np.tile(final, (images, 1, 1)),
+        bias is not None,
     )
 
 
@@ -555,9 +634,14 @@ class _DepthwiseLayout:
     """Per tap group, its first row in the shifted rows (those of a band together)."""
     kept: bool
     """The buffers are small enough to keep per geometry and thread."""
+    biased: bool
+    """The buffers hold a row of ones after the columns (or the sums) for the bias
+    (:attr:`DepthwiseOperands.final`)."""
 
 
-def _depthwise_layout(geometry: FlatGeometry, itemsize: int, channels: int) -> _DepthwiseLayout:
+def _depthwise_layout(
+    geometry: FlatGeometry, itemsize: int, channels: int, biased: bool
+) -> _DepthwiseLayout:
     """The layout of ``channels`` (batch times channels) of ``geometry``."""
     oh = geometry.out_shape[0]
     wq = geometry.grid[1]
@@ -588,6 +672,7 @@ def _depthwise_layout(geometry: FlatGeometry, itemsize: int, channels: int) -> _
         tuple(tuple(band) for band in bands),
         tuple(slots[number] for number in range(len(groups))),
         block * depthwise_channel_bytes(geometry, itemsize, span) <= KEPT_PHASES_BYTES,
+        biased,
     )
 
 
@@ -598,7 +683,7 @@ class _DepthwiseBuffers:
     small (:data:`KEPT_PHASES_BYTES`): making the views costs a small convolution more
     than its arithmetic."""
 
-    __slots__ = ("full", "lined_up", "ones", "source", "targets")
+    __slots__ = ("full", "last", "ones", "source", "targets")
 
     def __init__(
         self,
@@ -608,17 +693,20 @@ class _DepthwiseBuffers:
         allocate: Callable[[str, tuple[int, ...], np.dtype], np.ndarray],
     ) -> None:
         block, span, pitch = layout.block, layout.span, layout.pitch
+        biased = int(layout.biased)
         self.full = allocate("block-out", (block, 1, span), dtype)
+        self.targets: list[tuple[np.ndarray, np.ndarray]] = []
         if not layout.rows_path:
-            self.source = allocate("block", (block, len(geometry.order), span), dtype)
-            self.targets: list[tuple[np.ndarray, np.ndarray]] = []
+            taps = len(geometry.order)
+            self.source = allocate("block", (block, taps + biased, span), dtype)
+            self.last = self.source
+            self.ones = self.source[:, taps] if biased else None
             return
         self.source = allocate("block", (block, layout.row_count, span + layout.extra), dtype)
-        sums = allocate("block-sums", (block, layout.sum_count * pitch), dtype)
+        sums = allocate("block-sums", (block, (layout.sum_count + biased) * pitch), dtype)
         item = sums.itemsize
-        self.targets = []  # per band: its shifted rows and where its sums go
         first_row = first_sum = 0
-        for band in layout.bands:
+        for band in layout.bands:  # its shifted rows and where its sums go
             group = geometry.groups[band[0]]
             rows = sum(geometry.groups[g].rows for g in band)
             reach = span + (group.cols - 1) * group.col_step
@@ -630,50 +718,67 @@ class _DepthwiseBuffers:
             self.targets.append((self.source[:, first_row : first_row + rows], to))
             first_row += rows
             first_sum += group.cols
-        self.lined_up = as_strided(
-            sums, (block, layout.sum_count, span), (sums.strides[0], pitch * item, item)
+        self.last = as_strided(
+            sums,
+            (block, layout.sum_count + biased, span),
+            (sums.strides[0], pitch * item, item),
         )
-        self.ones = np.ones((1, 1, layout.sum_count), dtype)
+        self.ones = self.last[:, layout.sum_count] if biased else None
 
 
 def _owned(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.empty(shape, dtype)
 
 
-_layouts: dict[tuple[int, int, int], tuple[FlatGeometry, _DepthwiseLayout]] = {}
-"""Layouts by the id of their geometry, the item size and the channels (the entry holds
-the geometry, so that an id reused by another one is not mistaken)."""
+_layouts: dict[tuple[int, int, int, bool], tuple[FlatGeometry, _DepthwiseLayout]] = {}
+"""Layouts by the id of their geometry, the item size, the channels and whether biased
+(the entry holds the geometry, so that an id reused by another one is not mistaken)."""
+
+_DEPTHWISE_SLOTS = ("block-out", "block", "block-sums")
+"""The scratch slots of :class:`_DepthwiseBuffers` that are not kept."""
 
 
 def _depthwise_buffers(
     geometry: FlatGeometry, layout: _DepthwiseLayout, dtype: np.dtype
 ) -> _DepthwiseBuffers:
-    """This thread's buffers for ``geometry``: kept ones when small, else made in its
-    scratch buffers."""
-    if not layout.kept:
-        return _DepthwiseBuffers(geometry, layout, dtype, scratch)
-    kept: dict[tuple[int, np.dtype], tuple[FlatGeometry, _DepthwiseBuffers]]
+    """This thread's buffers for ``geometry``: kept ones when small, else views of its
+    scratch buffers, made again only when a slot was replaced (grown) since: the views
+    cost 11-14 us a call (``as_strided``)."""
+    kept: dict[tuple[int, np.dtype], tuple[FlatGeometry, _DepthwiseBuffers, tuple[object, ...]]]
     kept = getattr(_kept, "depthwise", None) or {}
     _kept.depthwise = kept
     key = (id(geometry), dtype)
     entry = kept.get(key)
-    if entry is None or entry[0] is not geometry:
+    if layout.kept:
+        if entry is None or entry[0] is not geometry:
+            if len(kept) >= KEPT_GEOMETRIES:
+                kept.clear()
+            buffers = _DepthwiseBuffers(geometry, layout, dtype, _owned)
+            if buffers.ones is not None:
+                buffers.ones.fill(1)
+            entry = kept[key] = (geometry, buffers, ())
+        return entry[1]
+    current = _slots(_DEPTHWISE_SLOTS)
+    if entry is None or entry[0] is not geometry or not _same(entry[2], current):
+        _forget_replaced(kept, 2, current)
         if len(kept) >= KEPT_GEOMETRIES:
             kept.clear()
-        entry = kept[key] = (geometry, _DepthwiseBuffers(geometry, layout, dtype, _owned))
+        buffers = _DepthwiseBuffers(geometry, layout, dtype, scratch)
+        entry = kept[key] = (geometry, buffers, _slots(_DEPTHWISE_SLOTS))
+    if entry[1].ones is not None:  # other kernels write into the same scratch
+        entry[1].ones.fill(1)
     return entry[1]
 
 
 def flat_depthwise(
     geometry: FlatGeometry,
     x: np.ndarray,
-    weights: tuple[np.ndarray, ...],
+    operands: DepthwiseOperands,
     y: np.ndarray,
-    bias: np.ndarray | None = None,
     epilogue: Epilogue | None = None,
 ) -> None:
     """``y`` ``(N, C, *out)`` = the depthwise convolution of ``x`` ``(N, C, *in)`` with
-    ``weights`` (:func:`depthwise_weights`) plus ``bias`` ``(C,)``, then ``epilogue``.
+    ``operands`` (:func:`depthwise_operands`: the taps and the bias), then ``epilogue``.
 
     Per block of channels (:data:`DEPTHWISE_BLOCK_BYTES`; per piece of whole output rows
     of a channel whose buffers are larger), split between the intra-op threads, either
@@ -690,17 +795,19 @@ def flat_depthwise(
       the columns, PP-OCR's on 6x88x3x96 0.58-0.64x, with stride (2, 1) 0.65x, 3x3 ones
       0.87-0.96x.
 
-    The bias is added to the products, before the crop of the valid columns."""
+    The last product adds the bias (a row of ones in the buffers); then the valid
+    columns are cropped into ``y``."""
     n, c = x.shape[:2]
     length = geometry.length
     oh, ow = geometry.out_shape
     wq = geometry.grid[1]
-    key = (id(geometry), x.itemsize, n * c)
+    key = (id(geometry), x.itemsize, n * c, operands.biased)
     entry = _layouts.get(key)
     if entry is None or entry[0] is not geometry:
         if len(_layouts) >= KEPT_GEOMETRIES:
             _layouts.clear()
-        entry = _layouts[key] = (geometry, _depthwise_layout(geometry, x.itemsize, n * c))
+        layout = _depthwise_layout(geometry, x.itemsize, n * c, operands.biased)
+        entry = _layouts[key] = (geometry, layout)
     layout = entry[1]
     rows_path, block, pieces = layout.rows_path, layout.block, layout.pieces
     slots, bands = layout.slots, layout.bands
@@ -710,55 +817,54 @@ def flat_depthwise(
         _row_views if rows_path else column_views,
     )
     images = y.reshape(n * c, oh, ow)
-    lifted = None if bias is None else bias.reshape(c, 1, 1)
     blocks = -(-(n * c) // block)
+    taps = len(geometry.order)
 
     def part(start: int, stop: int) -> None:
         if start >= stop:
             return
         buffers = _depthwise_buffers(geometry, layout, x.dtype)
-        full, source_buffer, targets = buffers.full, buffers.source, buffers.targets
+        full, source_buffer, targets, last = (
+            buffers.full,
+            buffers.source,
+            buffers.targets,
+            buffers.last,
+        )
         for number in range(start, stop):
-            first, last = number * block, min(n * c, (number + 1) * block)
-            size = last - first
-            channel = first % c
-            index: slice | np.ndarray = (
-                slice(channel, channel + size)
-                if channel + size <= c
-                else np.arange(first, last) % c  # a block across images
-            )
-            kernels = [matrices[index] for matrices in weights]
+            first, last_channel = number * block, min(n * c, (number + 1) * block)
+            size = last_channel - first
+            kernels = [matrices[first:last_channel] for matrices in operands.bands]
+            final = operands.final[first:last_channel]
             for top, bottom in pieces:
                 begin = top * wq
                 width = min(length, bottom * wq) - begin
-                out = full[:size, :, :width]
                 if rows_path:
                     for view, slot in zip(views, slots, strict=True):
                         wide = width + view.shape[2] - length
                         np.copyto(
                             source_buffer[:size, slot : slot + view.shape[1], :wide],
-                            view[first:last, :, begin : begin + wide],
+                            view[first:last_channel, :, begin : begin + wide],
                         )
-                    for taps, (to_rows, to_sums), band in zip(kernels, targets, bands, strict=True):
+                    for matrices, (to_rows, to_sums), band in zip(
+                        kernels, targets, bands, strict=True
+                    ):
                         wide = width + views[band[0]].shape[2] - length
                         source = to_rows[:size, :, :wide]
-                        np.matmul(taps, source, out=to_sums[:size, :, :wide])
-                    np.matmul(buffers.ones, buffers.lined_up[:size, :, :width], out=out)
+                        np.matmul(matrices, source, out=to_sums[:size, :, :wide])
                 else:
-                    source = source_buffer[:size, :, :width]
-                    copy_columns(views, first, last, source, slice(begin, begin + width))
-                    np.matmul(kernels[0], source, out=out)
-                if lifted is not None:
-                    # In place over whole runs, then the crop: numpy adds a value per
-                    # row of a few thousand elements 2-4x slower than one per longer
-                    # row, and runs of one output row are short (0.80-0.95x the time
-                    # of adding while cropping).
-                    out += lifted[index]
+                    copy_columns(
+                        views,
+                        first,
+                        last_channel,
+                        source_buffer[:size, :taps, :width],
+                        slice(begin, begin + width),
+                    )
+                np.matmul(final, last[:size, :, :width], out=full[:size, :, :width])
                 piece = full[:size, 0, : (bottom - top) * wq].reshape(size, bottom - top, wq)
-                np.copyto(images[first:last, top:bottom], piece[:, :, :ow])
+                np.copyto(images[first:last_channel, top:bottom], piece[:, :, :ow])
         if epilogue is not None:
-            first, last = start * block, min(n * c, stop * block)
-            epilogue(first, last, images[first:last])
+            first, last_channel = start * block, min(n * c, stop * block)
+            epilogue(first, last_channel, images[first:last_channel])
 
     run_parallel(
         part,

@@ -19,7 +19,8 @@ Activations are named by the ``activation`` attribute (``Relu``, ``LeakyRelu``, 
 ``HardSwish``, ``Swish`` (``x * sigmoid(x)``,
 SiLU); empty for none) with their
 parameters in ``activation_params`` (LeakyRelu: alpha, and optionally a floor, the
-constant of a ``Max`` after it; Clip: min, max; HardSigmoid: alpha, beta). Every kernel here is
+constant of a ``Max`` after it; Clip: min, max; HardSigmoid: alpha, beta; HardSwish:
+none, or ``[6]`` for six times it). Every kernel here is
 registered with the execution type ``"fused"`` (profiling shows it) and has an out form
 for the memory planner.
 """
@@ -125,6 +126,15 @@ def _hard_swish(y: np.ndarray) -> None:
     y *= gate
 
 
+def _six_hard_swish(y: np.ndarray) -> None:
+    """``6 * HardSwish(y)`` = ``y * (clip(y, -3, 3) + 3)``: a HardSwish whose 1/6 the
+    weights of the convolutions reading it took (see
+    :mod:`aioinfer.transforms.fold_hardswish_scale`), one pass fewer."""
+    gate = np.clip(y, -3.0, 3.0)
+    gate += 3.0
+    y *= gate
+
+
 _CHUNK = 1 << 16
 """Elements per chunk of the float32 GELU: its temporaries stay in the L2 cache."""
 _MIN_CHUNK = 1 << 14
@@ -212,6 +222,8 @@ def activation(spec: NodeSpec) -> InPlace | None:
         return lambda y: _hard_sigmoid(y, alpha, beta)
     if name == "HardSwish" and not params:
         return _hard_swish
+    if name == "HardSwish" and params == [6.0]:
+        return _six_hard_swish
     if name == "Swish" and not params:
         return _swish
     raise ValueError(f"{spec.op_type}: unsupported activation {name!r} with parameters {params}")
