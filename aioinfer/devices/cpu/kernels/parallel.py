@@ -45,8 +45,9 @@ MIN_PARALLEL_MACS = 1 << 24
 and transpositions around them. A split costs two thread hand-offs on this kind of
 machine (the helper's wake-up, and the caller's once the helper's last part is done): the
 helper starts its part 37 us after the call when splits follow each other, 70-84 us after
-2-10 ms without one (its vCPU halted), and each part runs 1.2-1.5x slower than alone: a 256 -> 256 1x1 convolution on
-14x14 (12.8M multiply-adds) took 138 us on one thread and 172 us split in two. With 4M
+2-10 ms without one (its vCPU halted), and each part runs 1.2-1.5x slower than alone: a
+256 -> 256 1x1 convolution on 14x14 (12.8M multiply-adds) took 138 us on one thread and
+172 us split in two. With 4M
 instead of 1M (quiet, alternating in one process): openWakeWord's embedding 0.82x the
 time, PP-OCR's classifier 0.84x, PP-LCNet 0.88x, SqueezeNet 0.90x, the other models
 0.96-1.01x; with 16M instead of 4M (2026-12-01, quiet, alternating fresh processes, two
