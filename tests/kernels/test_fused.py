@@ -314,6 +314,26 @@ def test_hard_activations_at_their_corners(
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
 
 
+def test_swish_epilogue_against_float64() -> None:
+    """The Swish (SiLU) epilogue, computed as (y / 2) * (1 + tanh(y / 2)), against
+    y * sigmoid(y) in float64 over -40..40, infinities and NaN: float32 rounding (rtol
+    1e-6) and, in the negative tail where the result is below 1e-6, an absolute 1e-6;
+    -inf gives NaN and inf gives inf, as Mul(x, Sigmoid(x)) does."""
+    values = np.concatenate([np.linspace(-40, 40, 801), [-1e-30, 1e-30, 1e4, -1e4]])
+    values = np.array([[*values, -np.inf, np.inf, np.nan]], np.float32)
+    feeds = [np.ones((1, 1), np.float32), values]
+    node = oh.make_node(
+        "FusedMatMul", ["a", "b"], ["y"], domain=AIOINFER_DOMAIN, activation="Swish"
+    )
+    got = run_aioinfer(node, feeds, 1)[0][0]
+    wide = values[0].astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = wide / (1 + np.exp(-wide))
+    want[-3:] = [np.nan, np.inf, np.nan]
+    np.testing.assert_allclose(got[:-3], want[:-3], rtol=1e-6, atol=1e-6)
+    assert np.isnan(got[-3]) and got[-2] == np.inf and np.isnan(got[-1])
+
+
 @pytest.mark.parametrize(
     "value", [-np.inf, -200.0, -100.0, -30.0, -1.5, -0.0, 0.0, 0.75, 30.0, 100.0, np.inf, np.nan]
 )
