@@ -275,11 +275,13 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         small = x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out) * 4
         small_columns = small <= KEPT_COLUMNS_BYTES
         shifted = None
-        # A kx1 kernel's window view copies runs of whole rows: small ones keep the
-        # kept-columns paths (openWakeWord's 96 3x1 filters over 96x10x2: 14.6 us a
-        # node, shifted 21.4); 1xk ones copy runs of one output row there (96x12x4:
-        # 39.5, shifted 33.4 us).
-        if group == 1 and rows is None and rank == 2 and not (kshape[1] == 1 and small_columns):
+        # Where the window view copies whole channels (a kx1 kernel, or one output
+        # row), small columns keep the kept-columns paths (openWakeWord's 96 3x1
+        # filters over 96x10x2: 14.6 us a node, shifted 21.4; PP-OCR's 60 1x3 filters
+        # over 480x1x40: 71, shifted 72-81); 1xk ones over several rows copy runs of one
+        # output row there (96x12x4: 39.5, shifted 33.4 us).
+        whole = kshape[1] == 1 or out[0] == 1
+        if group == 1 and rows is None and rank == 2 and not (whole and small_columns):
             shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends)
         return _ConvPlan(
             kshape,
