@@ -280,7 +280,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         # filters over 96x10x2: 14.6 us a node, shifted 21.4; PP-OCR's 60 1x3 filters
         # over 480x1x40: 71, shifted 72-81); 1xk ones over several rows copy runs of one
         # output row there (96x12x4: 39.5, shifted 33.4 us).
-        whole = kshape[1] == 1 or out[0] == 1
+        whole = rank != 2 or kshape[1] == 1 or out[0] == 1
         if group == 1 and rows is None and rank == 2 and not (whole and small_columns):
             shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends)
         return _ConvPlan(
