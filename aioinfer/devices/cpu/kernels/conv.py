@@ -37,6 +37,7 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     scratch,
 )
 from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue, RowPlan, row_plan, rows_conv
+from aioinfer.devices.cpu.kernels.conv_shift import ShiftPlan, shift_conv, shift_plan
 from aioinfer.devices.cpu.kernels.conv_small import SmallConv
 from aioinfer.devices.cpu.kernels.conv_winograd import (
     winograd_conv,
@@ -183,6 +184,9 @@ class _ConvPlan:
     rows: RowPlan | None
     """A large convolution of one group: computed in blocks of output rows
     (:mod:`.conv_rows`)."""
+    shifted: ShiftPlan | None
+    """A 1xk kernel keeping the width or a kx1 one without padding, of one group and
+    not in blocks of rows: columns as shifted copies of the input (:mod:`.conv_shift`)."""
 
 
 ConvCompute = Callable[
@@ -268,6 +272,17 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 w_shape[0],
                 intra_op_threads(),
             )
+        small = x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out) * 4
+        small_columns = small <= KEPT_COLUMNS_BYTES
+        shifted = None
+        # Where the window view copies whole channels (a kx1 kernel, or one output
+        # row), small columns keep the kept-columns paths (openWakeWord's 96 3x1
+        # filters over 96x10x2: 14.6 us a node, shifted 21.4; PP-OCR's 60 1x3 filters
+        # over 480x1x40: 71, shifted 72-81); 1xk ones over several rows copy runs of one
+        # output row there (96x12x4: 39.5, shifted 33.4 us).
+        whole = rank != 2 or kshape[1] == 1 or out[0] == 1
+        if group == 1 and rows is None and rank == 2 and not (whole and small_columns):
+            shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends)
         return _ConvPlan(
             kshape,
             strides,
@@ -279,8 +294,9 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             math.prod(out),
             flat,
             winograd,
-            x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out) * 4 <= KEPT_COLUMNS_BYTES,
+            small_columns,
             rows,
+            shifted,
         )
 
     def weight_matrix(w: np.ndarray) -> np.ndarray:
@@ -416,6 +432,11 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 if folded is not None:  # the block columns get a row of ones
                     return y, rows_conv(plan.rows, work, folded, None, y, epilogue)
             return y, rows_conv(plan.rows, work, weights, b, y, epilogue)
+        if plan.shifted is not None and n and not depthwise and work.dtype == x.dtype:
+            y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
+            folded = with_bias("shifted", wmat[0], b)
+            shift_conv(plan.shifted, work, wmat[0] if folded is None else folded, y)
+            return y, _finish_channels(y, None if folded is not None else b, epilogue)
         if flat is not None and n and (depthwise or not plan.small):
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             if depthwise:
