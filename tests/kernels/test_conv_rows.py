@@ -172,7 +172,13 @@ def test_a_large_convolution_takes_the_blocks_at_the_default_sizes() -> None:
 
 
 def _square_plan(
-    channels: int, filters: int, size: tuple[int, int], kernel: int, stride: int, threads: int
+    channels: int,
+    filters: int,
+    size: tuple[int, int],
+    kernel: int,
+    stride: int,
+    threads: int,
+    batch: int = 1,
 ) -> conv_rows.RowPlan | None:
     """The plan of a ``kernel`` x ``kernel`` convolution padded by ``kernel // 2``."""
     pad = kernel // 2
@@ -188,7 +194,7 @@ def _square_plan(
         filters,
         channels,
     )
-    return conv_rows.row_plan(geometry, (stride,) * 2, out, 1, channels, filters, threads)
+    return conv_rows.row_plan(geometry, (stride,) * 2, out, batch, channels, filters, threads)
 
 
 # (channels, filters, input size, kernel, stride): the models' convolutions whose columns
@@ -209,11 +215,13 @@ BLOCKS = {
 
 def test_columns_that_fit_take_one_product_on_two_threads() -> None:
     """On two threads, one product over the image when its columns fit FLAT_COLUMNS,
-    blocks beyond; on one thread the filters alone decide (as before)."""
+    blocks beyond and for batches; on one thread the filters alone decide (as before)."""
     for case, (c, m, size, k, s) in ONE_PRODUCT.items():
         assert _square_plan(c, m, size, k, s, 2) is None, case
     for case, (c, m, size, k, s) in BLOCKS.items():
         assert _square_plan(c, m, size, k, s, 2) is not None, case
+    # A batch keeps the blocks, which span its images.
+    assert _square_plan(16, 64, (55, 55), 3, 1, 2, batch=8) is not None
     assert _square_plan(48, 48, (52, 52), 3, 1, 1) is not None
     assert _square_plan(64, 64, (56, 56), 3, 1, 1) is None
 

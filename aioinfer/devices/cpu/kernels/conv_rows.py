@@ -73,7 +73,9 @@ product: ResNet's 64 -> 64 3x3 on 56x56 (1.8M) 1.12 vs 0.92 ms, its 7x7 stem 3 -
 on 224x224 (1.8M) 1.35 vs 1.12 ms, 48 -> 48 on 52x52 (1.2M) 0.72 vs 0.54 ms,
 SqueezeNet's 16 -> 64 on 55x55 (0.4M) 0.36 vs 0.33 ms; but 64 -> 64 on 80x80 (3.7M)
 1.84 vs 2.02 ms, 3 -> 16 /2 on 480x640 (2.1M) 1.39 vs 1.81 ms, 96 -> 24 on 120x160
-(16.6M) 3.4 vs 7.2 ms."""
+(16.6M) 3.4 vs 7.2 ms. For one image only: a batch keeps the blocks, which span its
+images (8 images of 16 -> 64 on 55x55: 2.60 ms in blocks, 2.97 ms as one product per
+image; 4 images of 48 -> 48 on 52x52 went the other way, 3.03 vs 2.55 ms)."""
 MIN_BLOCK_WORK = 1 << 23
 """Multiply-adds a block has at least: a block costs ~20 numpy calls (~30 us)."""
 PARTS_PER_THREAD = 4
@@ -119,6 +121,7 @@ def row_plan(
         return None
     if (
         threads > 1
+        and batch == 1
         and geometry is not None
         and channels * len(geometry.order) * math.prod(out_shape) <= FLAT_COLUMNS
     ):
