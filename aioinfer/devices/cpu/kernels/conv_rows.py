@@ -64,11 +64,11 @@ thread; 64 1x1 filters over 32x200x152 take 1.0 instead of 2.0 ms on a loaded ma
 FLAT_COLUMNS = 1_950_000
 """On two or more threads, a convolution with a kernel larger than 1x1 whose columns of
 one image (input channels x taps x output pixels) are at most this many (7.8 MB of
-float32) runs faster as one product over the whole image (the columns copied by channel
-on both threads, the product split by BLAS); beyond, blocks of rows, whose columns stay
-in the cache, win. The bound lies between the largest columns measured faster as one
-product (1.84M) and the smallest measured faster in blocks (2.07M). Medians of
-alternating processes, Conv+Relu on two threads of a 2-core Zen 5, blocks vs one
+float32) runs faster as one product over the whole image (its columns copied once, the
+product split between the threads by :func:`.matmul.gemm_2d`); beyond, blocks of rows,
+whose columns stay in the cache, win. The bound lies between the largest columns
+measured faster as one product (1.84M) and the smallest measured faster in blocks
+(2.07M). Medians of alternating processes, Conv+Relu on two threads of a 2-core Zen 5, blocks vs one
 product: ResNet's 64 -> 64 3x3 on 56x56 (1.8M) 1.12 vs 0.92 ms, its 7x7 stem 3 -> 64 /2
 on 224x224 (1.8M) 1.35 vs 1.12 ms, 48 -> 48 on 52x52 (1.2M) 0.72 vs 0.54 ms,
 SqueezeNet's 16 -> 64 on 55x55 (0.4M) 0.36 vs 0.33 ms; but 64 -> 64 on 80x80 (3.7M)
