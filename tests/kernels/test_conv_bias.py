@@ -77,6 +77,7 @@ def rows_or_not(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setattr(conv_rows, "MIN_BLOCK_WORK", 1 << 12)
         monkeypatch.setattr(conv_rows, "BLOCK_ELEMENTS", 1 << 12)
         monkeypatch.setattr(conv_rows, "ONE_THREAD_FILTERS", 1 << 10)
+        monkeypatch.setattr(conv_rows, "FLAT_COLUMNS", 0)
     else:
         monkeypatch.setattr(conv_rows, "MIN_BLOCK_WORK", 1 << 40)
     if CASES[request.node.callspec.params["case"]][3] == "flat":

@@ -40,6 +40,7 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     several blocks, of several images, a short last block)."""
     monkeypatch.setattr(conv_rows, "MIN_BLOCK_WORK", 1 << 12)
     monkeypatch.setattr(conv_rows, "BLOCK_ELEMENTS", 1 << 12)
+    monkeypatch.setattr(conv_rows, "FLAT_COLUMNS", 0)
 
 
 # (x shape, w shape, attributes, kind): kind names the way the blocks are computed.
@@ -168,6 +169,73 @@ def test_a_large_convolution_takes_the_blocks_at_the_default_sizes() -> None:
     # On one thread, 64 filters run faster as one product; on two, in blocks.
     assert conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 64, 1) is None
     assert conv_rows.row_plan(geometry, (1, 1), (60, 80), 1, 48, 64, 2) is not None
+
+
+def _square_plan(
+    channels: int,
+    filters: int,
+    size: tuple[int, int],
+    kernel: int,
+    stride: int,
+    threads: int,
+    batch: int = 1,
+) -> conv_rows.RowPlan | None:
+    """The plan of a ``kernel`` x ``kernel`` convolution padded by ``kernel // 2``."""
+    pad = kernel // 2
+    out = tuple((s + 2 * pad - kernel) // stride + 1 for s in size)
+    geometry = flat_geometry(
+        size,
+        (kernel, kernel),
+        (stride,) * 2,
+        (1, 1),
+        (pad,) * 2,
+        (pad,) * 2,
+        out,
+        filters,
+        channels,
+    )
+    return conv_rows.row_plan(geometry, (stride,) * 2, out, batch, channels, filters, threads)
+
+
+# (channels, filters, input size, kernel, stride): the models' convolutions whose columns
+# of one image fit FLAT_COLUMNS, and some whose columns do not.
+ONE_PRODUCT = {
+    "resnet-64-64-56": (64, 64, (56, 56), 3, 1),
+    "resnet-stem-7x7": (3, 64, (224, 224), 7, 2),
+    "yolox-48-48-52": (48, 48, (52, 52), 3, 1),
+    "squeezenet-16-64-55": (16, 64, (55, 55), 3, 1),
+}
+BLOCKS = {
+    "ppocr-stem-480x640": (3, 16, (480, 640), 3, 2),
+    "ppocr-96-24-60x80": (96, 24, (60, 80), 3, 1),
+    "yolox-12-24-208": (12, 24, (208, 208), 3, 1),
+    "64-64-80": (64, 64, (80, 80), 3, 1),
+}
+
+
+def test_columns_that_fit_take_one_product_on_two_threads() -> None:
+    """On two threads, one product over the image when its columns fit FLAT_COLUMNS,
+    blocks beyond and for batches; on one thread the filters alone decide (as before)."""
+    for case, (c, m, size, k, s) in ONE_PRODUCT.items():
+        assert _square_plan(c, m, size, k, s, 2) is None, case
+    for case, (c, m, size, k, s) in BLOCKS.items():
+        assert _square_plan(c, m, size, k, s, 2) is not None, case
+    # A batch keeps the blocks, which span its images.
+    assert _square_plan(16, 64, (55, 55), 3, 1, 2, batch=8) is not None
+    assert _square_plan(48, 48, (52, 52), 3, 1, 1) is not None
+    assert _square_plan(64, 64, (56, 56), 3, 1, 1) is None
+
+
+@pytest.mark.parametrize("case", ["yolox-48-48-52", "squeezenet-16-64-55"])
+def test_one_product_of_small_columns_matches_the_reference(case: str, threads: int) -> None:
+    """The geometries FLAT_COLUMNS moves to one product, at the default sizes."""
+    c, m, size, k, s = ONE_PRODUCT[case]
+    inputs = [_random(1, c, *size), _random(m, c, k, k), _random(m)]
+    node = oh.make_node("Conv", ["x", "w", "b"], ["y"], pads=[k // 2] * 4, strides=[s, s])
+    want = run_reference(node, inputs, 18)[0]
+    got = run_with_constant_weights(node, inputs, 18)[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(run_aioinfer(node, inputs, 18)[0], want, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.usefixtures("small_blocks")

@@ -61,6 +61,21 @@ one product over the image (BLAS's own blocking, no per-block numpy calls): 64 3
 filters over 16x55x55 take 0.37 instead of 0.45 ms, 48 1x1 ones over 48x120x160 0.58
 instead of 0.67 ms. On two threads the blocks are as fast or faster (no pass on one
 thread; 64 1x1 filters over 32x200x152 take 1.0 instead of 2.0 ms on a loaded machine)."""
+FLAT_COLUMNS = 1_950_000
+"""On two or more threads, a convolution with a kernel larger than 1x1 whose columns of
+one image (input channels x taps x output pixels) are at most this many (7.8 MB of
+float32) runs faster as one product over the whole image (its columns copied once, the
+product split between the threads by :func:`.matmul.gemm_2d`); beyond, blocks of rows,
+whose columns stay in the cache, win. The bound lies between the largest columns
+measured faster as one product (1.84M) and the smallest measured faster in blocks
+(2.07M). Medians of alternating processes, Conv+Relu on two threads of a 2-core Zen 5, blocks vs one
+product: ResNet's 64 -> 64 3x3 on 56x56 (1.8M) 1.12 vs 0.92 ms, its 7x7 stem 3 -> 64 /2
+on 224x224 (1.8M) 1.35 vs 1.12 ms, 48 -> 48 on 52x52 (1.2M) 0.72 vs 0.54 ms,
+SqueezeNet's 16 -> 64 on 55x55 (0.4M) 0.36 vs 0.33 ms; but 64 -> 64 on 80x80 (3.7M)
+1.84 vs 2.02 ms, 3 -> 16 /2 on 480x640 (2.1M) 1.39 vs 1.81 ms, 96 -> 24 on 120x160
+(16.6M) 3.4 vs 7.2 ms. For one image only: a batch keeps the blocks, which span its
+images (8 images of 16 -> 64 on 55x55: 2.60 ms in blocks, 2.97 ms as one product per
+image; 4 images of 48 -> 48 on 52x52 went the other way, 3.03 vs 2.55 ms)."""
 MIN_BLOCK_WORK = 1 << 23
 """Multiply-adds a block has at least: a block costs ~20 numpy calls (~30 us)."""
 PARTS_PER_THREAD = 4
@@ -99,9 +114,17 @@ def row_plan(
 ) -> RowPlan | None:
     """The plan of a convolution with one group (``geometry`` for a 1-D or 2-D one, None
     for a 1x1 one without padding) of ``batch`` images run on ``threads`` intra-op
-    threads, or None when it runs better as one product (many filters, too little work
-    for two blocks; on one thread, see :data:`ONE_THREAD_FILTERS`)."""
+    threads, or None when it runs better as one product (many filters, columns that fit
+    the cache on two threads (:data:`FLAT_COLUMNS`), too little work for two blocks; on
+    one thread, see :data:`ONE_THREAD_FILTERS`)."""
     if filters >= MAX_FILTERS:
+        return None
+    if (
+        threads > 1
+        and batch == 1
+        and geometry is not None
+        and channels * len(geometry.order) * math.prod(out_shape) <= FLAT_COLUMNS
+    ):
         return None
     if threads <= 1 and (
         filters > ONE_THREAD_FILTERS
