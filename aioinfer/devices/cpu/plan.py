@@ -72,6 +72,13 @@ def current_cancel_token() -> CancelToken:
     return token if token is not None else CancelToken()
 
 
+def stop_if_cancelled(token: CancelToken) -> None:
+    """Raise :class:`~aioinfer.errors.InferCancelledError` once ``token`` is cancelled:
+    the check of a kernel that loops (a Loop's iterations, a recurrent layer's steps)."""
+    if token.requested:
+        raise InferCancelledError("the inference was cancelled")
+
+
 def swap_cancel_token(token: CancelToken | None) -> CancelToken | None:
     """Make ``token`` this thread's :func:`current_cancel_token`; return the one it was
     (a plan's run restores it when it ends; a plain function, no context manager: this

@@ -16,15 +16,8 @@ from typing import Any
 import numpy as np
 
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
-from aioinfer.devices.cpu.plan import Plan, current_cancel_token
+from aioinfer.devices.cpu.plan import Plan, current_cancel_token, stop_if_cancelled
 from aioinfer.devices.cpu.specialize import may_specialize, specialized_run
-from aioinfer.errors import InferCancelledError
-from aioinfer.plugin.sync_request import CancelToken
-
-
-def _check(token: CancelToken) -> None:
-    if token.requested:
-        raise InferCancelledError("the inference was cancelled")
 
 
 def _flag(value: Any) -> bool:
@@ -77,7 +70,7 @@ def _loop(spec: NodeSpec) -> Kernel:
         scans: list[list[np.ndarray]] = [[] for _ in range(scan_count)]
         iteration = 0
         while going and (limit is None or iteration < limit):
-            _check(token)
+            stop_if_cancelled(token)
             outputs = run_body((np.array(iteration, np.int64), _TRUE, *carried, *captured), token)
             going = _flag(outputs[0])
             carried = outputs[1 : 1 + carried_count]
@@ -112,7 +105,7 @@ def _scan(
     token = current_cancel_token()
     collected: list[list[np.ndarray]] = [[] for _ in output_axes]
     for step in range(length):
-        _check(token)
+        stop_if_cancelled(token)
         outputs = body.run_steps([*states, *(x[step] for x in scans), *captured], token)
         states = list(outputs[:state_count])
         for parts, value in zip(collected, outputs[state_count:]):

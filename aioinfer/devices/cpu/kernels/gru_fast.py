@@ -17,21 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d
-from aioinfer.devices.cpu.plan import current_cancel_token
-from aioinfer.errors import InferCancelledError
+from aioinfer.devices.cpu.plan import current_cancel_token, stop_if_cancelled
 from aioinfer.plugin.sync_request import CancelToken
 
 CANCEL_EVERY = 32
 """Steps between two looks at the inference's cancel token in a recurrent loop: a long
 sequence stops within this many steps of a cancel (a look costs ~0.1 us; a step of the
 lean loops 3-10 us)."""
-
-
-def stop_if_cancelled(token: CancelToken) -> None:
-    """Raise :class:`~aioinfer.errors.InferCancelledError` once ``token`` is cancelled
-    (the recurrent loops call it every :data:`CANCEL_EVERY` steps)."""
-    if token.requested:
-        raise InferCancelledError("the inference was cancelled")
 
 
 COPIES_PER_BATCH_MAX = 8

@@ -22,7 +22,8 @@ from collections.abc import Callable, Collection
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.gru_fast import CANCEL_EVERY, halves, stop_if_cancelled
+from aioinfer.devices.cpu.kernels.gru_fast import CANCEL_EVERY, halves
+from aioinfer.devices.cpu.plan import stop_if_cancelled
 from aioinfer.plugin.sync_request import CancelToken
 
 AfterStep = Callable[[int, np.ndarray, np.ndarray], object]

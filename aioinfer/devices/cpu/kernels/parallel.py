@@ -41,21 +41,21 @@ compiled models alternating in one process), PP-LCNet's inference took 0.85x the
 PP-OCR's classifier 0.86x, SqueezeNet 0.92x, openWakeWord's embedding 0.91x, the MLP
 0.95x, BERT, ResNet-18 and the detectors 0.95-1.00x; at 4M BERT lost (1.17x)."""
 MIN_PARALLEL_MACS = 1 << 24
-"""The same bound for matrix products (counted in multiply-adds) and the column copies
-and transpositions around them. A split costs two thread hand-offs on this kind of
-machine (the helper's wake-up, and the caller's once the helper's last part is done): the
-helper starts its part 37 us after the call when splits follow each other, 70-84 us after
-2-10 ms without one (its vCPU halted), and each part runs 1.2-1.5x slower than alone: a
-256 -> 256 1x1 convolution on 14x14 (12.8M multiply-adds) took 138 us on one thread and
-172 us split in two. With 4M
-instead of 1M (quiet, alternating in one process): openWakeWord's embedding 0.82x the
-time, PP-OCR's classifier 0.84x, PP-LCNet 0.88x, SqueezeNet 0.90x, the other models
-0.96-1.01x; with 16M instead of 4M (2026-12-01, quiet, alternating fresh processes, two
-or three rounds): PP-LCNet 0.87-0.95x, PicoDet's layout model 0.85-0.90x, openWakeWord's
-embedding 0.85-0.93x, ResNet-18 0.86-1.01x, PP-OCR's detector 0.92-1.02x, SqueezeNet
-1.02-1.08x, the other models within the noise (0.96-1.04x); 32M instead of 16M was a wash
-(2026-12-01, quiet, three rounds of alternating processes), 64M took 1.09-1.25x the time
-on BERT, the ResNets, the MLP and PicoDet's layout model."""
+"""The same bound for matrix products (counted in multiply-adds) and the column copies and
+transpositions around them. A split costs two thread hand-offs on this kind of machine
+(the helper's wake-up, and the caller's once the helper's last part is done): the helper
+starts its part 37 us after the call when splits follow each other, 70-84 us after 2-10
+ms without one (its vCPU halted), and each part runs 1.2-1.5x slower than alone: a 256
+-> 256 1x1 convolution on 14x14 (12.8M multiply-adds) took 138 us on one thread and 172
+us split in two. With 4M instead of 1M (quiet, alternating in one process):
+openWakeWord's embedding 0.82x the time, PP-OCR's classifier 0.84x, PP-LCNet 0.88x,
+SqueezeNet 0.90x, the other models 0.96-1.01x; with 16M instead of 4M (2026-12-01,
+quiet, alternating fresh processes, two or three rounds): PP-LCNet 0.87-0.95x, PicoDet's
+layout model 0.85-0.90x, openWakeWord's embedding 0.85-0.93x, ResNet-18 0.86-1.01x,
+PP-OCR's detector 0.92-1.02x, SqueezeNet 1.02-1.08x, the other models within the noise
+(0.96-1.04x); 32M instead of 16M was a wash (2026-12-01, quiet, three rounds of
+alternating processes), 64M took 1.09-1.25x the time on BERT, the ResNets, the MLP and
+PicoDet's layout model."""
 
 
 class _ThreadState(threading.local):

@@ -30,12 +30,11 @@ from aioinfer.devices.cpu.kernels.gru_fast import (
     gru_fast,
     gru_fast_weights,
     project_steps,
-    stop_if_cancelled,
 )
 from aioinfer.devices.cpu.kernels.lstm_loop import lstm_loop
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
-from aioinfer.devices.cpu.plan import current_cancel_token
+from aioinfer.devices.cpu.plan import current_cancel_token, stop_if_cancelled
 from aioinfer.plugin.sync_request import CancelToken
 
 Activation = Callable[[np.ndarray], np.ndarray]
