@@ -63,6 +63,13 @@ def single_use(value: ir.Value | None) -> bool:
     return only_use(value) is not None
 
 
+def defined_in(value: ir.Value, graph: ir.Graph) -> bool:
+    """Whether ``value`` is an input, an initializer or a node output of ``graph`` itself
+    (a graph's outputs cannot be values of an enclosing graph)."""
+    node = value.producer()
+    return node.graph is graph if node is not None else value.graph is graph
+
+
 def constant(value: ir.Value | None) -> np.ndarray | None:
     """The compile-time value of ``value`` (an initializer), else None."""
     if value is None or value.const_value is None:
