@@ -29,6 +29,7 @@ from aioinfer.transforms.rewrite import (
     constant,
     initializer,
     is_op,
+    other_input,
     producer,
     replace,
     scalar,
@@ -242,7 +243,7 @@ class FuseActivationPass(RewritePass):
                 add = producer(shifted, "Add")
                 if add is None or not single_use(shifted) or x not in add.inputs:
                     continue
-                three = add.inputs[1] if add.inputs[0] is x else add.inputs[0]
+                three = other_input(add, x)
                 if scalar(three) != 3.0 or x is None:
                     continue
                 source = _only_source(x, {id(add), id(mul)})

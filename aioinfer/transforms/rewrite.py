@@ -70,6 +70,12 @@ def defined_in(value: ir.Value, graph: ir.Graph) -> bool:
     return node.graph is graph if node is not None else value.graph is graph
 
 
+def other_input(node: ir.Node, value: ir.Value | None) -> ir.Value | None:
+    """The input of the binary ``node`` that is not ``value`` (its first, unless that is
+    ``value``)."""
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
 def constant(value: ir.Value | None) -> np.ndarray | None:
     """The compile-time value of ``value`` (an initializer), else None."""
     if value is None or value.const_value is None:
