@@ -66,11 +66,6 @@ def _given(node: ir.Node, index: int) -> bool:
     return len(node.inputs) > index and node.inputs[index] is not None
 
 
-def _int_attr(node: ir.Node, name: str, default: int) -> int:
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.as_int()
-
-
 def _uses_only(value: ir.Value, readers: list[ir.Node]) -> bool:
     """Whether ``value`` is no graph output and every reader is one of ``readers``."""
     if value.is_graph_output():
@@ -105,7 +100,7 @@ class FuseSliceAssignPass(RewritePass):
         if arr is None or arr.shape is None or arr.dtype is None:
             return False
         rank = len(arr.shape)
-        axis = _int_attr(node, "axis", 0)
+        axis = node.attributes.get_int("axis", 0)
         if not -rank <= axis < rank:
             return False
         axis %= rank
@@ -173,7 +168,7 @@ class FuseSliceAssignPass(RewritePass):
         if not gathers:
             return None
         gather, end = gathers[0]
-        if not _is_int64_bound(end) or _int_attr(gather, "axis", 0) != 0:
+        if not _is_int64_bound(end) or gather.attributes.get_int("axis", 0) != 0:
             return None
         assert end is not None
         length_of = producer(gather.inputs[0], "Shape")
@@ -239,7 +234,7 @@ class FuseSliceAssignPass(RewritePass):
     ) -> list[ir.Node] | None:
         """The Slices of ``slice_shape`` that ``concat`` joins with a ``[1]`` at ``axis``
         into ``S[0:axis] + [1] + S[axis+1:rank]``, else None."""
-        if _int_attr(concat, "axis", 1) not in (0, -1):
+        if concat.attributes.get_int("axis", 1) not in (0, -1):
             return None
         position = 0
         pieces: list[ir.Node] = []
