@@ -28,6 +28,7 @@ from aioinfer.transforms.rewrite import (
     RewritePass,
     constant,
     in_graph_order,
+    input_at,
     is_op,
     only_use,
     producer,
@@ -61,11 +62,6 @@ def _axis(value: ir.Value | None, rank: int) -> int | None:
     return axes[0] % rank
 
 
-def _given(node: ir.Node, index: int) -> bool:
-    """Whether ``node`` has its optional input ``index``."""
-    return len(node.inputs) > index and node.inputs[index] is not None
-
-
 def _uses_only(value: ir.Value, readers: list[ir.Node]) -> bool:
     """Whether ``value`` is no graph output and every reader is one of ``readers``."""
     if value.is_graph_output():
@@ -78,7 +74,7 @@ def _squeezed(value: ir.Value | None, source: ir.Value) -> ir.Node | None:
     node = producer(value, "Squeeze")
     if node is None or node.inputs[0] is not source or only_use(value) is None:
         return None
-    axes = node.inputs[1] if len(node.inputs) > 1 else None
+    axes = input_at(node, 1)
     attr = node.attributes.get("axes")
     listed = _ints(axes) if axes is not None else (None if attr is None else attr.as_ints())
     if (axes is not None and listed is None) or (listed is not None and list(listed) != [0]):
@@ -249,8 +245,8 @@ class FuseSliceAssignPass(RewritePass):
                 return None
             starts = _ints(node.inputs[1])
             ends = _ints(node.inputs[2])
-            axes = _ints(node.inputs[3]) if _given(node, 3) else [0]
-            steps = _ints(node.inputs[4]) if _given(node, 4) else [1]
+            axes = _ints(node.inputs[3]) if input_at(node, 3) is not None else [0]
+            steps = _ints(node.inputs[4]) if input_at(node, 4) is not None else [1]
             if starts != [position] or ends is None or len(ends) != 1 or axes != [0]:
                 return None
             if steps != [1] or not position < ends[0] <= (axis if position < axis else rank):

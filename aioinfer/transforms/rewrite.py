@@ -70,6 +70,11 @@ def defined_in(value: ir.Value, graph: ir.Graph) -> bool:
     return node.graph is graph if node is not None else value.graph is graph
 
 
+def input_at(node: ir.Node, index: int) -> ir.Value | None:
+    """Input ``index`` of ``node``, None when it has fewer inputs or omits that one."""
+    return node.inputs[index] if index < len(node.inputs) else None
+
+
 def other_input(node: ir.Node, value: ir.Value | None) -> ir.Value | None:
     """The input of the binary ``node`` that is not ``value`` (its first, unless that is
     ``value``)."""
