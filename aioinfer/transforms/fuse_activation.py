@@ -27,6 +27,7 @@ from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
     constant,
+    grows_rank,
     initializer,
     is_op,
     other_input,
@@ -269,8 +270,7 @@ class FuseActivationPass(RewritePass):
             array = constant(floor)
             if source is None or bound is None or array is None or not single_use(value):
                 continue
-            rank = None if value is None or value.shape is None else len(value.shape)
-            if array.ndim > 0 and (rank is None or array.ndim > rank):
+            if grows_rank(array, value):
                 continue  # the Max would grow the product's rank
             name = source.attributes.get("activation")
             params = source.attributes.get("activation_params")

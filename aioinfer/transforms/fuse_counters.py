@@ -25,6 +25,7 @@ from aioinfer.transforms.rewrite import (
     RewritePass,
     constant,
     defined_in,
+    grows_rank,
     is_op,
     only_use,
     producer,
@@ -112,7 +113,7 @@ class FuseCountersPass(RewritePass):
             return False
         if only_use(widened) is not add or array.dtype.name != "float32" or array.size != 1:
             return False
-        if array.ndim > len(x.shape):
+        if grows_rank(array, x):
             return False  # the sum would have more axes than x
         value = float(array.reshape(()))
         output = node.outputs[0]

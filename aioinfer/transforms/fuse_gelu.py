@@ -24,6 +24,7 @@ from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
     constant,
+    grows_rank,
     is_op,
     only_use,
     other_input,
@@ -67,10 +68,9 @@ def _monomial(
 
 def _fits(x: ir.Value, constants: list[ir.Value | None]) -> bool:
     """Whether adding or multiplying ``constants`` leaves ``x``'s shape as it is."""
-    rank = None if x.shape is None else len(x.shape)
     for value in constants:
         array = constant(value)
-        if array is None or (array.ndim > 0 and (rank is None or array.ndim > rank)):
+        if array is None or grows_rank(array, x):
             return False
     return True
 

@@ -96,6 +96,18 @@ def scalar(value: ir.Value | None) -> float | None:
     return float(array.reshape(()))
 
 
+def rank(value: ir.Value | None) -> int | None:
+    """The number of axes of ``value``, None when unknown."""
+    return None if value is None or value.shape is None else len(value.shape)
+
+
+def grows_rank(array: np.ndarray, value: ir.Value | None) -> bool:
+    """Whether a constant ``array`` broadcast with ``value`` may give more axes than
+    ``value`` has (a non-scalar may, when ``value``'s rank is unknown)."""
+    axes = rank(value)
+    return array.ndim > 0 and (axes is None or array.ndim > axes)
+
+
 def initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     """Register ``array`` as a new initializer of ``graph`` named after ``name``."""
     unique, index = name, 0
