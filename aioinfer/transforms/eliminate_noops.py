@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from aioinfer.transforms.rewrite import constant, is_op, producer, single_use
+from aioinfer.transforms.rewrite import constant, defined_in, is_op, producer, single_use
 from aioinfer.transforms.subgraphs import SUBGRAPH_KEY
 
 _NEUTRAL = {"Add": (0, (0, 1)), "Sub": (0, (0,)), "Mul": (1, (0, 1)), "Div": (1, (0,))}
@@ -43,7 +43,7 @@ class EliminateNoOpsPass(ir.passes.InPlacePass):
                 continue
             output = node.outputs[0]
             if output.is_graph_output() and (
-                outputs_named or source.is_graph_output() or not _defined_in(source, graph)
+                outputs_named or source.is_graph_output() or not defined_in(source, graph)
             ):
                 continue
             first = node.inputs[0]
@@ -57,13 +57,6 @@ class EliminateNoOpsPass(ir.passes.InPlacePass):
 
 
 _PAIRS = {"Squeeze": "Unsqueeze", "Unsqueeze": "Squeeze"}
-
-
-def _defined_in(value: ir.Value, graph: ir.Graph) -> bool:
-    """Whether ``value`` is an input, an initializer or a node output of ``graph`` itself
-    (a graph's outputs cannot be values of an enclosing graph)."""
-    node = value.producer()
-    return node.graph is graph if node is not None else value.graph is graph
 
 
 def _passed_through(node: ir.Node) -> ir.Value | None:

@@ -26,6 +26,7 @@ from aioinfer.transforms.rewrite import (
     initializer,
     is_op,
     only_use,
+    other_input,
     producer,
     replace,
 )
@@ -107,7 +108,7 @@ class FoldOneHotMatMulPass(RewritePass):
         nodes, out = [equal, cast, node], node.outputs[0]
         add = only_use(out)
         if is_op(add, "Add") and add is not None:
-            other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
+            other = other_input(add, out)
             bias = _row_bias(other, weight.shape[1], weight.dtype)
             if bias is not None and _rank(other) <= _rank(out):
                 table = table + bias  # the product's rows plus the bias, as at run time

@@ -27,8 +27,10 @@ from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
     constant,
+    grows_rank,
     initializer,
     is_op,
+    other_input,
     producer,
     replace,
     scalar,
@@ -242,7 +244,7 @@ class FuseActivationPass(RewritePass):
                 add = producer(shifted, "Add")
                 if add is None or not single_use(shifted) or x not in add.inputs:
                     continue
-                three = add.inputs[1] if add.inputs[0] is x else add.inputs[0]
+                three = other_input(add, x)
                 if scalar(three) != 3.0 or x is None:
                     continue
                 source = _only_source(x, {id(add), id(mul)})
@@ -268,8 +270,7 @@ class FuseActivationPass(RewritePass):
             array = constant(floor)
             if source is None or bound is None or array is None or not single_use(value):
                 continue
-            rank = None if value is None or value.shape is None else len(value.shape)
-            if array.ndim > 0 and (rank is None or array.ndim > rank):
+            if grows_rank(array, value):
                 continue  # the Max would grow the product's rank
             name = source.attributes.get("activation")
             params = source.attributes.get("activation_params")

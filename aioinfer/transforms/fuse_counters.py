@@ -24,6 +24,8 @@ from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
     constant,
+    defined_in,
+    grows_rank,
     is_op,
     only_use,
     producer,
@@ -56,11 +58,6 @@ def _cast_to(node: ir.Node | None) -> ir.DataType | None:
     return ir.DataType(node.attributes["to"].as_int())
 
 
-def _defined_in(value: ir.Value, graph: ir.Graph) -> bool:
-    node = value.producer()
-    return node.graph is graph if node is not None else value.graph is graph
-
-
 class FuseCountersPass(RewritePass):
     """Counter chains rooted at their last Cast become ``CastAdd`` nodes; bool round trips
     through a numeric type disappear."""
@@ -88,7 +85,7 @@ class FuseCountersPass(RewritePass):
         if output.is_graph_output() and (
             not graph.meta.get(SUBGRAPH_KEY, False)
             or source.is_graph_output()
-            or not _defined_in(source, graph)
+            or not defined_in(source, graph)
         ):
             return False
         output.replace_all_uses_with(source, replace_graph_outputs=True)
@@ -116,7 +113,7 @@ class FuseCountersPass(RewritePass):
             return False
         if only_use(widened) is not add or array.dtype.name != "float32" or array.size != 1:
             return False
-        if array.ndim > len(x.shape):
+        if grows_rank(array, x):
             return False  # the sum would have more axes than x
         value = float(array.reshape(()))
         output = node.outputs[0]

@@ -24,8 +24,10 @@ from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
     constant,
+    grows_rank,
     is_op,
     only_use,
+    other_input,
     producer,
     replace,
     scalar,
@@ -34,12 +36,6 @@ from aioinfer.transforms.rewrite import (
 
 def _close(value: float | None, expected: float) -> bool:
     return value is not None and math.isclose(value, expected, rel_tol=1e-4)
-
-
-def _other(node: ir.Node, value: ir.Value | None) -> ir.Value | None:
-    """The operand of the binary ``node`` that is not ``value``."""
-    first, second = node.inputs
-    return second if first is value else first
 
 
 def _monomial(
@@ -72,10 +68,9 @@ def _monomial(
 
 def _fits(x: ir.Value, constants: list[ir.Value | None]) -> bool:
     """Whether adding or multiplying ``constants`` leaves ``x``'s shape as it is."""
-    rank = None if x.shape is None else len(x.shape)
     for value in constants:
         array = constant(value)
-        if array is None or (array.ndim > 0 and (rank is None or array.ndim > rank)):
+        if array is None or grows_rank(array, x):
             return False
     return True
 
@@ -102,7 +97,7 @@ class FuseGeluPass(RewritePass):
         if (
             add is None
             or not is_op(add, "Add")
-            or not _close(scalar(_other(add, node.outputs[0])), 1.0)
+            or not _close(scalar(other_input(add, node.outputs[0])), 1.0)
         ):
             return False
         matched = self._product(x, add)
@@ -120,18 +115,18 @@ class FuseGeluPass(RewritePass):
         mul = only_use(one_plus)
         if mul is None or not is_op(mul, "Mul"):
             return None
-        other = _other(mul, one_plus)
+        other = other_input(mul, one_plus)
         if other is x:  # x * (1 + erf), then * 0.5
             half = only_use(mul.outputs[0])
             if half is None or not is_op(half, "Mul"):
                 return None
-            if not _close(scalar(_other(half, mul.outputs[0])), 0.5):
+            if not _close(scalar(other_input(half, mul.outputs[0])), 0.5):
                 return None
             return [mul, half], half.outputs[0]
         halver = producer(other, "Mul")  # (x * 0.5) * (1 + erf)
         if halver is None or only_use(other) is not mul or x not in halver.inputs:
             return None
-        if not _close(scalar(_other(halver, x)), 0.5):
+        if not _close(scalar(other_input(halver, x)), 0.5):
             return None
         return [halver, mul], mul.outputs[0]
 
@@ -164,13 +159,13 @@ class FuseGeluPass(RewritePass):
         one_plus = only_use(tanh.outputs[0])
         if one_plus is None or not is_op(one_plus, "Add"):
             return False
-        if not _close(scalar(_other(one_plus, tanh.outputs[0])), 1.0):
+        if not _close(scalar(other_input(one_plus, tanh.outputs[0])), 1.0):
             return False
         tail = FuseGeluPass._half_product(x, one_plus)
         if tail is None:
             return False
         tail_nodes, out, tail_constants = tail
-        constants += [factor, _other(one_plus, tanh.outputs[0]), *tail_constants]
+        constants += [factor, other_input(one_plus, tanh.outputs[0]), *tail_constants]
         if not _fits(x, constants):
             return False
         fused = ir.Node(
@@ -195,14 +190,14 @@ class FuseGeluPass(RewritePass):
         if not is_op(first, "Mul"):
             return None
         assert first is not None
-        other = _other(first, value)
+        other = other_input(first, value)
         second = only_use(first.outputs[0])
         if other is x or _close(scalar(other), 0.5):  # (1 + t) * x * 0.5, (1 + t) * 0.5 * x
             wanted_half = other is x
             if not is_op(second, "Mul"):
                 return None
             assert second is not None
-            last = _other(second, first.outputs[0])
+            last = other_input(second, first.outputs[0])
             if wanted_half and _close(scalar(last), 0.5):
                 return [first, second], second.outputs[0], [last]
             if not wanted_half and last is x:
@@ -211,7 +206,7 @@ class FuseGeluPass(RewritePass):
         halver = producer(other, "Mul")  # (x * 0.5) * (1 + t)
         if halver is None or only_use(other) is not first or x not in halver.inputs:
             return None
-        half = _other(halver, x)
+        half = other_input(halver, x)
         if not _close(scalar(half), 0.5):
             return None
         return [halver, first], first.outputs[0], [half]

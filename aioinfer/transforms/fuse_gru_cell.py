@@ -22,6 +22,7 @@ from aioinfer.transforms.rewrite import (
     RewritePass,
     constant,
     in_graph_order,
+    input_at,
     is_op,
     only_use,
     producer,
@@ -76,7 +77,7 @@ def _hidden_size(split: ir.Node) -> int | None:
     if rank == 0 or len(split.outputs) != 3 or axis not in (-1, rank - 1):
         return None
     width = source.shape[rank - 1]
-    sizes_input = split.inputs[1] if len(split.inputs) > 1 else None
+    sizes_input = input_at(split, 1)
     sizes_attr = split.attributes.get("split")
     if sizes_input is not None:
         array = constant(sizes_input)

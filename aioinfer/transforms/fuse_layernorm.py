@@ -20,6 +20,7 @@ from aioinfer.transforms.rewrite import (
     initializer,
     is_op,
     only_use,
+    other_input,
     producer,
     replace,
     scalar,
@@ -109,7 +110,7 @@ class FuseLayerNormPass(RewritePass):
             user = only_use(out)
             if user is None or not is_op(user, op_type):
                 continue
-            other = user.inputs[1] if user.inputs[0] is out else user.inputs[0]
+            other = other_input(user, out)
             values = constant(other)
             if values is None or values.ndim > 1:
                 break

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from aioinfer.transforms.rewrite import AIOINFER_DOMAIN, RewritePass, constant, is_op, only_use
+from aioinfer.transforms.rewrite import (
+    AIOINFER_DOMAIN,
+    RewritePass,
+    constant,
+    input_at,
+    is_op,
+    only_use,
+)
 
 STACK = "LSTMStack"
 _DEFAULT_ACTIVATIONS = ["sigmoid", "tanh", "tanh"]
 _STATE_INPUTS = (5, 6)  # initial_h, initial_c
-
-
-def _input(node: ir.Node, index: int) -> ir.Value | None:
-    return node.inputs[index] if index < len(node.inputs) else None
 
 
 def _layer_hidden(node: ir.Node) -> int | None:
@@ -39,10 +42,10 @@ def _layer_hidden(node: ir.Node) -> int | None:
     activations = attrs.get_strings("activations", _DEFAULT_ACTIVATIONS)
     if [str(a).lower() for a in activations] != _DEFAULT_ACTIVATIONS:
         return None
-    if _input(node, 4) is not None or _input(node, 7) is not None:
+    if input_at(node, 4) is not None or input_at(node, 7) is not None:
         return None
-    w, r = constant(_input(node, 1)), constant(_input(node, 2))
-    bias = _input(node, 3)
+    w, r = constant(input_at(node, 1)), constant(input_at(node, 2))
+    bias = input_at(node, 3)
     if w is None or r is None or w.ndim != 3 or r.ndim != 3 or w.shape[0] != 1:
         return None
     if bias is not None and constant(bias) is None:
@@ -57,7 +60,7 @@ def _layer_hidden(node: ir.Node) -> int | None:
 
 def _squeezes_direction(squeeze: ir.Node) -> bool:
     """Whether the Squeeze removes exactly axis 1 of a rank-4 ``Y``."""
-    axes = constant(_input(squeeze, 1))
+    axes = constant(input_at(squeeze, 1))
     listed = (
         [int(a) for a in axes.reshape(-1)]
         if axes is not None
@@ -68,7 +71,7 @@ def _squeezes_direction(squeeze: ir.Node) -> bool:
 
 def _layer_inputs(node: ir.Node) -> list[ir.Value | None]:
     """W, R, B, initial_h, initial_c of an LSTM node."""
-    return [_input(node, i) for i in (1, 2, 3, *_STATE_INPUTS)]
+    return [input_at(node, i) for i in (1, 2, 3, *_STATE_INPUTS)]
 
 
 def _layer_outputs(node: ir.Node) -> list[ir.Value | None]:
@@ -116,7 +119,7 @@ class FuseLSTMStackPass(RewritePass):
             inputs = [below.inputs[0], *_layer_inputs(below)]
             kept = _layer_outputs(below)
             hiddens, names = [below_hidden], [below.name or ""]
-        if constant(_input(node, 1)).shape[-1] != hiddens[-1]:  # type: ignore[union-attr]
+        if constant(input_at(node, 1)).shape[-1] != hiddens[-1]:  # type: ignore[union-attr]
             return False
         fused = ir.Node(
             AIOINFER_DOMAIN,

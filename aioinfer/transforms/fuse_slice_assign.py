@@ -28,6 +28,7 @@ from aioinfer.transforms.rewrite import (
     RewritePass,
     constant,
     in_graph_order,
+    input_at,
     is_op,
     only_use,
     producer,
@@ -61,16 +62,6 @@ def _axis(value: ir.Value | None, rank: int) -> int | None:
     return axes[0] % rank
 
 
-def _given(node: ir.Node, index: int) -> bool:
-    """Whether ``node`` has its optional input ``index``."""
-    return len(node.inputs) > index and node.inputs[index] is not None
-
-
-def _int_attr(node: ir.Node, name: str, default: int) -> int:
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.as_int()
-
-
 def _uses_only(value: ir.Value, readers: list[ir.Node]) -> bool:
     """Whether ``value`` is no graph output and every reader is one of ``readers``."""
     if value.is_graph_output():
@@ -83,7 +74,7 @@ def _squeezed(value: ir.Value | None, source: ir.Value) -> ir.Node | None:
     node = producer(value, "Squeeze")
     if node is None or node.inputs[0] is not source or only_use(value) is None:
         return None
-    axes = node.inputs[1] if len(node.inputs) > 1 else None
+    axes = input_at(node, 1)
     attr = node.attributes.get("axes")
     listed = _ints(axes) if axes is not None else (None if attr is None else attr.as_ints())
     if (axes is not None and listed is None) or (listed is not None and list(listed) != [0]):
@@ -105,7 +96,7 @@ class FuseSliceAssignPass(RewritePass):
         if arr is None or arr.shape is None or arr.dtype is None:
             return False
         rank = len(arr.shape)
-        axis = _int_attr(node, "axis", 0)
+        axis = node.attributes.get_int("axis", 0)
         if not -rank <= axis < rank:
             return False
         axis %= rank
@@ -173,7 +164,7 @@ class FuseSliceAssignPass(RewritePass):
         if not gathers:
             return None
         gather, end = gathers[0]
-        if not _is_int64_bound(end) or _int_attr(gather, "axis", 0) != 0:
+        if not _is_int64_bound(end) or gather.attributes.get_int("axis", 0) != 0:
             return None
         assert end is not None
         length_of = producer(gather.inputs[0], "Shape")
@@ -239,7 +230,7 @@ class FuseSliceAssignPass(RewritePass):
     ) -> list[ir.Node] | None:
         """The Slices of ``slice_shape`` that ``concat`` joins with a ``[1]`` at ``axis``
         into ``S[0:axis] + [1] + S[axis+1:rank]``, else None."""
-        if _int_attr(concat, "axis", 1) not in (0, -1):
+        if concat.attributes.get_int("axis", 1) not in (0, -1):
             return None
         position = 0
         pieces: list[ir.Node] = []
@@ -254,8 +245,8 @@ class FuseSliceAssignPass(RewritePass):
                 return None
             starts = _ints(node.inputs[1])
             ends = _ints(node.inputs[2])
-            axes = _ints(node.inputs[3]) if _given(node, 3) else [0]
-            steps = _ints(node.inputs[4]) if _given(node, 4) else [1]
+            axes = _ints(node.inputs[3]) if input_at(node, 3) is not None else [0]
+            steps = _ints(node.inputs[4]) if input_at(node, 4) is not None else [1]
             if starts != [position] or ends is None or len(ends) != 1 or axes != [0]:
                 return None
             if steps != [1] or not position < ends[0] <= (axis if position < axis else rank):

@@ -15,15 +15,12 @@ from aioinfer.transforms.rewrite import (
     constant,
     is_op,
     producer,
+    rank,
     replace,
     single_use,
 )
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)
-
-
-def _rank(value: ir.Value | None) -> int | None:
-    return None if value is None or value.shape is None else len(value.shape)
 
 
 class FuseMatMulAddPass(RewritePass):
@@ -60,7 +57,7 @@ class FuseMatMulAddPass(RewritePass):
     def _gemm(matmul: ir.Node, bias: ir.Value | None) -> ir.Node | None:
         a, w = matmul.inputs[0], matmul.inputs[1]
         weight, b = constant(w), constant(bias)
-        if matmul.op_type != "MatMul" or _rank(a) != 2 or weight is None or b is None:
+        if matmul.op_type != "MatMul" or rank(a) != 2 or weight is None or b is None:
             return None
         if weight.ndim != 2 or b.ndim > 2 or (b.ndim == 2 and b.shape[0] != 1):
             return None

@@ -63,6 +63,24 @@ def single_use(value: ir.Value | None) -> bool:
     return only_use(value) is not None
 
 
+def defined_in(value: ir.Value, graph: ir.Graph) -> bool:
+    """Whether ``value`` is an input, an initializer or a node output of ``graph`` itself
+    (a graph's outputs cannot be values of an enclosing graph)."""
+    node = value.producer()
+    return node.graph is graph if node is not None else value.graph is graph
+
+
+def input_at(node: ir.Node, index: int) -> ir.Value | None:
+    """Input ``index`` of ``node``, None when it has fewer inputs or omits that one."""
+    return node.inputs[index] if index < len(node.inputs) else None
+
+
+def other_input(node: ir.Node, value: ir.Value | None) -> ir.Value | None:
+    """The input of the binary ``node`` that is not ``value`` (its first, unless that is
+    ``value``)."""
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
 def constant(value: ir.Value | None) -> np.ndarray | None:
     """The compile-time value of ``value`` (an initializer), else None."""
     if value is None or value.const_value is None:
@@ -76,6 +94,18 @@ def scalar(value: ir.Value | None) -> float | None:
     if array is None or array.size != 1 or array.dtype.kind not in "fiu":
         return None
     return float(array.reshape(()))
+
+
+def rank(value: ir.Value | None) -> int | None:
+    """The number of axes of ``value``, None when unknown."""
+    return None if value is None or value.shape is None else len(value.shape)
+
+
+def grows_rank(array: np.ndarray, value: ir.Value | None) -> bool:
+    """Whether a constant ``array`` broadcast with ``value`` may give more axes than
+    ``value`` has (a non-scalar may, when ``value``'s rank is unknown)."""
+    axes = rank(value)
+    return array.ndim > 0 and (axes is None or array.ndim > axes)
 
 
 def initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 from onnx_ir.passes.common import ShapeInferencePass
@@ -30,6 +32,18 @@ def op_types(model: onnx.ModelProto | ir.Model) -> list[str]:
     if isinstance(model, onnx.ModelProto):
         return [n.op_type for n in model.graph.node]
     return [n.op_type for n in model.graph]
+
+
+def constant_node(name: str, value: np.ndarray) -> onnx.NodeProto:
+    """A Constant node giving ``value`` as ``name``."""
+    return oh.make_node("Constant", [], [name], value=onh.from_array(value))
+
+
+def loop_body_op_types(model: onnx.ModelProto) -> list[str]:
+    """The op types of the body of the first Loop of ``model`` compiled for the CPU."""
+    compiled = ai.Core().compile_model(model, "CPU")
+    loop = next(n for n in compiled.graph if n.op_type == "Loop")
+    return [n.op_type for n in loop.attributes["body"].as_graph()]
 
 
 def run_ir(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:

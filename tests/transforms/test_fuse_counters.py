@@ -6,27 +6,29 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx.helper as oh
-import onnx.numpy_helper as onh
 import pytest
 
-import aioinfer as ai
 from aioinfer.transforms.fuse_counters import FuseCountersPass
 from tests.helpers import make_model, tensor_info
-from tests.transforms._util import applied, op_types, run_compiled, run_ir, run_reference
+from tests.transforms._util import (
+    applied,
+    constant_node,
+    loop_body_op_types,
+    op_types,
+    run_compiled,
+    run_ir,
+    run_reference,
+)
 
 FLOAT, DOUBLE = onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE
 INT64, BOOL = onnx.TensorProto.INT64, onnx.TensorProto.BOOL
-
-
-def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
-    return oh.make_node("Constant", [], [name], value=onh.from_array(value))
 
 
 def _plus_one(x: str, out: str, tag: str, via: int = FLOAT) -> list[onnx.NodeProto]:
     """``out = Cast(Cast(x, via) + 1, INT64)`` as paddle2onnx writes it."""
     one = np.array([1.0], np.float32 if via == FLOAT else np.float64)
     return [
-        _constant(f"one_{tag}", one),
+        constant_node(f"one_{tag}", one),
         oh.make_node("Cast", [x], [f"wide_{tag}"], to=via),
         oh.make_node("Add", [f"wide_{tag}", f"one_{tag}"], [f"sum_{tag}"]),
         oh.make_node("Cast", [f"sum_{tag}"], [out], to=INT64),
@@ -137,9 +139,7 @@ def test_a_loop_counts_with_one_cast_add_and_no_cast() -> None:
     """In the body both chains become one CastAdd and the round trip goes: no Cast is
     left; the loop stops where onnx.reference's does."""
     model = _counting_loop()
-    compiled = ai.Core().compile_model(model, "CPU")
-    loop = next(n for n in compiled.graph if n.op_type == "Loop")
-    body = [n.op_type for n in loop.attributes["body"].as_graph()]
+    body = loop_body_op_types(model)
     assert body.count("CastAdd") == 1 and "Cast" not in body
     for limit in (1, 5, 12):
         feeds = {

@@ -7,12 +7,12 @@ import onnx
 import onnx.helper as oh
 import pytest
 
-import aioinfer as ai
 from aioinfer.transforms.fuse_gru_cell import FuseGRUGatesPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import (
     applied,
     assert_close,
+    loop_body_op_types,
     op_types,
     run_compiled,
     run_ir,
@@ -164,9 +164,7 @@ def test_the_cell_in_a_loop_body_is_fused() -> None:
     """Inside a Loop (the pass runs on bodies): the body holds GRUGates and no Sigmoid;
     six iterations agree with onnx.reference (float32: rtol 1e-5, atol 1e-6)."""
     model = _decoder_loop()
-    compiled = ai.Core().compile_model(model, "CPU")
-    loop = next(n for n in compiled.graph if n.op_type == "Loop")
-    body = [n.op_type for n in loop.attributes["body"].as_graph()]
+    body = loop_body_op_types(model)
     assert "GRUGates" in body and "Sigmoid" not in body
     feeds = {
         "n": np.array(6, np.int64),

@@ -5,20 +5,22 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx.helper as oh
-import onnx.numpy_helper as onh
 import pytest
 
-import aioinfer as ai
 from aioinfer.errors import InferenceError
 from aioinfer.transforms.fuse_slice_assign import FuseSliceAssignPass
 from tests.helpers import make_model, tensor_info
-from tests.transforms._util import applied, op_types, run_compiled, run_ir, run_reference
+from tests.transforms._util import (
+    applied,
+    constant_node,
+    loop_body_op_types,
+    op_types,
+    run_compiled,
+    run_ir,
+    run_reference,
+)
 
 RNG = np.random.default_rng(18)
-
-
-def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
-    return oh.make_node("Constant", [], [name], value=onh.from_array(value))
 
 
 def _write(
@@ -32,18 +34,18 @@ def _write(
         return np.array(change.get(name, default), np.int64)
 
     return [
-        _constant("c_axis", c("axis_const", [axis])),
-        _constant("c_gather", np.array([axis], np.int64)),
-        _constant("c_step", c("step", [1])),
-        _constant("c_unsq", np.array([axis], np.int64)),
-        _constant("c_shape", c("reshape", [1, -1, 1])),
-        _constant("c_one", np.array([1], np.int64)),
-        _constant("c_s0", np.array([0], np.int64)),
-        _constant("c_e0", np.array([1], np.int64)),
-        _constant("c_s2", np.array([2], np.int64)),
-        _constant("c_e2", np.array([3], np.int64)),
-        _constant("c_ax0", np.array([0], np.int64)),
-        _constant("c_delta", np.array(change.get("delta", 1), np.int64)),
+        constant_node("c_axis", c("axis_const", [axis])),
+        constant_node("c_gather", np.array([axis], np.int64)),
+        constant_node("c_step", c("step", [1])),
+        constant_node("c_unsq", np.array([axis], np.int64)),
+        constant_node("c_shape", c("reshape", [1, -1, 1])),
+        constant_node("c_one", np.array([1], np.int64)),
+        constant_node("c_s0", np.array([0], np.int64)),
+        constant_node("c_e0", np.array([1], np.int64)),
+        constant_node("c_s2", np.array([2], np.int64)),
+        constant_node("c_e2", np.array([3], np.int64)),
+        constant_node("c_ax0", np.array([0], np.int64)),
+        constant_node("c_delta", np.array(change.get("delta", 1), np.int64)),
         oh.make_node("Shape", [arr], ["len_shape"]),
         oh.make_node("Gather", ["len_shape", "c_gather"], ["len"], axis=0),
         oh.make_node("Min", ["len", end], ["bound"]),
@@ -150,8 +152,8 @@ def _decoder_loop() -> onnx.ModelProto:
     and a value that changes every iteration."""
     body = oh.make_graph(
         [
-            _constant("one_f", np.array([1.0], np.float32)),
-            _constant("one_i", np.array([1], np.int64)),
+            constant_node("one_f", np.array([1.0], np.float32)),
+            constant_node("one_i", np.array([1], np.int64)),
             oh.make_node("Cast", ["i_in"], ["i_f"], to=onnx.TensorProto.FLOAT),
             oh.make_node("Add", ["i_f", "one_f"], ["next_f"]),
             oh.make_node("Cast", ["next_f"], ["next"], to=onnx.TensorProto.INT64),
@@ -192,9 +194,7 @@ def test_the_write_in_a_loop_body_is_fused_and_gives_the_same_bits() -> None:
     ScatterElements; nine iterations over seven positions (the last two write nothing)
     give onnx.reference's bits."""
     model = _decoder_loop()
-    compiled = ai.Core().compile_model(model, "CPU")
-    loop = next(n for n in compiled.graph if n.op_type == "Loop")
-    body = [n.op_type for n in loop.attributes["body"].as_graph()]
+    body = loop_body_op_types(model)
     assert "SliceAssign" in body and "ScatterElements" not in body
     feeds = {
         "n": np.array(9, np.int64),
