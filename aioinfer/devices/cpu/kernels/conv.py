@@ -272,17 +272,18 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 w_shape[0],
                 intra_op_threads(),
             )
-        small = x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out) * 4
-        small_columns = small <= KEPT_COLUMNS_BYTES
+        columns = x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out)
+        small_columns = columns * 4 <= KEPT_COLUMNS_BYTES
         shifted = None
         # Where the window view copies whole channels (a kx1 kernel, or one output
         # row), small columns keep the kept-columns paths (openWakeWord's 96 3x1
         # filters over 96x10x2: 14.6 us a node, shifted 21.4; PP-OCR's 60 1x3 filters
         # over 480x1x40: 71, shifted 72-81); 1xk ones over several rows copy runs of one
         # output row there (96x12x4: 39.5, shifted 33.4 us).
-        whole = rank != 2 or kshape[1] == 1 or out[0] == 1
-        if group == 1 and rows is None and rank == 2 and not (whole and small_columns):
-            shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends)
+        if group == 1 and rows is None and rank == 2:
+            whole = kshape[1] == 1 or out[0] == 1
+            if not (whole and small_columns):
+                shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends)
         return _ConvPlan(
             kshape,
             strides,
@@ -367,7 +368,6 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             cached_plan(prepared, key, lambda: matrix)
         return matrix
 
-    b_const = spec.const(2)
     biased: dict[object, np.ndarray] = {}
     """Constant weight matrices with the constant bias as one more column, by key."""
 
@@ -466,9 +466,8 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             if len(kept) >= PLAN_CACHE_SIZE:
                 kept.clear()
             geometry = (plan.kernel_shape, plan.strides, plan.dilations, plan.begins, plan.ends)
-            bias = spec.const(2)
             kept[x.shape, x.dtype.char] = SmallConv(
-                x.shape, x.dtype, wmat[0], *geometry, plan.out_shape, bias
+                x.shape, x.dtype, wmat[0], *geometry, plan.out_shape, b_const
             )
             return compute(x, w, b, out, epilogue)
         if plan.pointwise:
