@@ -497,15 +497,15 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             # ones, they cost less than a bias pass over the output.
             inner = wmat.shape[-1]
             folded = with_bias("plain", wmat[0], b) if 2 * inner <= m else None
-            for image in range(n):  # a large product is split between the threads
-                if folded is None:
+            if folded is None:
+                for image in range(n):  # a large product is split between the threads
                     gemm_2d(wmat[0], cols[image, 0], y[image, 0])
-                    continue
+            else:
                 ones = scratch("ones", (inner + 1, pixels), work.dtype)
-                ones[:inner] = cols[image, 0]
                 ones[inner] = 1
-                gemm_2d(folded, ones, y[image, 0])
-            if folded is not None:
+                for image in range(n):
+                    ones[:inner] = cols[image, 0]
+                    gemm_2d(folded, ones, y[image, 0])
                 b = None
         else:
             stacked_matmul(wmat, cols, y)
