@@ -317,12 +317,6 @@ _kept = threading.local()
 """``phases``: this thread's kept phases and column views by (geometry, batch, dtype)."""
 
 
-def _column_views(geometry: FlatGeometry, images: np.ndarray) -> list[np.ndarray]:
-    """The column views (:func:`column_views`) of the zero-padded phases of ``images``
-    ``(B, hx, wx)``: kept ones for small inputs, else in this thread's scratch."""
-    return _phase_views(geometry, images, column_views)
-
-
 ViewsOf = Callable[[FlatGeometry, np.ndarray], list[np.ndarray]]
 """Views of the phases of a geometry (:func:`column_views`, :func:`_row_views`)."""
 
@@ -388,7 +382,7 @@ def flat_conv(
     m = y.shape[1]
     taps, length = len(geometry.order), geometry.length
     oh, ow = geometry.out_shape
-    views = _column_views(geometry, x.reshape(n * c, *geometry.in_shape))
+    views = _phase_views(geometry, x.reshape(n * c, *geometry.in_shape), column_views)
     ones = group == 1 and wmat.shape[2] == c * taps + 1
     rows = scratch("cols", (c * taps + ones, length), x.dtype)
     cols = rows[: c * taps].reshape(c, taps, length)
