@@ -465,9 +465,9 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             kept = local.__dict__.setdefault("small", {})
             if len(kept) >= PLAN_CACHE_SIZE:
                 kept.clear()
-            geometry = (plan.kernel_shape, plan.strides, plan.dilations, plan.begins, plan.ends)
+            columns = _Columns(plan, x.shape, x.dtype)
             kept[x.shape, x.dtype.char] = SmallConv(
-                x.shape, x.dtype, wmat[0], *geometry, plan.out_shape, b_const
+                columns.interior, columns.view, columns.cols, wmat[0], plan.out_shape, b_const
             )
             return compute(x, w, b, out, epilogue)
         if plan.pointwise:
