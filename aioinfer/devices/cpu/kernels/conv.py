@@ -272,17 +272,18 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 w_shape[0],
                 intra_op_threads(),
             )
-        small = x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out) * 4
-        small_columns = small <= KEPT_COLUMNS_BYTES
+        columns = x_shape[0] * x_shape[1] * math.prod(kshape) * math.prod(out)
+        small_columns = columns * 4 <= KEPT_COLUMNS_BYTES
         shifted = None
         # Where the window view copies whole channels (a kx1 kernel, or one output
         # row), small columns keep the kept-columns paths (openWakeWord's 96 3x1
         # filters over 96x10x2: 14.6 us a node, shifted 21.4; PP-OCR's 60 1x3 filters
         # over 480x1x40: 71, shifted 72-81); 1xk ones over several rows copy runs of one
         # output row there (96x12x4: 39.5, shifted 33.4 us).
-        whole = rank != 2 or kshape[1] == 1 or out[0] == 1
-        if group == 1 and rows is None and rank == 2 and not (whole and small_columns):
-            shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends)
+        if group == 1 and rows is None and rank == 2:
+            whole = kshape[1] == 1 or out[0] == 1
+            if not (whole and small_columns):
+                shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends)
         return _ConvPlan(
             kshape,
             strides,
@@ -367,23 +368,26 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             cached_plan(prepared, key, lambda: matrix)
         return matrix
 
-    b_const = spec.const(2)
-    biased: dict[object, np.ndarray] = {}
-    """Constant weight matrices with the constant bias as one more column, by key."""
+    biased: dict[tuple[int, ...] | None, np.ndarray] = {}
+    """Constant weight matrices with the constant bias as one more column, by the tap
+    order of the matrix (None: ``wmat``'s own, row-major)."""
 
-    def with_bias(key: object, matrix: np.ndarray, b: np.ndarray | None) -> np.ndarray | None:
-        """``matrix`` ``(M, K)`` with ``b`` as column ``K`` (cached), for columns with a
+    def with_bias(
+        order: tuple[int, ...] | None, matrix: np.ndarray, b: np.ndarray | None
+    ) -> np.ndarray | None:
+        """``matrix`` ``(M, K)`` (its taps in ``order``) with ``b`` as column ``K``
+        (cached: the same for every path whose taps are in that order), for columns with a
         row of ones after their ``K`` rows: the product then adds the bias, and no pass
         over the output does (64 3x3 filters over 16x55x55: 277 instead of 304 us,
         64 1x1 filters over 16x55x55 45 instead of 70 us with the copy of the input
         under a row of ones). None unless the weights and the bias are constant."""
         if b is None or b is not b_const or w_const is None or group != 1:
             return None
-        found = biased.get(key)
+        found = biased.get(order)
         if found is None:
             column = b.astype(matrix.dtype, copy=False).reshape(-1, 1)
             found = np.ascontiguousarray(np.concatenate([matrix, column], axis=1))
-            cached_plan(biased, key, lambda: found)
+            cached_plan(biased, order, lambda: found)
         return found
 
     local = threading.local()
@@ -428,13 +432,13 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             weights = row_weights(w, wmat, plan.rows)
             if plan.rows.geometry is not None and not plan.rows.implicit:
-                folded = with_bias(("rows", plan.rows.geometry.order), weights, b)
+                folded = with_bias(plan.rows.geometry.order, weights, b)
                 if folded is not None:  # the block columns get a row of ones
                     return y, rows_conv(plan.rows, work, folded, None, y, epilogue)
             return y, rows_conv(plan.rows, work, weights, b, y, epilogue)
         if plan.shifted is not None and n and not depthwise and work.dtype == x.dtype:
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
-            folded = with_bias("shifted", wmat[0], b)
+            folded = with_bias(None, wmat[0], b)
             shift_conv(plan.shifted, work, wmat[0] if folded is None else folded, y)
             return y, _finish_channels(y, None if folded is not None else b, epilogue)
         if flat is not None and n and (depthwise or not plan.small):
@@ -445,7 +449,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 flat_depthwise(flat, work, operands, y, then)
                 return y.astype(x.dtype, copy=False), epilogue is not None
             weights = tap_ordered(w, wmat, flat.order)
-            folded = with_bias(("flat", flat.order), weights[0], b)
+            folded = with_bias(flat.order, weights[0], b)
             if folded is not None:  # the columns get a row of ones
                 weights, b = folded[np.newaxis], None
             flat_conv(flat, work, weights, y)
@@ -465,10 +469,9 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             kept = local.__dict__.setdefault("small", {})
             if len(kept) >= PLAN_CACHE_SIZE:
                 kept.clear()
-            geometry = (plan.kernel_shape, plan.strides, plan.dilations, plan.begins, plan.ends)
-            bias = spec.const(2)
+            columns = _Columns(plan, x.shape, x.dtype)
             kept[x.shape, x.dtype.char] = SmallConv(
-                x.shape, x.dtype, wmat[0], *geometry, plan.out_shape, bias
+                columns.interior, columns.view, columns.cols, wmat[0], plan.out_shape, b_const
             )
             return compute(x, w, b, out, epilogue)
         if plan.pointwise:
@@ -497,16 +500,16 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             # Columns of at most half as many rows as filters: copied under a row of
             # ones, they cost less than a bias pass over the output.
             inner = wmat.shape[-1]
-            folded = with_bias("plain", wmat[0], b) if 2 * inner <= m else None
-            for image in range(n):  # a large product is split between the threads
-                if folded is None:
+            folded = with_bias(None, wmat[0], b) if 2 * inner <= m else None
+            if folded is None:
+                for image in range(n):  # a large product is split between the threads
                     gemm_2d(wmat[0], cols[image, 0], y[image, 0])
-                    continue
+            else:
                 ones = scratch("ones", (inner + 1, pixels), work.dtype)
-                ones[:inner] = cols[image, 0]
                 ones[inner] = 1
-                gemm_2d(folded, ones, y[image, 0])
-            if folded is not None:
+                for image in range(n):
+                    ones[:inner] = cols[image, 0]
+                    gemm_2d(folded, ones, y[image, 0])
                 b = None
         else:
             stacked_matmul(wmat, cols, y)

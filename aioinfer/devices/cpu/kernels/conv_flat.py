@@ -31,7 +31,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -77,14 +77,32 @@ def _same(first: tuple[object, ...], second: tuple[object, ...]) -> bool:
     return all(a is b for a, b in zip(first, second, strict=True))
 
 
-def _forget_replaced(
-    entries: dict[Any, Any], position: int, current: tuple[np.ndarray | None, ...]
-) -> None:
-    """Drop the ``entries`` whose views are of scratch buffers other than ``current``
-    (``entry[position]``; kept buffers have none): a grown slot's old buffer is freed
-    even if the kernel of those views never runs again."""
-    for key in [k for k, e in entries.items() if e[position] and not _same(e[position], current)]:
-        del entries[key]
+_Made = TypeVar("_Made")
+
+
+def _kept_on_scratch(
+    store: dict[Any, tuple[FlatGeometry, Any, tuple[object, ...]]],
+    key: object,
+    geometry: FlatGeometry,
+    names: tuple[str, ...],
+    make: Callable[[], _Made],
+) -> _Made:
+    """``make()``, views of this thread's scratch slots ``names``, kept in ``store``
+    under ``key`` until one of those slots is replaced (grown). Then every entry whose
+    views are of scratch buffers other than the current ones (kept buffers have none)
+    is dropped: a grown slot's old buffer is freed even if the kernel of those views
+    never runs again. The entry holds ``geometry``, so that a key made of a reused id is
+    not mistaken."""
+    entry = store.get(key)
+    current = _slots(names)
+    if entry is None or entry[0] is not geometry or not _same(entry[2], current):
+        for old in [k for k, e in store.items() if e[2] and not _same(e[2], current)]:
+            del store[old]
+        if len(store) >= KEPT_GEOMETRIES:
+            store.clear()
+        made = make()
+        entry = store[key] = (geometry, made, _slots(names))
+    return entry[1]
 
 
 @dataclass(frozen=True)
@@ -299,12 +317,6 @@ _kept = threading.local()
 """``phases``: this thread's kept phases and column views by (geometry, batch, dtype)."""
 
 
-def _column_views(geometry: FlatGeometry, images: np.ndarray) -> list[np.ndarray]:
-    """The column views (:func:`column_views`) of the zero-padded phases of ``images``
-    ``(B, hx, wx)``: kept ones for small inputs, else in this thread's scratch."""
-    return _phase_views(geometry, images, column_views)
-
-
 ViewsOf = Callable[[FlatGeometry, np.ndarray], list[np.ndarray]]
 """Views of the phases of a geometry (:func:`column_views`, :func:`_row_views`)."""
 
@@ -334,25 +346,19 @@ def _phase_views(geometry: FlatGeometry, images: np.ndarray, views_of: ViewsOf) 
         return entry[2]
     # Larger phases are made in this thread's scratch; their views are kept until the
     # slot is replaced (grown): ``as_strided`` costs 2.5 us a view.
-    views: dict[
-        tuple[int, int, np.dtype, ViewsOf],
-        tuple[FlatGeometry, np.ndarray, list[np.ndarray], tuple[object, ...]],
-    ]
-    views = getattr(_kept, "scratch_views", None) or {}
-    _kept.scratch_views = views
-    key = (id(geometry), images.shape[0], images.dtype, views_of)
-    entry = views.get(key)
-    current = _slots(("phases",))
-    if entry is None or entry[0] is not geometry or not _same(entry[3], current):
-        _forget_replaced(views, 3, current)
-        if len(views) >= KEPT_GEOMETRIES:
-            views.clear()
+    store: dict[Any, tuple[FlatGeometry, Any, tuple[object, ...]]]
+    store = getattr(_kept, "scratch_views", None) or {}
+    _kept.scratch_views = store
+
+    def make() -> tuple[np.ndarray, list[np.ndarray]]:
         phases = scratch("phases", shape, images.dtype)
-        entry = views[key] = (geometry, phases, views_of(geometry, phases), _slots(("phases",)))
-    phases = entry[1]
+        return phases, views_of(geometry, phases)
+
+    key = (id(geometry), images.shape[0], images.dtype, views_of)
+    phases, views = _kept_on_scratch(store, key, geometry, ("phases",), make)
     phases.fill(0)
     fill_phases(geometry, images, phases)
-    return entry[2]
+    return views
 
 
 def _crop(geometry: FlatGeometry, full: np.ndarray, y: np.ndarray) -> None:
@@ -376,7 +382,7 @@ def flat_conv(
     m = y.shape[1]
     taps, length = len(geometry.order), geometry.length
     oh, ow = geometry.out_shape
-    views = _column_views(geometry, x.reshape(n * c, *geometry.in_shape))
+    views = _phase_views(geometry, x.reshape(n * c, *geometry.in_shape), column_views)
     ones = group == 1 and wmat.shape[2] == c * taps + 1
     rows = scratch("cols", (c * taps + ones, length), x.dtype)
     cols = rows[: c * taps].reshape(c, taps, length)
@@ -758,16 +764,16 @@ def _depthwise_buffers(
                 buffers.ones.fill(1)
             entry = kept[key] = (geometry, buffers, ())
         return entry[1]
-    current = _slots(_DEPTHWISE_SLOTS)
-    if entry is None or entry[0] is not geometry or not _same(entry[2], current):
-        _forget_replaced(kept, 2, current)
-        if len(kept) >= KEPT_GEOMETRIES:
-            kept.clear()
-        buffers = _DepthwiseBuffers(geometry, layout, dtype, scratch)
-        entry = kept[key] = (geometry, buffers, _slots(_DEPTHWISE_SLOTS))
-    if entry[1].ones is not None:  # other kernels write into the same scratch
-        entry[1].ones.fill(1)
-    return entry[1]
+    buffers = _kept_on_scratch(
+        kept,
+        key,
+        geometry,
+        _DEPTHWISE_SLOTS,
+        lambda: _DepthwiseBuffers(geometry, layout, dtype, scratch),
+    )
+    if buffers.ones is not None:  # other kernels write into the same scratch
+        buffers.ones.fill(1)
+    return buffers
 
 
 def flat_depthwise(

@@ -21,11 +21,7 @@ in another order (equal within rounding).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 
 class SmallConv:
@@ -36,37 +32,20 @@ class SmallConv:
 
     def __init__(
         self,
-        x_shape: tuple[int, ...],
-        dtype: np.dtype,
+        interior: np.ndarray,
+        view: np.ndarray,
+        filled: np.ndarray,
         matrix: np.ndarray,
-        kernel_shape: Sequence[int],
-        strides: Sequence[int],
-        dilations: Sequence[int],
-        begins: Sequence[int],
-        ends: Sequence[int],
         out_shape: tuple[int, ...],
         bias_const: np.ndarray | None,
     ) -> None:
-        channels, spatial = x_shape[1], x_shape[2:]
-        padded = np.zeros(
-            (channels, *(size + b + e for size, b, e in zip(spatial, begins, ends))), dtype
-        )
-        self.interior = padded[
-            (slice(None), *(slice(b, b + size) for size, b in zip(spatial, begins)))
-        ]
-        steps = padded.strides[1:]
-        self.view = as_strided(
-            padded,
-            (channels, *kernel_shape, *out_shape),
-            (
-                padded.strides[0],
-                *(s * d for s, d in zip(steps, dilations)),
-                *(s * st for s, st in zip(steps, strides)),
-            ),
-            writeable=False,
-        )
-        self.cols = np.empty((channels * math.prod(kernel_shape), math.prod(out_shape)), dtype)
-        self.filled = self.cols.reshape(self.view.shape)
+        """``interior``: where the image goes in the zero-padded input; ``view``: the
+        window view of that input; ``filled``: the (contiguous) columns it is copied
+        into (the buffers of :class:`.conv._Columns` for the image's shape)."""
+        self.interior = interior
+        self.view = view
+        self.filled = filled
+        self.cols = filled.reshape(matrix.shape[1], -1)
         self.matrix = matrix
         self.out_shape = (1, matrix.shape[0], *out_shape)
         self.bias_const = bias_const
@@ -82,7 +61,7 @@ class SmallConv:
         has the output's shape and dtype."""
         if out is None or out.shape != self.out_shape or out.dtype != self.cols.dtype:
             out = np.empty(self.out_shape, self.cols.dtype)
-        np.copyto(self.interior, x[0])
+        np.copyto(self.interior, x)
         np.copyto(self.filled, self.view)
         np.matmul(self.matrix, self.cols, out=out.reshape(self.matrix.shape[0], -1))
         if b is not None:
