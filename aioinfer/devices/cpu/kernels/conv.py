@@ -339,7 +339,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         w: np.ndarray, wmat: np.ndarray, b: np.ndarray | None, flat: FlatGeometry, images: int
     ) -> DepthwiseOperands:
         """The depthwise operands for ``flat``, cached when ``w`` and ``b`` are constant."""
-        constant = w_const is not None and (b is None or b_const is not None)
+        constant = w_const is not None and (b is None or b is b_const)
         entry = grouped.get(id(flat))
         if constant and entry is not None and entry[0] is flat:
             return entry[1]

@@ -750,10 +750,12 @@ def _depthwise_buffers(
     """This thread's buffers for ``geometry``: kept ones when small, else views of its
     scratch buffers, made again only when a slot was replaced (grown) since: the views
     cost 11-14 us a call (``as_strided``)."""
-    kept: dict[tuple[int, np.dtype], tuple[FlatGeometry, _DepthwiseBuffers, tuple[object, ...]]]
+    kept: dict[
+        tuple[int, np.dtype, bool], tuple[FlatGeometry, _DepthwiseBuffers, tuple[object, ...]]
+    ]
     kept = getattr(_kept, "depthwise", None) or {}
     _kept.depthwise = kept
-    key = (id(geometry), dtype)
+    key = (id(geometry), dtype, layout.kept)  # kept buffers and scratch views apart
     entry = kept.get(key)
     if layout.kept:
         if entry is None or entry[0] is not geometry:
