@@ -28,6 +28,7 @@ from aioinfer.transforms.rewrite import (
     only_use,
     other_input,
     producer,
+    rank,
     replace,
 )
 
@@ -69,11 +70,6 @@ def _row_bias(value: ir.Value | None, columns: int, dtype: np.dtype) -> np.ndarr
     return np.broadcast_to(array.reshape(-1), (columns,))
 
 
-def _rank(value: ir.Value | None) -> float:
-    """The rank of ``value``, infinite when unknown."""
-    return float("inf") if value is None or value.shape is None else len(value.shape)
-
-
 class FoldOneHotMatMulPass(RewritePass):
     """``MatMul(Cast(Equal(x, arange(K))), W)`` (plus a constant row bias) becomes a
     ``OneHotMatMul`` lookup of ``x`` in a table made of ``W``."""
@@ -110,7 +106,10 @@ class FoldOneHotMatMulPass(RewritePass):
         if is_op(add, "Add") and add is not None:
             other = other_input(add, out)
             bias = _row_bias(other, weight.shape[1], weight.dtype)
-            if bias is not None and _rank(other) <= _rank(out):
+            bias_rank, out_rank = rank(other), rank(out)
+            if bias is not None and (
+                out_rank is None or (bias_rank is not None and bias_rank <= out_rank)
+            ):
                 table = table + bias  # the product's rows plus the bias, as at run time
                 nodes, out = [*nodes, add], add.outputs[0]
         name = node.name or "one_hot_matmul"

@@ -20,9 +20,9 @@ import onnx_ir as ir
 from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
-    constant,
     in_graph_order,
     input_at,
+    ints,
     is_op,
     only_use,
     producer,
@@ -80,8 +80,7 @@ def _hidden_size(split: ir.Node) -> int | None:
     sizes_input = input_at(split, 1)
     sizes_attr = split.attributes.get("split")
     if sizes_input is not None:
-        array = constant(sizes_input)
-        sizes = None if array is None else [int(v) for v in array.reshape(-1)]
+        sizes = ints(sizes_input)
     elif sizes_attr is not None:
         sizes = list(sizes_attr.as_ints())
     else:

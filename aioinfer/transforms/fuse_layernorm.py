@@ -18,6 +18,7 @@ from aioinfer.transforms.rewrite import (
     RewritePass,
     constant,
     initializer,
+    ints,
     is_op,
     only_use,
     other_input,
@@ -38,10 +39,10 @@ def _last_axis_mean(node: ir.Node | None, x: ir.Value | None) -> bool:
     if "axes" in node.attributes:
         axes = list(node.attributes["axes"].as_ints())
     else:
-        given = constant(node.inputs[1]) if len(node.inputs) > 1 else None
+        given = ints(node.inputs[1]) if len(node.inputs) > 1 else None
         if given is None:
             return False
-        axes = [int(a) for a in given.reshape(-1)]
+        axes = given
     rank = None if x is None or x.shape is None else len(x.shape)
     return axes == [-1] or (rank is not None and axes == [rank - 1])
 

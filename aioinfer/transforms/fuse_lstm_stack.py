@@ -21,8 +21,10 @@ from aioinfer.transforms.rewrite import (
     RewritePass,
     constant,
     input_at,
+    ints,
     is_op,
     only_use,
+    stand_for,
 )
 
 STACK = "LSTMStack"
@@ -60,12 +62,8 @@ def _layer_hidden(node: ir.Node) -> int | None:
 
 def _squeezes_direction(squeeze: ir.Node) -> bool:
     """Whether the Squeeze removes exactly axis 1 of a rank-4 ``Y``."""
-    axes = constant(input_at(squeeze, 1))
-    listed = (
-        [int(a) for a in axes.reshape(-1)]
-        if axes is not None
-        else squeeze.attributes.get_ints("axes", None)
-    )
+    axes = input_at(squeeze, 1)
+    listed = ints(axes) if axes is not None else squeeze.attributes.get_ints("axes", None)
     return listed is not None and list(listed) in ([1], [-3])
 
 
@@ -77,18 +75,6 @@ def _layer_inputs(node: ir.Node) -> list[ir.Value | None]:
 def _layer_outputs(node: ir.Node) -> list[ir.Value | None]:
     """Y_h and Y_c of an LSTM node (None where it has none)."""
     return [node.outputs[i] if i < len(node.outputs) else None for i in (1, 2)]
-
-
-def _move(old: ir.Value | None, new: ir.Value) -> None:
-    """Make ``new`` stand for ``old``: its name, shape, type, uses and graph outputs."""
-    if old is None:
-        return
-    new.shape, new.type = old.shape, old.type
-    name = old.name
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
-    if name:
-        old.name = None
-        new.name = name
 
 
 class FuseLSTMStackPass(RewritePass):
@@ -134,7 +120,8 @@ class FuseLSTMStackPass(RewritePass):
         )
         graph.insert_before(node, fused)
         for old, new in zip([node.outputs[0], *kept, *_layer_outputs(node)], fused.outputs):
-            _move(old, new)
+            if old is not None:
+                stand_for(old, new)
         for gone in (node, squeeze, below):
             graph.remove(gone, safe=True)
         return True

@@ -26,9 +26,9 @@ import onnx_ir as ir
 from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
-    constant,
     in_graph_order,
     input_at,
+    ints,
     is_op,
     only_use,
     producer,
@@ -37,14 +37,6 @@ from aioinfer.transforms.rewrite import (
 
 SLICE_ASSIGN = "SliceAssign"
 """The fused operator: ``SliceAssign(data, value, start, end)`` with an ``axis``."""
-
-
-def _ints(value: ir.Value | None) -> list[int] | None:
-    """The values of an integer constant, flattened, else None."""
-    array = constant(value)
-    if array is None or array.dtype.kind not in "iu":
-        return None
-    return [int(v) for v in array.reshape(-1)]
 
 
 def _is_int64_bound(value: ir.Value | None) -> bool:
@@ -56,7 +48,7 @@ def _is_int64_bound(value: ir.Value | None) -> bool:
 
 def _axis(value: ir.Value | None, rank: int) -> int | None:
     """The one axis a constant names, normalised for ``rank``, else None."""
-    axes = _ints(value)
+    axes = ints(value)
     if axes is None or len(axes) != 1 or not -rank <= axes[0] < rank:
         return None
     return axes[0] % rank
@@ -76,7 +68,7 @@ def _squeezed(value: ir.Value | None, source: ir.Value) -> ir.Node | None:
         return None
     axes = input_at(node, 1)
     attr = node.attributes.get("axes")
-    listed = _ints(axes) if axes is not None else (None if attr is None else attr.as_ints())
+    listed = ints(axes) if axes is not None else (None if attr is None else attr.as_ints())
     if (axes is not None and listed is None) or (listed is not None and list(listed) != [0]):
         return None
     return node
@@ -146,7 +138,7 @@ class FuseSliceAssignPass(RewritePass):
         if slicer is None or only_use(sliced) is not shape_of_slice or len(slicer.inputs) != 5:
             return None
         source, start, bound, slice_axes, slice_steps = slicer.inputs
-        if source is not arr or _axis(slice_axes, rank) != axis or _ints(slice_steps) != [1]:
+        if source is not arr or _axis(slice_axes, rank) != axis or ints(slice_steps) != [1]:
             return None
         if not _is_int64_bound(start) or start is None or start.shape != ir.Shape([1]):
             return None  # Slice's starts are 1-D
@@ -170,7 +162,7 @@ class FuseSliceAssignPass(RewritePass):
         length_of = producer(gather.inputs[0], "Shape")
         if length_of is None or length_of.attributes or length_of.inputs[0] is not arr:
             return None
-        if only_use(gather.inputs[0]) is not gather or _ints(gather.inputs[1]) is None:
+        if only_use(gather.inputs[0]) is not gather or ints(gather.inputs[1]) is None:
             return None
         if gather.inputs[1] is None or gather.inputs[1].shape != ir.Shape([1]):
             return None
@@ -184,7 +176,7 @@ class FuseSliceAssignPass(RewritePass):
         reshape = producer(reshaped, "Reshape")
         if reshape is None or only_use(reshaped) is not tile:
             return None
-        if _ints(reshape.inputs[1]) != [1] * axis + [-1] + [1] * (rank - axis - 1):
+        if ints(reshape.inputs[1]) != [1] * axis + [-1] + [1] * (rank - axis - 1):
             return None
         ranged = reshape.inputs[0]
         range_node = producer(ranged, "Range")
@@ -193,7 +185,7 @@ class FuseSliceAssignPass(RewritePass):
         first, last, delta = range_node.inputs
         squeeze_start = _squeezed(first, start)
         squeeze_bound = _squeezed(last, bound)
-        if squeeze_start is None or squeeze_bound is None or _ints(delta) != [1]:
+        if squeeze_start is None or squeeze_bound is None or ints(delta) != [1]:
             return None
         concat = producer(repeats, "Concat")
         if concat is None or only_use(repeats) is not tile:
@@ -236,17 +228,17 @@ class FuseSliceAssignPass(RewritePass):
         pieces: list[ir.Node] = []
         for piece in concat.inputs:
             if position == axis:
-                if _ints(piece) != [1]:
+                if ints(piece) != [1]:
                     return None
                 position += 1
                 continue
             node = producer(piece, "Slice")
             if node is None or only_use(piece) is not concat or node.inputs[0] is not slice_shape:
                 return None
-            starts = _ints(node.inputs[1])
-            ends = _ints(node.inputs[2])
-            axes = _ints(node.inputs[3]) if input_at(node, 3) is not None else [0]
-            steps = _ints(node.inputs[4]) if input_at(node, 4) is not None else [1]
+            starts = ints(node.inputs[1])
+            ends = ints(node.inputs[2])
+            axes = ints(node.inputs[3]) if input_at(node, 3) is not None else [0]
+            steps = ints(node.inputs[4]) if input_at(node, 4) is not None else [1]
             if starts != [position] or ends is None or len(ends) != 1 or axes != [0]:
                 return None
             if steps != [1] or not position < ends[0] <= (axis if position < axis else rank):

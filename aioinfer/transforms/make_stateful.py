@@ -37,6 +37,7 @@ from onnx_ir.passes.common import ShapeInferencePass
 
 from aioinfer.errors import InvalidPropertyValueError
 from aioinfer.model import Dim, unnamed_dim_name
+from aioinfer.transforms.rewrite import rank
 
 STATE_DOMAIN = "ai.aioinfer"
 """The domain of aioinfer's own ops."""
@@ -90,10 +91,6 @@ def _names(values: Mapping[str, ir.Value]) -> str:
     return ", ".join(repr(n) for n in values) or "none"
 
 
-def _rank(value: ir.Value) -> int | None:
-    return None if value.shape is None else len(value.shape)
-
-
 def _check_pair(input_value: ir.Value, output_value: ir.Value) -> str | None:
     """Why the pair cannot be a variable, or None."""
     if not isinstance(input_value.type, ir.TensorType) or not isinstance(
@@ -105,7 +102,7 @@ def _check_pair(input_value: ir.Value, output_value: ir.Value) -> str | None:
             f"the element types differ (input {_type_name(input_value)}, "
             f"output {_type_name(output_value)})"
         )
-    input_rank, output_rank = _rank(input_value), _rank(output_value)
+    input_rank, output_rank = rank(input_value), rank(output_value)
     if input_rank is None:
         return "the input has no known rank; a variable needs one for its initial value"
     if output_rank is not None and output_rank != input_rank:

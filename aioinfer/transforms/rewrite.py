@@ -88,6 +88,14 @@ def constant(value: ir.Value | None) -> np.ndarray | None:
     return np.asarray(value.const_value.numpy())
 
 
+def ints(value: ir.Value | None) -> list[int] | None:
+    """The values of an integer constant, flattened, else None."""
+    array = constant(value)
+    if array is None or array.dtype.kind not in "iu":
+        return None
+    return [int(v) for v in array.reshape(-1)]
+
+
 def scalar(value: ir.Value | None) -> float | None:
     """The value of a constant with a single element, as a float, else None."""
     array = constant(value)
@@ -131,6 +139,17 @@ def in_graph_order(graph: ir.Graph, nodes: Sequence[ir.Node]) -> list[ir.Node]:
     return sorted(nodes, key=lambda n: order[id(n)])
 
 
+def stand_for(old: ir.Value, new: ir.Value) -> None:
+    """Make ``new`` stand for ``old``: its name, shape and type, every use and graph
+    output."""
+    new.shape, new.type = old.shape, old.type
+    name = old.name
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    if name:
+        old.name = None
+        new.name = name
+
+
 def replace(
     graph: ir.Graph,
     old_nodes: Sequence[ir.Node],
@@ -142,13 +161,7 @@ def replace(
     ``old_nodes``."""
     last = old_nodes[-1]
     graph.insert_before(last, new_node)
-    new_output = new_node.outputs[0]
-    new_output.shape = old_output.shape
-    new_output.type = old_output.type
-    name = old_output.name
-    old_output.replace_all_uses_with(new_output, replace_graph_outputs=True)
-    old_output.name = None
-    new_output.name = name
+    stand_for(old_output, new_node.outputs[0])
     for node in reversed(old_nodes):
         graph.remove(node, safe=True)
 
