@@ -168,16 +168,23 @@ def _gelu_into(x: np.ndarray, y: np.ndarray) -> None:
     run_parallel(chunks, -(-flat_x.size // chunk), work=flat_x.size * _GELU_PASSES)
 
 
+def _gelu_tanh_gate(x: np.ndarray, gate: np.ndarray) -> None:
+    """``gate = 1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))`` (``gate`` is not ``x``),
+    with ``x + 0.044715 x^3`` scaled as ``x * (k + 0.044715 k x^2)``: six passes."""
+    kind = x.dtype.type
+    np.multiply(x, x, out=gate)
+    gate *= kind(0.044715 * math.sqrt(2 / math.pi))
+    gate += kind(math.sqrt(2 / math.pi))
+    gate *= x
+    np.tanh(gate, out=gate)
+    gate += kind(1)
+
+
 def _gelu_tanh(y: np.ndarray) -> None:
     """The tanh approximation of GELU in place (see :func:`_gelu_tanh_into`), with one
     temporary."""
-    k = y.dtype.type(math.sqrt(2 / math.pi))
-    gate = np.multiply(y, y)
-    gate *= y.dtype.type(0.044715 * math.sqrt(2 / math.pi))
-    gate += k
-    gate *= y
-    np.tanh(gate, out=gate)
-    gate += y.dtype.type(1)
+    gate = np.empty_like(y)
+    _gelu_tanh_gate(y, gate)
     gate *= y.dtype.type(0.5)
     y *= gate
 
@@ -610,27 +617,20 @@ _TANH_PASSES = 8
 
 
 def _gelu_tanh_into(x: np.ndarray, y: np.ndarray) -> None:
-    """``y = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``, with ``x + 0.044715
-    x^3`` scaled as ``x * (k + 0.044715 k x^2)``: eight in-place passes over chunks that
-    stay in the L2 cache, split between the threads; ``y`` is not ``x`` (contiguous)."""
+    """``y = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))`` (see
+    :func:`_gelu_tanh_gate`): eight in-place passes over chunks that stay in the L2
+    cache, split between the threads; ``y`` is not ``x`` (contiguous)."""
     if x.dtype not in (np.float32, np.float64):
         y[...] = gelu_tanh(x.astype(np.float32))
         return
     flat_x, flat_y = x.reshape(-1), y.reshape(-1)
-    k = x.dtype.type(math.sqrt(2 / math.pi))
-    cubic = x.dtype.type(0.044715 * math.sqrt(2 / math.pi))
-    one, half = x.dtype.type(1), x.dtype.type(0.5)
+    half = x.dtype.type(0.5)
     chunk = min(_CHUNK, max(_MIN_CHUNK, -(-flat_x.size // (2 * intra_op_threads()))))
 
     def chunks(first: int, last: int) -> None:
         for start in range(first * chunk, min(last * chunk, flat_x.size), chunk):
             x_n, y_n = flat_x[start : start + chunk], flat_y[start : start + chunk]
-            np.multiply(x_n, x_n, out=y_n)
-            y_n *= cubic
-            y_n += k
-            y_n *= x_n
-            np.tanh(y_n, out=y_n)
-            y_n += one
+            _gelu_tanh_gate(x_n, y_n)
             y_n *= x_n
             y_n *= half
 
