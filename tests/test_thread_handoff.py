@@ -33,22 +33,24 @@ def two_threads() -> Iterator[None]:
 SHAPES = [(200, 128, 96), (40, 256, 300), (1, 2048, 1100)]
 
 
-@pytest.mark.parametrize(("m", "k", "n"), SHAPES)
-def test_split_product_is_the_product(two_threads: None, m: int, k: int, n: int) -> None:
-    rng = np.random.default_rng(m)
+def _operands(m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``a``, ``b`` and an output full of NaN (a block left unwritten stays NaN)."""
+    rng = np.random.default_rng(m * n)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    out = np.full((m, n), np.nan, np.float32)
+    return a, b, np.full((m, n), np.nan, np.float32)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES)
+def test_split_product_is_the_product(two_threads: None, m: int, k: int, n: int) -> None:
+    a, b, out = _operands(m, k, n)
     thread_handoff.split_product(a, b, out)
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(("m", "k", "n"), SHAPES)
 def test_timeline_blocks_cover_the_product(two_threads: None, m: int, k: int, n: int) -> None:
-    rng = np.random.default_rng(n)
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
-    out = np.full((m, n), np.nan, np.float32)
+    a, b, out = _operands(m, k, n)
     line = thread_handoff.timeline(a, b, out, runs=5, gap=0.0)
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
     # Either both threads ran a part in some run (then every event is a time), or none.
