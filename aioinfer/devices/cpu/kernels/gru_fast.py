@@ -17,14 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d
-from aioinfer.devices.cpu.plan import current_cancel_token, stop_if_cancelled
+from aioinfer.devices.cpu.plan import CANCEL_EVERY, current_cancel_token, stop_if_cancelled
 from aioinfer.plugin.sync_request import CancelToken
-
-CANCEL_EVERY = 32
-"""Steps between two looks at the inference's cancel token in a recurrent loop: a long
-sequence stops within this many steps of a cancel (a look costs ~0.1 us; a step of the
-lean loops 3-10 us)."""
-
 
 COPIES_PER_BATCH_MAX = 8
 """Up to this batch, :func:`project_steps` moves the batch axis last one batch entry at a

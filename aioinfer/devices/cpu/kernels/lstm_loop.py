@@ -13,7 +13,7 @@ sigmoid gates, ``[i, f] * [g, c]`` in one multiply, the cell's sum, its ``tanh``
 the output gate's product written straight into the step's hidden state. Every call
 takes its ``out`` positionally (keyword outs cost ~0.05 us more, np.matmul ~0.4 us
 more than np.dot here). The inference's cancel token is looked at every
-:data:`~.gru_fast.CANCEL_EVERY` steps.
+:data:`~aioinfer.devices.cpu.plan.CANCEL_EVERY` steps.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import Callable, Collection
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.gru_fast import CANCEL_EVERY, halves
-from aioinfer.devices.cpu.plan import stop_if_cancelled
+from aioinfer.devices.cpu.kernels.gru_fast import halves
+from aioinfer.devices.cpu.plan import CANCEL_EVERY, stop_if_cancelled
 from aioinfer.plugin.sync_request import CancelToken
 
 AfterStep = Callable[[int, np.ndarray, np.ndarray], object]
@@ -42,13 +42,14 @@ def lstm_loop(
     initial_c: np.ndarray | None,
     hs: np.ndarray,
     token: CancelToken,
-    after: AfterStep | None = None,
+    after: AfterStep = _nothing,
     after_steps: Collection[int] = (),
 ) -> np.ndarray:
     """Run the cell over ``steps`` (step, 4 * width, batch), the input projections in
-    the order of the loop; write each step's hidden state (width, batch) into ``hs[t]``
-    (a reversed view runs a reverse direction in time order). ``r`` is (4 * width,
-    width); the initial states (width, batch) default to zeros. Returns the last cell."""
+        the order of the loop; write each step's hidden state (width, batch) into ``hs[t]``
+        (a reversed view runs a reverse direction in time order). ``r`` is (4 * width,
+        width); the initial states (width, batch) default to zeros. Returns the last cell
+    (a view of the loop's own buffer, which nothing else holds)."""
     count, gates, batch = steps.shape
     width = gates // 4
     dtype = steps.dtype
@@ -65,8 +66,7 @@ def lstm_loop(
         cell[...] = 0
     else:
         cell[...] = initial_c
-    hook: AfterStep = after if after is not None else _nothing
-    hooked = frozenset(after_steps) if after is not None else frozenset()
+    hooked = frozenset(after_steps)
     tanh, multiply, add, dot = np.tanh, np.multiply, np.add, np.dot
     for t in range(count):
         if not t % CANCEL_EVERY:
@@ -82,5 +82,5 @@ def lstm_loop(
         h = hs[t]
         multiply(out_gate, cell_tanh, h)
         if t in hooked:
-            hook(t, h, cell)
-    return cell.copy()
+            after(t, h, cell)
+    return cell

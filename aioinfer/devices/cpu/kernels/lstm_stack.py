@@ -36,9 +36,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aioinfer.devices.cpu.kernels.conv import compute_dtype
 from aioinfer.devices.cpu.kernels.gru_fast import project_steps
 from aioinfer.devices.cpu.kernels.lstm_loop import lstm_loop
-from aioinfer.devices.cpu.kernels.recurrent import lstm
+from aioinfer.devices.cpu.kernels.recurrent import lstm, lstm_fast_weights
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 from aioinfer.devices.cpu.plan import current_cancel_token
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
@@ -62,7 +63,7 @@ matrix) 1.08x; 2 of 128 (1 MB) 1.2x at batch 1."""
 class StackWeights:
     """The weights of :func:`wave`: the gate rows of every layer in the order o, i, f,
     c (ONNX's is i, o, f, c), the sigmoid gates' rows halved (one tanh serves all four
-    gates, as in :func:`.recurrent._lstm_fast_weights`), gate-major across layers."""
+    gates, as :func:`.recurrent.lstm_fast_weights` prepares them), gate-major across layers."""
 
     first_w: np.ndarray
     """The first layer's W, transposed (input, 4 * hidden), contiguous."""
@@ -93,24 +94,15 @@ def stack_weights(
     first_w = first_bias = np.empty(0, compute)
     for k, (w, r, b) in enumerate(zip(ws, rs, bs)):
         hidden = hiddens[k]
-        order = np.r_[hidden : 2 * hidden, 0:hidden, 2 * hidden : 4 * hidden]
-        scale = np.ones(4 * hidden, compute)
-        scale[: 3 * hidden] = 0.5
-        w_k = w[0].astype(compute)[order] * scale[:, None]
-        r_k = r[0].astype(compute)[order] * scale[:, None]
-        if b is None:
-            bias = np.zeros(4 * hidden, compute)
-        else:
-            wide = b[0].astype(compute)
-            bias = (wide[: 4 * hidden] + wide[4 * hidden :])[order] * scale
+        w_t, r_fast, bias, _ = lstm_fast_weights(w, r, b, compute, reused=False)
         rows = slice(offsets[k], offsets[k + 1])
-        joint[:, rows, rows] = r_k.reshape(4, hidden, hidden)
+        joint[:, rows, rows] = r_fast[0].reshape(4, hidden, hidden)
         if k == 0:
-            first_w = np.ascontiguousarray(w_k.T)
-            first_bias = bias.reshape(1, -1)
+            first_w = np.ascontiguousarray(w_t)
+            first_bias = bias[0].reshape(1, -1)
         else:
-            joint[:, rows, offsets[k - 1] : offsets[k]] = w_k.reshape(4, hidden, -1)
-            biases[:, rows] = bias.reshape(4, hidden)
+            joint[:, rows, offsets[k - 1] : offsets[k]] = w_t.T.reshape(4, hidden, -1)
+            biases[:, rows] = bias[0].reshape(4, hidden)
     return StackWeights(
         first_w, first_bias, np.asfortranarray(joint.reshape(4 * width, width)), biases, offsets
     )
@@ -176,14 +168,14 @@ def wave(
     return y, finals
 
 
-def _layer_spec(spec: NodeSpec, k: int, hidden: int) -> NodeSpec:
-    """The NodeSpec of layer ``k`` as the LSTM node it was."""
+def _layer_spec(spec: NodeSpec, k: int, hidden: int, name: str) -> NodeSpec:
+    """The NodeSpec of layer ``k`` (named ``name``) as the LSTM node it was."""
     first = 1 + LAYER_INPUTS * k
     return NodeSpec(
         op_type="LSTM",
         domain="",
         opset=14,
-        name=_layer_names(spec)[k],
+        name=name,
         attrs={"hidden_size": hidden},
         num_inputs=7,
         num_outputs=3,
@@ -204,7 +196,7 @@ def lstm_stack(spec: NodeSpec) -> Kernel:
     hiddens = [int(h) for h in spec.attr("hidden_sizes")]
     layers = len(hiddens)
     names = _layer_names(spec)
-    runs = [lstm(_layer_spec(spec, k, hidden)) for k, hidden in enumerate(hiddens)]
+    runs = [lstm(_layer_spec(spec, k, hidden, names[k])) for k, hidden in enumerate(hiddens)]
     ws = [spec.const(1 + LAYER_INPUTS * k) for k in range(layers)]
     rs = [spec.const(2 + LAYER_INPUTS * k) for k in range(layers)]
     biased = [spec.const(3 + LAYER_INPUTS * k) for k in range(layers)]
@@ -212,6 +204,8 @@ def lstm_stack(spec: NodeSpec) -> Kernel:
     const_rs = [r for r in rs if r is not None]
     constant = len(const_ws) == len(const_rs) == layers
     cache: dict[np.dtype, StackWeights] = {}
+    # Whether the joint matrix fits the wave's bound, by the item size it is made in.
+    fits = {size: joint_bytes(hiddens, size) <= WAVE_MAX_JOINT_BYTES for size in (4, 8)}
 
     def one_after_another(
         x: np.ndarray, inputs: Sequence[np.ndarray | None]
@@ -240,15 +234,14 @@ def lstm_stack(spec: NodeSpec) -> Kernel:
                 return False
             if any(s is not None and s.shape != (1, batch, hidden) for s in (h0, c0)):
                 return False
-        itemsize = 8 if x.dtype == np.float64 else 4
-        return batch <= WAVE_MAX_BATCH and joint_bytes(hiddens, itemsize) <= WAVE_MAX_JOINT_BYTES
+        return batch <= WAVE_MAX_BATCH and fits[8 if x.dtype == np.float64 else 4]
 
     def run(x: np.ndarray, *inputs: np.ndarray | None) -> tuple[np.ndarray, ...]:
         inputs = inputs + (None,) * (LAYER_INPUTS * layers - len(inputs))
         if not takes_wave(x, inputs):
             return one_after_another(x, inputs)
         out_dtype = x.dtype
-        compute = np.dtype(np.float32 if out_dtype == np.float16 else out_dtype)
+        compute = compute_dtype(out_dtype)
         if compute not in cache:
             cache[compute] = stack_weights(const_ws, const_rs, biased, compute)
 

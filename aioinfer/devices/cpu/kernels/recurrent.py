@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aioinfer.devices.cpu.kernels.conv import compute_dtype
 from aioinfer.devices.cpu.kernels.gru_fast import (
-    CANCEL_EVERY,
     GruWeights,
     gru_fast,
     gru_fast_weights,
@@ -34,7 +34,7 @@ from aioinfer.devices.cpu.kernels.gru_fast import (
 from aioinfer.devices.cpu.kernels.lstm_loop import lstm_loop
 from aioinfer.devices.cpu.kernels.parallel import run_parallel
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
-from aioinfer.devices.cpu.plan import current_cancel_token, stop_if_cancelled
+from aioinfer.devices.cpu.plan import CANCEL_EVERY, current_cancel_token, stop_if_cancelled
 from aioinfer.plugin.sync_request import CancelToken
 
 Activation = Callable[[np.ndarray], np.ndarray]
@@ -399,7 +399,7 @@ def gru(spec: NodeSpec) -> Kernel:
         initial_h: np.ndarray | None,
     ) -> tuple[np.ndarray, ...]:
         out_dtype = x.dtype
-        compute = np.dtype(np.float32 if out_dtype == np.float16 else out_dtype)
+        compute = compute_dtype(out_dtype)
         if w is consts[0] and r is consts[1] and b is consts[2]:
             if compute not in cache:
                 cache[compute] = gru_fast_weights(w, r, b, compute, linear_before_reset, True)
@@ -486,7 +486,7 @@ GIL. Below, each step is a few microseconds of numpy calls that hold the GIL, an
 two threads would mostly wait for each other."""
 
 
-def _lstm_fast_weights(
+def lstm_fast_weights(
     w: np.ndarray, r: np.ndarray, b: np.ndarray | None, compute: np.dtype, reused: bool
 ) -> FastWeights:
     """W (transposed), R and the summed biases of every direction for :func:`_lstm_fast`:
@@ -664,9 +664,9 @@ def lstm(spec: NodeSpec) -> Kernel:
     ) -> FastWeights:
         if w is consts[0] and r is consts[1] and b is consts[2]:
             if compute not in cache:
-                cache[compute] = _lstm_fast_weights(w, r, b, compute, reused=True)
+                cache[compute] = lstm_fast_weights(w, r, b, compute, reused=True)
             return cache[compute]
-        return _lstm_fast_weights(w, r, b, compute, reused=False)
+        return lstm_fast_weights(w, r, b, compute, reused=False)
 
     def run_fast(
         x: np.ndarray,
@@ -677,7 +677,7 @@ def lstm(spec: NodeSpec) -> Kernel:
         initial_c: np.ndarray | None,
     ) -> tuple[np.ndarray, ...]:
         out_dtype = x.dtype
-        compute = np.dtype(np.float32 if out_dtype == np.float16 else out_dtype)
+        compute = compute_dtype(out_dtype)
         if attrs.layout == 1:
             x = x.swapaxes(0, 1)
             initial_h = None if initial_h is None else initial_h.swapaxes(0, 1)
