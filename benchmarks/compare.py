@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,15 +115,23 @@ none); a warm-up of a few runs is gone in a few milliseconds on a small model. E
 runtime gets the same warm-up."""
 
 
-def warm(run: Callable[[], object], count: int, seconds: float = WARMUP_SECONDS) -> int:
-    """Untimed calls of ``run``: ``count`` of them, and more until ``seconds`` passed;
-    returns how many ran."""
+def warmups(count: int, seconds: float = WARMUP_SECONDS) -> Iterator[None]:
+    """One item per untimed run of a warm-up (a call or an await each): ``count`` of
+    them, and more until ``seconds`` passed."""
     done = 0
     deadline = time.perf_counter() + seconds
     while done < count or time.perf_counter() < deadline:
-        run()
+        yield None
         done += 1
-    return done
+
+
+def warm(run: Callable[[], object], count: int, seconds: float = WARMUP_SECONDS) -> int:
+    """Untimed calls of ``run`` (see :func:`warmups`); returns how many ran."""
+    ran = 0
+    for _ in warmups(count, seconds):
+        run()
+        ran += 1
+    return ran
 
 
 def timed(run: Callable[[], object], count: int) -> list[float]:

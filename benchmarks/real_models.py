@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from benchmarks.compare import WARMUP_SECONDS, geomean, machine, timed, warm
+from benchmarks.compare import WARMUP_SECONDS, geomean, machine, timed, warm, warmups
 
 Feeds = Callable[[np.random.Generator], dict[str, np.ndarray]]
 
@@ -300,11 +300,8 @@ class Row:
 
 async def _awarm(request: Any, feeds: Mapping[str, np.ndarray], count: int) -> None:
     """:func:`~benchmarks.compare.warm` for ``await request.infer()``."""
-    done = 0
-    deadline = time.perf_counter() + WARMUP_SECONDS
-    while done < count or time.perf_counter() < deadline:
+    for _ in warmups(count):
         await request.infer(dict(feeds))
-        done += 1
 
 
 async def _atimed(request: Any, feeds: Mapping[str, np.ndarray], count: int) -> list[float]:

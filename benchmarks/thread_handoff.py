@@ -39,7 +39,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from aioinfer.devices.cpu.kernels import matmul, parallel
-from benchmarks.compare import machine
+from benchmarks.compare import machine, timed
 
 SHAPES = ((256, 256, 196), (128, 128, 784), (32, 16, 12544), (64, 1024, 1024))
 """``(m, k, n)``: ``m x k`` weights times ``k x n`` columns."""
@@ -57,15 +57,8 @@ class Timeline:
     total: float
 
 
-def _median_us(call: Callable[[], object], runs: int, gap: float = 0.0) -> float:
-    times = []
-    for _ in range(runs):
-        if gap:
-            _busy(gap)
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+def _median_us(call: Callable[[], object], runs: int) -> float:
+    return statistics.median(timed(call, runs)) * 1e6
 
 
 def _busy(seconds: float) -> None:
@@ -85,22 +78,25 @@ def split_product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         matmul.MIN_PARALLEL_MACS = bound
 
 
-def _by_rows(m: int) -> bool:
-    """Whether :func:`~aioinfer.devices.cpu.kernels.matmul.gemm_2d` splits ``m`` rows
-    by rows (else by columns) with the BLAS loaded here."""
-    return not (m < 4 * matmul.ROW_ALIGN and matmul.columns_split_exactly())
-
-
 def timeline(a: np.ndarray, b: np.ndarray, out: np.ndarray, runs: int, gap: float) -> Timeline:
     """The split's events (see the module), over the runs in which both threads ran a
-    part (the caller may claim every part before the helper wakes). The blocks are
-    those of :func:`split_product`, one per thread."""
+    part (the caller may claim every part before the helper wakes; all NaN when no
+    run had both). The blocks are :func:`split_product`'s, one per thread: columns in
+    steps of ``COLUMN_ALIGN`` for a row vector, else
+    :func:`~aioinfer.devices.cpu.kernels.matmul.product_blocks`."""
     caller = threading.get_ident()
     seen: dict[str, tuple[float, float]] = {}
-    by_rows = _by_rows(a.shape[0])
+    threads = parallel.intra_op_threads()
+    if a.shape[0] == 1:
+        by_rows, size, align = False, b.shape[1], matmul.COLUMN_ALIGN
+        bounds = None
+    else:
+        bounds, by_rows = matmul.product_blocks(a, b, threads)
+        size, align = len(bounds), 1
 
-    def block(start: int, stop: int) -> None:
+    def block(first: int, last: int) -> None:
         begin = time.perf_counter()
+        start, stop = (first, last) if bounds is None else (bounds[first][0], bounds[last - 1][1])
         if by_rows:
             np.matmul(a[start:stop], b, out=out[start:stop])
         else:
@@ -114,8 +110,7 @@ def timeline(a: np.ndarray, b: np.ndarray, out: np.ndarray, runs: int, gap: floa
             _busy(gap)
         seen.clear()
         called = time.perf_counter()
-        size = a.shape[0] if by_rows else b.shape[1]
-        parallel.run_parallel(block, size, work=0, least=0, align=matmul.COLUMN_BLOCK_ALIGN)
+        parallel.run_parallel(block, size, work=0, least=0, align=align)
         returned = time.perf_counter()
         if len(seen) == 2:
             (c0, c1), (h0, h1) = seen["caller"], seen["helper"]

@@ -98,6 +98,15 @@ def columns_split_exactly() -> bool:
     return bool(kernels) and kernels <= COLUMN_SPLIT_KERNELS
 
 
+def product_blocks(a: np.ndarray, b: np.ndarray, parts: int) -> tuple[list[tuple[int, int]], bool]:
+    """The blocks (at most ``parts``) :func:`gemm_2d` splits ``a @ b`` of two or more
+    rows into, and whether they are blocks of rows (else of columns)."""
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    if m < 4 * ROW_ALIGN and a.dtype == np.float32 and columns_split_exactly():
+        return column_blocks(m, k, n, parts), False
+    return row_blocks(m, k, n, parts), True
+
+
 def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out[...] = a @ b`` for 2-D operands: one single-threaded BLAS call for a small
     product; a large one split into blocks of ``out``'s rows or columns, each block a
@@ -134,12 +143,7 @@ def gemm_2d(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
             least=MIN_PARALLEL_MACS,
         )
         return out
-    if m < 4 * ROW_ALIGN and a.dtype == np.float32 and columns_split_exactly():
-        bounds = column_blocks(m, k, n, parts)
-        by_rows = False
-    else:
-        bounds = row_blocks(m, k, n, parts)
-        by_rows = True
+    bounds, by_rows = product_blocks(a, b, parts)
     if len(bounds) == 1:
         np.matmul(a, b, out=out)
         return out
