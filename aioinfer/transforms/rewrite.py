@@ -58,6 +58,14 @@ def only_use(value: ir.Value | None) -> ir.Node | None:
     return uses[0][0]
 
 
+def fed_by(
+    value: ir.Value | None, reader: ir.Node, *op_types: str, domain: str = ""
+) -> ir.Node | None:
+    """The node of one of ``op_types`` that produced ``value`` (see :func:`producer`)
+    when ``reader`` is the one node that reads it (see :func:`only_use`), else None."""
+    return producer(value, *op_types, domain=domain) if only_use(value) is reader else None
+
+
 def single_use(value: ir.Value | None) -> bool:
     """Whether ``value`` is read by exactly one node and is no graph output."""
     return only_use(value) is not None
