@@ -27,7 +27,6 @@ from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
     fed_by,
-    in_graph_order,
     input_at,
     ints,
     is_op,
@@ -105,7 +104,7 @@ class FuseSliceAssignPass(RewritePass):
             num_outputs=1,
             name=node.name,
         )
-        replace(graph, [*in_graph_order(graph, nodes), node], fused, node.outputs[0])
+        replace(graph, [*nodes, node], fused, node.outputs[0])
         return True
 
     @staticmethod

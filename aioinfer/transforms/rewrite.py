@@ -140,13 +140,6 @@ def initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return value
 
 
-def in_graph_order(graph: ir.Graph, nodes: Sequence[ir.Node]) -> list[ir.Node]:
-    """``nodes`` in the order the graph runs them (a pattern matched from its end lists
-    them backwards; :func:`replace` puts the new node where the last one was)."""
-    order = {id(n): i for i, n in enumerate(graph)}
-    return sorted(nodes, key=lambda n: order[id(n)])
-
-
 def stand_for(old: ir.Value, new: ir.Value) -> None:
     """Make ``new`` stand for ``old``: its name, shape and type, every use and graph
     output."""
@@ -166,7 +159,7 @@ def replace(
 ) -> None:
     """Put ``new_node`` where the last of ``old_nodes`` was, make its first output stand
     for ``old_output`` (same name, shape and type, every use and graph output), and remove
-    ``old_nodes``."""
+    ``old_nodes``, listed so that each comes before the nodes that read it."""
     last = old_nodes[-1]
     graph.insert_before(last, new_node)
     stand_for(old_output, new_node.outputs[0])
