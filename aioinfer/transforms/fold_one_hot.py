@@ -102,7 +102,7 @@ class FoldOneHotMatMulPass(RewritePass):
         table = np.concatenate([weight, np.zeros((1, weight.shape[1]), weight.dtype)])
         nodes, out = [equal, cast, node], node.outputs[0]
         add = only_use(out)
-        if is_op(add, "Add") and add is not None:
+        if is_op(add, "Add"):
             other = other_input(add, out)
             bias = _row_bias(other, weight.shape[1], weight.dtype)
             bias_rank, out_rank = rank(other), rank(out)

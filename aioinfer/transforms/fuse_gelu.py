@@ -190,14 +190,12 @@ class FuseGeluPass(RewritePass):
         first = only_use(value)
         if not is_op(first, "Mul"):
             return None
-        assert first is not None
         other = other_input(first, value)
         second = only_use(first.outputs[0])
         if other is x or _close(scalar(other), 0.5):  # (1 + t) * x * 0.5, (1 + t) * 0.5 * x
             wanted_half = other is x
             if not is_op(second, "Mul"):
                 return None
-            assert second is not None
             last = other_input(second, first.outputs[0])
             if wanted_half and _close(scalar(last), 0.5):
                 return [first, second], second.outputs[0], [last]

@@ -71,8 +71,7 @@ def _hidden_size(split: ir.Node) -> int | None:
     if source is None or source.shape is None or source.dtype not in _FLOATS:
         return None
     rank = len(source.shape)
-    axis_attr = split.attributes.get("axis")
-    axis = 0 if axis_attr is None else axis_attr.as_int()
+    axis = split.attributes.get_int("axis", 0)
     if rank == 0 or len(split.outputs) != 3 or axis not in (-1, rank - 1):
         return None
     width = source.shape[rank - 1]

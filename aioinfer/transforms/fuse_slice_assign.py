@@ -21,6 +21,8 @@ as it is.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import onnx_ir as ir
 
 from aioinfer.transforms.rewrite import (
@@ -38,7 +40,7 @@ SLICE_ASSIGN = "SliceAssign"
 """The fused operator: ``SliceAssign(data, value, start, end)`` with an ``axis``."""
 
 
-def _is_int64_bound(value: ir.Value | None) -> bool:
+def _is_int64_bound(value: ir.Value | None) -> TypeGuard[ir.Value]:
     """An int64 value of one element at most of rank 1 (what Slice and Min take)."""
     if value is None or value.dtype != ir.DataType.INT64 or value.shape is None:
         return False
@@ -145,13 +147,13 @@ class FuseSliceAssignPass(RewritePass):
         source, start, bound, slice_axes, slice_steps = slicer.inputs
         if source is not arr or _axis(slice_axes, rank) != axis or ints(slice_steps) != [1]:
             return None
-        if not _is_int64_bound(start) or start is None or start.shape != ir.Shape([1]):
+        if not _is_int64_bound(start) or start.shape != ir.Shape([1]):
             return None  # Slice's starts are 1-D
-        assert start is not None and bound is not None
         # m = Min(Gather(Shape(arr), [axis]), e)
         minimum = producer(bound, "Min")
         if minimum is None or len(minimum.inputs) != 2:
             return None
+        assert bound is not None  # a Min made it
         gathers = [
             (gather, end)
             for gathered, end in (minimum.inputs, minimum.inputs[::-1])
@@ -162,11 +164,8 @@ class FuseSliceAssignPass(RewritePass):
         gather, end = gathers[0]
         if not _is_int64_bound(end) or gather.attributes.get_int("axis", 0) != 0:
             return None
-        assert end is not None
         length_of = fed_by(gather.inputs[0], gather, "Shape")
         if length_of is None or length_of.attributes or length_of.inputs[0] is not arr:
-            return None
-        if ints(gather.inputs[1]) is None:
             return None
         if gather.inputs[1] is None or gather.inputs[1].shape != ir.Shape([1]):
             return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextvars
 from collections.abc import Sequence
+from typing import TypeGuard
 
 import numpy as np
 import onnx_ir as ir
@@ -20,7 +21,7 @@ AIOINFER_DOMAIN = "ai.aioinfer"
 """The domain of aioinfer's own (fused) operators; version 1."""
 
 
-def is_op(node: ir.Node | None, *op_types: str, domain: str = "") -> bool:
+def is_op(node: ir.Node | None, *op_types: str, domain: str = "") -> TypeGuard[ir.Node]:
     """Whether ``node`` is one of ``op_types`` of ``domain`` ("ai.onnx" counts as "")."""
     if node is None:
         return False
