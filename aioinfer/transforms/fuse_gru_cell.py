@@ -24,6 +24,7 @@ from aioinfer.transforms.rewrite import (
     input_at,
     ints,
     is_op,
+    only_read_by,
     producer,
     replace,
 )
@@ -126,7 +127,7 @@ class FuseGRUGatesPass(RewritePass):
             return None
         sub, _, z = picked
         h = sub.inputs[0]
-        if h is None or c.is_graph_output() or {id(u) for u, _ in c.uses()} != {id(sub), id(add)}:
+        if h is None or not only_read_by(c, [sub, add]):  # both read c
             return None
         candidate = fed_by(tanh.inputs[0], tanh, "Add")
         if candidate is None:

@@ -32,6 +32,7 @@ from aioinfer.transforms.rewrite import (
     input_at,
     ints,
     is_op,
+    only_read_by,
     producer,
     replace,
 )
@@ -53,13 +54,6 @@ def _axis(value: ir.Value | None, rank: int) -> int | None:
     if axes is None or len(axes) != 1 or not -rank <= axes[0] < rank:
         return None
     return axes[0] % rank
-
-
-def _uses_only(value: ir.Value, readers: list[ir.Node]) -> bool:
-    """Whether ``value`` is no graph output and every reader is one of ``readers``."""
-    if value.is_graph_output():
-        return False
-    return all(any(user is node for node in readers) for user, _ in value.uses())
 
 
 def _squeezed(value: ir.Value | None, source: ir.Value, reader: ir.Node) -> ir.Node | None:
@@ -212,10 +206,10 @@ class FuseSliceAssignPass(RewritePass):
             concat,
             tile,
         ]
-        if not _uses_only(bound, [slicer, squeeze_bound]):
+        if not only_read_by(bound, [slicer, squeeze_bound]):
             return None
         assert slice_shape is not None
-        if not _uses_only(slice_shape, [expand, *pieces]):
+        if not only_read_by(slice_shape, [expand, *pieces]):
             return None
         return nodes, value, start, end
 

@@ -67,6 +67,14 @@ def fed_by(
     return producer(value, *op_types, domain=domain) if only_use(value) is reader else None
 
 
+def only_read_by(value: ir.Value, readers: Sequence[ir.Node]) -> bool:
+    """Whether ``value`` is no graph output and every node that reads it is one of
+    ``readers``."""
+    if value.is_graph_output():
+        return False
+    return all(any(user is node for node in readers) for user, _ in value.uses())
+
+
 def single_use(value: ir.Value | None) -> bool:
     """Whether ``value`` is read by exactly one node and is no graph output."""
     return only_use(value) is not None
