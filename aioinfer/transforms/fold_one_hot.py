@@ -23,11 +23,11 @@ from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
     constant,
+    fed_by,
     initializer,
     is_op,
     only_use,
     other_input,
-    producer,
     rank,
     replace,
 )
@@ -78,21 +78,20 @@ class FoldOneHotMatMulPass(RewritePass):
         if not is_op(node, "MatMul"):
             return False
         weight = constant(node.inputs[1])
-        cast = producer(node.inputs[0], "Cast")
+        cast = fed_by(node.inputs[0], node, "Cast")
         if (
             weight is None
             or weight.ndim != 2
             or weight.dtype.kind != "f"
             or not np.isfinite(weight).all()
             or cast is None
-            or only_use(node.inputs[0]) is not node
         ):
             return False
         to = cast.attributes.get("to")
         if to is None or ir.DataType(to.as_int()).numpy() != weight.dtype:
             return False
-        equal = producer(cast.inputs[0], "Equal")
-        if equal is None or only_use(cast.inputs[0]) is not cast:
+        equal = fed_by(cast.inputs[0], cast, "Equal")
+        if equal is None:
             return False
         count = weight.shape[0]
         for indices, classes in (equal.inputs, equal.inputs[::-1]):
@@ -103,7 +102,7 @@ class FoldOneHotMatMulPass(RewritePass):
         table = np.concatenate([weight, np.zeros((1, weight.shape[1]), weight.dtype)])
         nodes, out = [equal, cast, node], node.outputs[0]
         add = only_use(out)
-        if is_op(add, "Add") and add is not None:
+        if is_op(add, "Add"):
             other = other_input(add, out)
             bias = _row_bias(other, weight.shape[1], weight.dtype)
             bias_rank, out_rank = rank(other), rank(out)

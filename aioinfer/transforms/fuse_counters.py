@@ -25,6 +25,7 @@ from aioinfer.transforms.rewrite import (
     RewritePass,
     constant,
     defined_in,
+    fed_by,
     grows_rank,
     is_op,
     only_use,
@@ -74,9 +75,9 @@ class FuseCountersPass(RewritePass):
 
     @staticmethod
     def _round_trip(graph: ir.Graph, node: ir.Node) -> bool:
-        inner = producer(node.inputs[0], "Cast")
+        inner = fed_by(node.inputs[0], node, "Cast")
         middle = _cast_to(inner)
-        if inner is None or middle is None or only_use(node.inputs[0]) is not node:
+        if inner is None or middle is None:
             return False
         source = inner.inputs[0]
         if source is None or source.dtype != ir.DataType.BOOL or middle == ir.DataType.STRING:
@@ -95,8 +96,8 @@ class FuseCountersPass(RewritePass):
     @staticmethod
     def _cast_add(graph: ir.Graph, node: ir.Node, to: ir.DataType) -> bool:
         summed = node.inputs[0]
-        add = producer(summed, "Add")
-        if add is None or only_use(summed) is not node or len(add.inputs) != 2:
+        add = fed_by(summed, node, "Add")
+        if add is None or len(add.inputs) != 2:
             return False
         casts = [
             (cast, widened, offset)

@@ -24,6 +24,7 @@ from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
     constant,
+    fed_by,
     grows_rank,
     is_op,
     only_use,
@@ -85,8 +86,8 @@ class FuseGeluPass(RewritePass):
         if not is_op(node, "Erf"):
             return False
         scaled = node.inputs[0]
-        scaler = producer(scaled, "Div", "Mul")
-        if scaler is None or only_use(scaled) is not node:
+        scaler = fed_by(scaled, node, "Div", "Mul")
+        if scaler is None:
             return False
         x = scaler.inputs[0]
         factor = scalar(scaler.inputs[1])
@@ -123,8 +124,8 @@ class FuseGeluPass(RewritePass):
             if not _close(scalar(other_input(half, mul.outputs[0])), 0.5):
                 return None
             return [mul, half], half.outputs[0]
-        halver = producer(other, "Mul")  # (x * 0.5) * (1 + erf)
-        if halver is None or only_use(other) is not mul or x not in halver.inputs:
+        halver = fed_by(other, mul, "Mul")  # (x * 0.5) * (1 + erf)
+        if halver is None or x not in halver.inputs:
             return None
         if not _close(scalar(other_input(halver, x)), 0.5):
             return None
@@ -134,16 +135,16 @@ class FuseGeluPass(RewritePass):
     def _tanh(graph: ir.Graph, tanh: ir.Node) -> bool:
         """``x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``, rooted at its Tanh."""
         scaled = tanh.inputs[0]
-        scaler = producer(scaled, "Mul")
-        if scaler is None or only_use(scaled) is not tanh:
+        scaler = fed_by(scaled, tanh, "Mul")
+        if scaler is None:
             return False
         inner, factor = scaler.inputs
         if not _close(scalar(factor), math.sqrt(2 / math.pi)):
             inner, factor = factor, inner
             if not _close(scalar(factor), math.sqrt(2 / math.pi)):
                 return False
-        add = producer(inner, "Add")
-        if add is None or only_use(inner) is not scaler:
+        add = fed_by(inner, scaler, "Add")
+        if add is None:
             return False
         for x, cube in (add.inputs, add.inputs[::-1]):
             nodes: list[ir.Node] = []
@@ -189,22 +190,20 @@ class FuseGeluPass(RewritePass):
         first = only_use(value)
         if not is_op(first, "Mul"):
             return None
-        assert first is not None
         other = other_input(first, value)
         second = only_use(first.outputs[0])
         if other is x or _close(scalar(other), 0.5):  # (1 + t) * x * 0.5, (1 + t) * 0.5 * x
             wanted_half = other is x
             if not is_op(second, "Mul"):
                 return None
-            assert second is not None
             last = other_input(second, first.outputs[0])
             if wanted_half and _close(scalar(last), 0.5):
                 return [first, second], second.outputs[0], [last]
             if not wanted_half and last is x:
                 return [first, second], second.outputs[0], [other]
             return None
-        halver = producer(other, "Mul")  # (x * 0.5) * (1 + t)
-        if halver is None or only_use(other) is not first or x not in halver.inputs:
+        halver = fed_by(other, first, "Mul")  # (x * 0.5) * (1 + t)
+        if halver is None or x not in halver.inputs:
             return None
         half = other_input(halver, x)
         if not _close(scalar(half), 0.5):

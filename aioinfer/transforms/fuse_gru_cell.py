@@ -20,11 +20,11 @@ import onnx_ir as ir
 from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
-    in_graph_order,
+    fed_by,
     input_at,
     ints,
     is_op,
-    only_use,
+    only_read_by,
     producer,
     replace,
 )
@@ -50,8 +50,8 @@ def _pick(node: ir.Node, op_type: str, source: str) -> tuple[ir.Node, ir.Value, 
     """For the binary ``op_type`` ``node``: the ``source`` node that gives one operand,
     read by ``node`` alone, that operand and the other one; None when neither is."""
     for operand, other in _operands(node, op_type):
-        found = producer(operand, source)
-        if found is not None and only_use(operand) is node:
+        found = fed_by(operand, node, source)
+        if found is not None:
             return found, operand, other
     return None
 
@@ -59,8 +59,8 @@ def _pick(node: ir.Node, op_type: str, source: str) -> tuple[ir.Node, ir.Value, 
 def _split_part(value: ir.Value, user: ir.Node) -> tuple[ir.Node, int] | None:
     """The Split that produced ``value`` and the output's index, when ``user`` is its one
     reader."""
-    node = producer(value, "Split")
-    if node is None or only_use(value) is not user:
+    node = fed_by(value, user, "Split")
+    if node is None:
         return None
     return node, list(node.outputs).index(value)
 
@@ -72,8 +72,7 @@ def _hidden_size(split: ir.Node) -> int | None:
     if source is None or source.shape is None or source.dtype not in _FLOATS:
         return None
     rank = len(source.shape)
-    axis_attr = split.attributes.get("axis")
-    axis = 0 if axis_attr is None else axis_attr.as_int()
+    axis = split.attributes.get_int("axis", 0)
     if rank == 0 or len(split.outputs) != 3 or axis not in (-1, rank - 1):
         return None
     width = source.shape[rank - 1]
@@ -109,7 +108,7 @@ class FuseGRUGatesPass(RewritePass):
                     num_outputs=1,
                     name=node.name,
                 )
-                replace(graph, [*in_graph_order(graph, nodes), node], fused, node.outputs[0])
+                replace(graph, [*nodes, node], fused, node.outputs[0])
                 return True
         return False
 
@@ -120,18 +119,18 @@ class FuseGRUGatesPass(RewritePass):
         """The nodes (without the last Add), the inputs ``gx, gh, h`` and H."""
         # h' = (h - c) * z + c, c = Tanh(gx2 + r * gh2)
         tanh = producer(c, "Tanh")
-        mul = producer(product, "Mul")
-        if tanh is None or mul is None or only_use(product) is not add:
+        mul = fed_by(product, add, "Mul")
+        if tanh is None or mul is None:
             return None
         picked = _pick(mul, "Mul", "Sub")
         if picked is None or picked[0].inputs[1] is not c:
             return None
         sub, _, z = picked
         h = sub.inputs[0]
-        if h is None or c.is_graph_output() or {id(u) for u, _ in c.uses()} != {id(sub), id(add)}:
+        if h is None or not only_read_by(c, [sub, add]):  # both read c
             return None
-        candidate = producer(tanh.inputs[0], "Add")
-        if candidate is None or only_use(tanh.inputs[0]) is not tanh:
+        candidate = fed_by(tanh.inputs[0], tanh, "Add")
+        if candidate is None:
             return None
         picked = _pick(candidate, "Add", "Mul")
         if picked is None:
@@ -141,8 +140,8 @@ class FuseGRUGatesPass(RewritePass):
         if picked is None:
             return None
         reset, _, gh2 = picked
-        update = producer(z, "Sigmoid")
-        if update is None or only_use(z) is not mul:
+        update = fed_by(z, mul, "Sigmoid")
+        if update is None:
             return None
         parts = [_split_part(gx2, candidate), _split_part(gh2, gate_mul)]
         if parts[0] is None or parts[1] is None or parts[0][1] != 2 or parts[1][1] != 2:
@@ -151,8 +150,8 @@ class FuseGRUGatesPass(RewritePass):
         sums = []
         for index, sigmoid in ((0, reset), (1, update)):
             total = sigmoid.inputs[0]
-            adder = producer(total, "Add")
-            if adder is None or only_use(total) is not sigmoid:
+            adder = fed_by(total, sigmoid, "Add")
+            if adder is None:
                 return None
             found = [
                 (a, b)

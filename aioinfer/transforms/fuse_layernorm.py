@@ -23,6 +23,7 @@ from aioinfer.transforms.rewrite import (
     only_use,
     other_input,
     producer,
+    rank,
     replace,
     scalar,
     single_use,
@@ -43,8 +44,8 @@ def _last_axis_mean(node: ir.Node | None, x: ir.Value | None) -> bool:
         if given is None:
             return False
         axes = given
-    rank = None if x is None or x.shape is None else len(x.shape)
-    return axes == [-1] or (rank is not None and axes == [rank - 1])
+    axes_of_x = rank(x)
+    return axes == [-1] or (axes_of_x is not None and axes == [axes_of_x - 1])
 
 
 class FuseLayerNormPass(RewritePass):

@@ -24,6 +24,7 @@ from aioinfer.transforms.rewrite import (
     ints,
     is_op,
     only_use,
+    producer,
     stand_for,
 )
 
@@ -32,8 +33,8 @@ _DEFAULT_ACTIVATIONS = ["sigmoid", "tanh", "tanh"]
 _STATE_INPUTS = (5, 6)  # initial_h, initial_c
 
 
-def _layer_hidden(node: ir.Node) -> int | None:
-    """The hidden size of an LSTM node that can join a stack, else None."""
+def _layer_sizes(node: ir.Node) -> tuple[int, int] | None:
+    """The hidden and the input size of an LSTM node that can join a stack, else None."""
     if not is_op(node, "LSTM") or len(node.inputs) > 8:
         return None
     attrs = node.attributes
@@ -57,7 +58,7 @@ def _layer_hidden(node: ir.Node) -> int | None:
         return None
     if attrs.get_int("hidden_size", hidden) != hidden:
         return None
-    return int(hidden)
+    return int(hidden), int(w.shape[-1])
 
 
 def _squeezes_direction(squeeze: ir.Node) -> bool:
@@ -81,15 +82,14 @@ class FuseLSTMStackPass(RewritePass):
     """An LSTM fed by the squeezed ``Y`` of an LSTM (or of a stack) joins it."""
 
     def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
-        hidden = _layer_hidden(node)
-        squeeze = node.inputs[0].producer() if node.inputs and node.inputs[0] else None
-        if hidden is None or squeeze is None or squeeze.graph is not graph:
+        sizes = _layer_sizes(node)
+        squeeze = producer(input_at(node, 0), "Squeeze")
+        if sizes is None or squeeze is None or only_use(squeeze.outputs[0]) is not node:
             return False
-        if not is_op(squeeze, "Squeeze") or only_use(squeeze.outputs[0]) is not node:
-            return False
+        hidden, input_size = sizes
         y = squeeze.inputs[0]
-        below = None if y is None else y.producer()
-        if below is None or below.graph is not graph or y is not below.outputs[0]:
+        below = producer(y, "LSTM") or producer(y, STACK, domain=AIOINFER_DOMAIN)
+        if below is None or y is not below.outputs[0]:
             return False
         if only_use(y) is not squeeze or not _squeezes_direction(squeeze):
             return False
@@ -99,13 +99,13 @@ class FuseLSTMStackPass(RewritePass):
             hiddens = list(below.attributes.get_ints("hidden_sizes", []))
             names = list(below.attributes.get_strings("layer_names", []))
         else:
-            below_hidden = _layer_hidden(below)
-            if below_hidden is None:
+            below_sizes = _layer_sizes(below)
+            if below_sizes is None:
                 return False
             inputs = [below.inputs[0], *_layer_inputs(below)]
             kept = _layer_outputs(below)
-            hiddens, names = [below_hidden], [below.name or ""]
-        if constant(input_at(node, 1)).shape[-1] != hiddens[-1]:  # type: ignore[union-attr]
+            hiddens, names = [below_sizes[0]], [below.name or ""]
+        if input_size != hiddens[-1]:
             return False
         fused = ir.Node(
             AIOINFER_DOMAIN,

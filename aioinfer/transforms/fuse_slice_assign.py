@@ -21,16 +21,18 @@ as it is.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import onnx_ir as ir
 
 from aioinfer.transforms.rewrite import (
     AIOINFER_DOMAIN,
     RewritePass,
-    in_graph_order,
+    fed_by,
     input_at,
     ints,
     is_op,
-    only_use,
+    only_read_by,
     producer,
     replace,
 )
@@ -39,7 +41,7 @@ SLICE_ASSIGN = "SliceAssign"
 """The fused operator: ``SliceAssign(data, value, start, end)`` with an ``axis``."""
 
 
-def _is_int64_bound(value: ir.Value | None) -> bool:
+def _is_int64_bound(value: ir.Value | None) -> TypeGuard[ir.Value]:
     """An int64 value of one element at most of rank 1 (what Slice and Min take)."""
     if value is None or value.dtype != ir.DataType.INT64 or value.shape is None:
         return False
@@ -54,17 +56,11 @@ def _axis(value: ir.Value | None, rank: int) -> int | None:
     return axes[0] % rank
 
 
-def _uses_only(value: ir.Value, readers: list[ir.Node]) -> bool:
-    """Whether ``value`` is no graph output and every reader is one of ``readers``."""
-    if value.is_graph_output():
-        return False
-    return all(any(user is node for node in readers) for user, _ in value.uses())
-
-
-def _squeezed(value: ir.Value | None, source: ir.Value) -> ir.Node | None:
-    """The Squeeze of a one-element ``source`` (no axes, or axis 0) giving ``value``."""
-    node = producer(value, "Squeeze")
-    if node is None or node.inputs[0] is not source or only_use(value) is None:
+def _squeezed(value: ir.Value | None, source: ir.Value, reader: ir.Node) -> ir.Node | None:
+    """The Squeeze of a one-element ``source`` (no axes, or axis 0) giving ``value``, which
+    ``reader`` alone reads."""
+    node = fed_by(value, reader, "Squeeze")
+    if node is None or node.inputs[0] is not source:
         return None
     axes = input_at(node, 1)
     attr = node.attributes.get("axes")
@@ -92,7 +88,7 @@ class FuseSliceAssignPass(RewritePass):
         if not -rank <= axis < rank:
             return False
         axis %= rank
-        matched = self._match(arr, indices, updates, axis, rank)
+        matched = self._match(node, arr, indices, updates, axis, rank)
         if matched is None:
             return False
         nodes, value, start, end = matched
@@ -104,22 +100,27 @@ class FuseSliceAssignPass(RewritePass):
             num_outputs=1,
             name=node.name,
         )
-        replace(graph, [*in_graph_order(graph, nodes), node], fused, node.outputs[0])
+        replace(graph, [*nodes, node], fused, node.outputs[0])
         return True
 
     @staticmethod
     def _match(
-        arr: ir.Value, indices: ir.Value | None, updates: ir.Value | None, axis: int, rank: int
+        scatter: ir.Node,
+        arr: ir.Value,
+        indices: ir.Value | None,
+        updates: ir.Value | None,
+        axis: int,
+        rank: int,
     ) -> tuple[list[ir.Node], ir.Value, ir.Value, ir.Value] | None:
-        """The nodes of the pattern (without the ScatterElements), the written value, the
-        start and the end before its Min; None when anything differs."""
+        """The nodes of the pattern (without the ``scatter`` ScatterElements), the written
+        value, the start and the end before its Min; None when anything differs."""
         # updates = Expand(Unsqueeze(value, [axis]), Shape(Slice(arr, i, m, [axis], [1])))
-        expand = producer(updates, "Expand")
-        if expand is None or only_use(updates) is None:
+        expand = fed_by(updates, scatter, "Expand")
+        if expand is None:
             return None
         unsqueezed, slice_shape = expand.inputs
-        unsqueeze = producer(unsqueezed, "Unsqueeze")
-        if unsqueeze is None or only_use(unsqueezed) is not expand:
+        unsqueeze = fed_by(unsqueezed, expand, "Unsqueeze")
+        if unsqueeze is None:
             return None
         value = unsqueeze.inputs[0]
         if value is None or value.dtype != arr.dtype:
@@ -134,61 +135,57 @@ class FuseSliceAssignPass(RewritePass):
         if shape_of_slice is None or shape_of_slice.attributes:
             return None
         sliced = shape_of_slice.inputs[0]
-        slicer = producer(sliced, "Slice")
-        if slicer is None or only_use(sliced) is not shape_of_slice or len(slicer.inputs) != 5:
+        slicer = fed_by(sliced, shape_of_slice, "Slice")
+        if slicer is None or len(slicer.inputs) != 5:
             return None
         source, start, bound, slice_axes, slice_steps = slicer.inputs
         if source is not arr or _axis(slice_axes, rank) != axis or ints(slice_steps) != [1]:
             return None
-        if not _is_int64_bound(start) or start is None or start.shape != ir.Shape([1]):
+        if not _is_int64_bound(start) or start.shape != ir.Shape([1]):
             return None  # Slice's starts are 1-D
-        assert start is not None and bound is not None
         # m = Min(Gather(Shape(arr), [axis]), e)
         minimum = producer(bound, "Min")
         if minimum is None or len(minimum.inputs) != 2:
             return None
+        assert bound is not None  # a Min made it
         gathers = [
             (gather, end)
             for gathered, end in (minimum.inputs, minimum.inputs[::-1])
-            if (gather := producer(gathered, "Gather")) is not None
-            and only_use(gathered) is minimum
+            if (gather := fed_by(gathered, minimum, "Gather")) is not None
         ]
         if not gathers:
             return None
         gather, end = gathers[0]
         if not _is_int64_bound(end) or gather.attributes.get_int("axis", 0) != 0:
             return None
-        assert end is not None
-        length_of = producer(gather.inputs[0], "Shape")
+        length_of = fed_by(gather.inputs[0], gather, "Shape")
         if length_of is None or length_of.attributes or length_of.inputs[0] is not arr:
-            return None
-        if only_use(gather.inputs[0]) is not gather or ints(gather.inputs[1]) is None:
             return None
         if gather.inputs[1] is None or gather.inputs[1].shape != ir.Shape([1]):
             return None
         if _axis(gather.inputs[1], rank) != axis:
             return None
         # indices = Tile(Reshape(Range(Squeeze(i), Squeeze(m), 1), ...), Concat(...))
-        tile = producer(indices, "Tile")
-        if tile is None or only_use(indices) is None:
+        tile = fed_by(indices, scatter, "Tile")
+        if tile is None:
             return None
         reshaped, repeats = tile.inputs
-        reshape = producer(reshaped, "Reshape")
-        if reshape is None or only_use(reshaped) is not tile:
+        reshape = fed_by(reshaped, tile, "Reshape")
+        if reshape is None:
             return None
         if ints(reshape.inputs[1]) != [1] * axis + [-1] + [1] * (rank - axis - 1):
             return None
         ranged = reshape.inputs[0]
-        range_node = producer(ranged, "Range")
-        if range_node is None or only_use(ranged) is not reshape:
+        range_node = fed_by(ranged, reshape, "Range")
+        if range_node is None:
             return None
         first, last, delta = range_node.inputs
-        squeeze_start = _squeezed(first, start)
-        squeeze_bound = _squeezed(last, bound)
+        squeeze_start = _squeezed(first, start, range_node)
+        squeeze_bound = _squeezed(last, bound, range_node)
         if squeeze_start is None or squeeze_bound is None or ints(delta) != [1]:
             return None
-        concat = producer(repeats, "Concat")
-        if concat is None or only_use(repeats) is not tile:
+        concat = fed_by(repeats, tile, "Concat")
+        if concat is None:
             return None
         pieces = FuseSliceAssignPass._repeats(concat, slice_shape, axis, rank)
         if pieces is None:
@@ -209,10 +206,10 @@ class FuseSliceAssignPass(RewritePass):
             concat,
             tile,
         ]
-        if not _uses_only(bound, [slicer, squeeze_bound]):
+        if not only_read_by(bound, [slicer, squeeze_bound]):
             return None
         assert slice_shape is not None
-        if not _uses_only(slice_shape, [expand, *pieces]):
+        if not only_read_by(slice_shape, [expand, *pieces]):
             return None
         return nodes, value, start, end
 
@@ -232,8 +229,8 @@ class FuseSliceAssignPass(RewritePass):
                     return None
                 position += 1
                 continue
-            node = producer(piece, "Slice")
-            if node is None or only_use(piece) is not concat or node.inputs[0] is not slice_shape:
+            node = fed_by(piece, concat, "Slice")
+            if node is None or node.inputs[0] is not slice_shape:
                 return None
             starts = ints(node.inputs[1])
             ends = ints(node.inputs[2])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextvars
 from collections.abc import Sequence
+from typing import TypeGuard
 
 import numpy as np
 import onnx_ir as ir
@@ -20,7 +21,7 @@ AIOINFER_DOMAIN = "ai.aioinfer"
 """The domain of aioinfer's own (fused) operators; version 1."""
 
 
-def is_op(node: ir.Node | None, *op_types: str, domain: str = "") -> bool:
+def is_op(node: ir.Node | None, *op_types: str, domain: str = "") -> TypeGuard[ir.Node]:
     """Whether ``node`` is one of ``op_types`` of ``domain`` ("ai.onnx" counts as "")."""
     if node is None:
         return False
@@ -56,6 +57,22 @@ def only_use(value: ir.Value | None) -> ir.Node | None:
     if len(uses) != 1:
         return None
     return uses[0][0]
+
+
+def fed_by(
+    value: ir.Value | None, reader: ir.Node, *op_types: str, domain: str = ""
+) -> ir.Node | None:
+    """The node of one of ``op_types`` that produced ``value`` (see :func:`producer`)
+    when ``reader`` is the one node that reads it (see :func:`only_use`), else None."""
+    return producer(value, *op_types, domain=domain) if only_use(value) is reader else None
+
+
+def only_read_by(value: ir.Value, readers: Sequence[ir.Node]) -> bool:
+    """Whether ``value`` is no graph output and every node that reads it is one of
+    ``readers``."""
+    if value.is_graph_output():
+        return False
+    return all(any(user is node for node in readers) for user, _ in value.uses())
 
 
 def single_use(value: ir.Value | None) -> bool:
@@ -132,13 +149,6 @@ def initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return value
 
 
-def in_graph_order(graph: ir.Graph, nodes: Sequence[ir.Node]) -> list[ir.Node]:
-    """``nodes`` in the order the graph runs them (a pattern matched from its end lists
-    them backwards; :func:`replace` puts the new node where the last one was)."""
-    order = {id(n): i for i, n in enumerate(graph)}
-    return sorted(nodes, key=lambda n: order[id(n)])
-
-
 def stand_for(old: ir.Value, new: ir.Value) -> None:
     """Make ``new`` stand for ``old``: its name, shape and type, every use and graph
     output."""
@@ -158,7 +168,7 @@ def replace(
 ) -> None:
     """Put ``new_node`` where the last of ``old_nodes`` was, make its first output stand
     for ``old_output`` (same name, shape and type, every use and graph output), and remove
-    ``old_nodes``."""
+    ``old_nodes``, listed so that each comes before the nodes that read it."""
     last = old_nodes[-1]
     graph.insert_before(last, new_node)
     stand_for(old_output, new_node.outputs[0])

@@ -166,10 +166,5 @@ def test_the_cell_in_a_loop_body_is_fused() -> None:
     model = _decoder_loop()
     body = loop_body_op_types(model)
     assert "GRUGates" in body and "Sigmoid" not in body
-    feeds = {
-        "n": np.array(6, np.int64),
-        "go": np.array(True),
-        "h": _feeds(2)["h"],
-        "x": _feeds(2)["x"],
-    }
+    feeds = {"n": np.array(6, np.int64), "go": np.array(True), **_feeds(2)}
     assert_close(run_compiled(model, feeds), run_reference(model, feeds), rtol=1e-5, atol=1e-6)
