@@ -35,6 +35,7 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     flat_geometry,
     product_by_pixels,
     scratch,
+    with_depthwise_bias,
 )
 from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue, RowPlan, row_plan, rows_conv
 from aioinfer.devices.cpu.kernels.conv_shift import ShiftPlan, shift_conv, shift_plan
@@ -330,23 +331,27 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         return matrix
 
     b_const = spec.const(2)
-    grouped: dict[int, tuple[FlatGeometry, DepthwiseOperands]] = {}
-    """Constant depthwise weights and bias as :func:`.conv_flat.flat_depthwise` takes
-    them, by the id of their geometry (the entry holds it, so a reused id is not
-    mistaken; a geometry is made for one input shape, so for one batch size)."""
+    grouped: dict[int, tuple[FlatGeometry, DepthwiseOperands, DepthwiseOperands]] = {}
+    """Constant depthwise weights as :func:`.conv_flat.flat_depthwise` takes them, by the
+    id of their geometry: without a bias, and with the constant bias (the entry holds
+    the geometry, so a reused id is not mistaken; a geometry is made for one input
+    shape, so for one batch size)."""
 
     def depthwise_taps(
         w: np.ndarray, wmat: np.ndarray, b: np.ndarray | None, flat: FlatGeometry, images: int
     ) -> DepthwiseOperands:
-        """The depthwise operands for ``flat``, cached when ``w`` and ``b`` are constant."""
-        constant = w_const is not None and (b is None or b is b_const)
+        """The depthwise operands for ``flat``, cached when ``w`` is constant (a bias fed
+        at run time is added to the cached taps)."""
+        if w_const is None:
+            bare = depthwise_operands(flat, tap_ordered(w, wmat, flat.order), images)
+            return with_depthwise_bias(bare, b)
         entry = grouped.get(id(flat))
-        if constant and entry is not None and entry[0] is flat:
-            return entry[1]
-        operands = depthwise_operands(flat, tap_ordered(w, wmat, flat.order), b, images)
-        if constant:
-            cached_plan(grouped, id(flat), lambda: (flat, operands))
-        return operands
+        if entry is None or entry[0] is not flat:
+            if len(grouped) >= PLAN_CACHE_SIZE:
+                grouped.clear()
+            bare = depthwise_operands(flat, tap_ordered(w, wmat, flat.order), images)
+            entry = grouped[id(flat)] = (flat, bare, with_depthwise_bias(bare, b_const))
+        return entry[2] if b is b_const else with_depthwise_bias(entry[1], b)
 
     prepared: dict[tuple[tuple[int, ...], bool], np.ndarray] = {}
     """Constant weights as :func:`.conv_rows.rows_conv` takes them, per tap order."""

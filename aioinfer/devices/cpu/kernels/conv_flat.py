@@ -522,25 +522,6 @@ def shifted_rows(geometry: FlatGeometry) -> bool:
     )
 
 
-def depthwise_weights(geometry: FlatGeometry, weights: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``weights`` ``(C, taps)`` (taps in ``geometry.order``) as :func:`flat_depthwise`
-    multiplies them: per band of tap groups (:func:`tap_bands`) ``(C, cols, rows)`` (the
-    taps of its groups, transposed, their rows one after the other) for
-    :func:`shifted_rows`, else one ``(C, 1, taps)``."""
-    if not shifted_rows(geometry):
-        return (np.ascontiguousarray(weights.reshape(weights.shape[0], 1, -1)),)
-    grids = []
-    done = 0
-    for group in geometry.groups:
-        size = group.rows * group.cols
-        grids.append(weights[:, done : done + size].reshape(-1, group.rows, group.cols))
-        done += size
-    return tuple(
-        np.ascontiguousarray(np.concatenate([grids[g] for g in band], axis=1).transpose(0, 2, 1))
-        for band in tap_bands(geometry)
-    )
-
-
 @dataclass(frozen=True)
 class DepthwiseOperands:
     """The per-channel operands of :func:`flat_depthwise` for a batch of images: one row
@@ -559,25 +540,44 @@ class DepthwiseOperands:
 
 
 def depthwise_operands(
-    geometry: FlatGeometry, weights: np.ndarray, bias: np.ndarray | None, images: int
+    geometry: FlatGeometry, weights: np.ndarray, images: int
 ) -> DepthwiseOperands:
-    """The operands of :func:`flat_depthwise` for ``images`` images: ``weights``
-    ``(C, taps)`` (taps in ``geometry.order``) and ``bias`` ``(C,)`` or None."""
+    """The operands of :func:`flat_depthwise` for ``images`` images without a bias:
+    ``weights`` ``(C, taps)`` (taps in ``geometry.order``) as it multiplies them, per
+    band of tap groups (:func:`tap_bands`) ``(C, cols, rows)`` (the taps of its groups,
+    transposed, their rows one after the other) then ones for :func:`shifted_rows`,
+    else the taps ``(C, 1, taps)``; :func:`with_depthwise_bias` adds a bias."""
     channels = weights.shape[0]
-    taps = depthwise_weights(geometry, weights)
     if shifted_rows(geometry):
-        bands = taps
+        grids = []
+        done = 0
+        for group in geometry.groups:
+            size = group.rows * group.cols
+            grids.append(weights[:, done : done + size].reshape(-1, group.rows, group.cols))
+            done += size
+        bands = tuple(
+            np.concatenate([grids[g] for g in band], axis=1).transpose(0, 2, 1)
+            for band in tap_bands(geometry)
+        )
         final = np.ones((channels, 1, sum(band.shape[1] for band in bands)), weights.dtype)
     else:
-        bands, final = (), taps[0]
-    if bias is not None:
-        lifted = bias.astype(weights.dtype, copy=False).reshape(channels, 1, 1)
-        final = np.concatenate([final, lifted], axis=2)
+        bands, final = (), weights.reshape(channels, 1, -1)
     return DepthwiseOperands(
         tuple(np.tile(band, (images, 1, 1)) for band in bands),
         np.tile(final, (images, 1, 1)),
-        bias is not None,
+        False,
     )
+
+
+def with_depthwise_bias(operands: DepthwiseOperands, bias: np.ndarray | None) -> DepthwiseOperands:
+    """``operands`` (of :func:`depthwise_operands`, without a bias) with ``bias``
+    ``(C,)`` after the vectors of the last product; ``operands`` when ``bias`` is None."""
+    if bias is None:
+        return operands
+    final = operands.final
+    lifted = bias.astype(final.dtype, copy=False).reshape(-1, 1, 1)
+    tiled = np.tile(lifted, (final.shape[0] // lifted.shape[0], 1, 1))
+    return DepthwiseOperands(operands.bands, np.concatenate([final, tiled], axis=2), True)
 
 
 def _row_views(geometry: FlatGeometry, phases: np.ndarray) -> list[np.ndarray]:
