@@ -376,24 +376,27 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
     biased: dict[tuple[int, ...] | None, np.ndarray] = {}
     """Constant weight matrices with the constant bias as one more column, by the tap
     order of the matrix (None: ``wmat``'s own, row-major)."""
+    foldable = b_const is not None and w_const is not None and group == 1
 
     def with_bias(
         order: tuple[int, ...] | None, matrix: np.ndarray, b: np.ndarray | None
-    ) -> np.ndarray | None:
-        """``matrix`` ``(M, K)`` (its taps in ``order``) with ``b`` as column ``K``
-        (cached: the same for every path whose taps are in that order), for columns with a
-        row of ones after their ``K`` rows: the product then adds the bias, and no pass
-        over the output does (64 3x3 filters over 16x55x55: 277 instead of 304 us,
-        64 1x1 filters over 16x55x55 45 instead of 70 us with the copy of the input
-        under a row of ones). None unless the weights and the bias are constant."""
-        if b is None or b is not b_const or w_const is None or group != 1:
-            return None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(matrix, b)``, or when the weights and the bias are constant ``matrix``
+        ``(M, K)`` or ``(1, M, K)`` (its taps in ``order``) with ``b`` as column ``K``
+        and None (cached: the same for every path whose taps are in that order), for
+        columns with a row of ones after their ``K`` rows: the product then adds the
+        bias, and no pass over the output does (64 3x3 filters over 16x55x55: 277
+        instead of 304 us, 64 1x1 filters over 16x55x55 45 instead of 70 us with the
+        copy of the input under a row of ones)."""
+        if not foldable or b is None or b is not b_const:
+            return matrix, b
         found = biased.get(order)
         if found is None:
+            rows = matrix.reshape(matrix.shape[-2:])
             column = b.astype(matrix.dtype, copy=False).reshape(-1, 1)
-            found = np.ascontiguousarray(np.concatenate([matrix, column], axis=1))
+            found = np.ascontiguousarray(np.concatenate([rows, column], axis=1))
             cached_plan(biased, order, lambda: found)
-        return found
+        return found.reshape(*matrix.shape[:-1], found.shape[-1]), None
 
     local = threading.local()
     """This thread's :class:`_Columns` per input shape (kernels are shared by requests
@@ -435,17 +438,16 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             return y.astype(x.dtype, copy=False), applied
         if plan.rows is not None and not depthwise and work.dtype == x.dtype:
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
-            weights = row_weights(w, wmat, plan.rows)
+            weights, bias = row_weights(w, wmat, plan.rows), b
             if plan.rows.geometry is not None and not plan.rows.implicit:
-                folded = with_bias(plan.rows.geometry.order, weights, b)
-                if folded is not None:  # the block columns get a row of ones
-                    return y, rows_conv(plan.rows, work, folded, None, y, epilogue)
-            return y, rows_conv(plan.rows, work, weights, b, y, epilogue)
+                # (a folded bias: the block columns get a row of ones)
+                weights, bias = with_bias(plan.rows.geometry.order, weights, b)
+            return y, rows_conv(plan.rows, work, weights, bias, y, epilogue)
         if plan.shifted is not None and n and not depthwise and work.dtype == x.dtype:
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
-            folded = with_bias(None, wmat[0], b)
-            shift_conv(plan.shifted, work, wmat[0] if folded is None else folded, y)
-            return y, _finish_channels(y, None if folded is not None else b, epilogue)
+            weights, bias = with_bias(None, wmat[0], b)
+            shift_conv(plan.shifted, work, weights, y)
+            return y, _finish_channels(y, bias, epilogue)
         if flat is not None and n and (depthwise or not plan.small):
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             if depthwise:
@@ -453,10 +455,8 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 operands = depthwise_taps(w, wmat, b, flat, n)
                 flat_depthwise(flat, work, operands, y, then)
                 return y.astype(x.dtype, copy=False), epilogue is not None
-            weights = tap_ordered(w, wmat, flat.order)
-            folded = with_bias(flat.order, weights[0], b)
-            if folded is not None:  # the columns get a row of ones
-                weights, b = folded[np.newaxis], None
+            # (a folded bias: the columns get a row of ones)
+            weights, b = with_bias(flat.order, tap_ordered(w, wmat, flat.order), b)
             flat_conv(flat, work, weights, y)
             applied = _finish_channels(y, b, epilogue)
             return y.astype(x.dtype, copy=False), applied
@@ -505,17 +505,17 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             # Columns of at most half as many rows as filters: copied under a row of
             # ones, they cost less than a bias pass over the output.
             inner = wmat.shape[-1]
-            folded = with_bias(None, wmat[0], b) if 2 * inner <= m else None
-            if folded is None:
-                for image in range(n):  # a large product is split between the threads
-                    gemm_2d(wmat[0], cols[image, 0], y[image, 0])
-            else:
+            weights, bias = with_bias(None, wmat[0], b) if 2 * inner <= m else (wmat[0], b)
+            if bias is None and b is not None:  # folded: the input under a row of ones
                 ones = scratch("ones", (inner + 1, pixels), work.dtype)
                 ones[inner] = 1
                 for image in range(n):
                     ones[:inner] = cols[image, 0]
-                    gemm_2d(folded, ones, y[image, 0])
-                b = None
+                    gemm_2d(weights, ones, y[image, 0])
+            else:
+                for image in range(n):  # a large product is split between the threads
+                    gemm_2d(weights, cols[image, 0], y[image, 0])
+            b = bias
         else:
             stacked_matmul(wmat, cols, y)
         y = y.reshape((n, m, *plan.out_shape))
