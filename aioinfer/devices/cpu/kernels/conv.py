@@ -284,7 +284,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         if group == 1 and rows is None and rank == 2:
             whole = kshape[1] == 1 or out[0] == 1
             if not (whole and small_columns):
-                shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends)
+                shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends, out)
         return _ConvPlan(
             kshape,
             strides,
