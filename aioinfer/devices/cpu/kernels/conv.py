@@ -35,6 +35,7 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     flat_geometry,
     product_by_pixels,
     scratch,
+    scratch_columns,
     with_depthwise_bias,
 )
 from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue, RowPlan, row_plan, rows_conv
@@ -507,8 +508,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             inner = wmat.shape[-1]
             weights, bias = with_bias(None, wmat[0], b) if 2 * inner <= m else (wmat[0], b)
             if bias is None and b is not None:  # folded: the input under a row of ones
-                ones = scratch("ones", (inner + 1, pixels), work.dtype)
-                ones[inner] = 1
+                ones = scratch_columns("ones", inner, pixels, work.dtype, True)
                 for image in range(n):
                     ones[:inner] = cols[image, 0]
                     gemm_2d(weights, ones, y[image, 0])

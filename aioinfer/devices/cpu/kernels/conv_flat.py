@@ -67,6 +67,15 @@ def scratch(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return buffer[:nbytes].view(dtype).reshape(shape)
 
 
+def scratch_columns(slot: str, rows: int, width: int, dtype: np.dtype, ones: bool) -> np.ndarray:
+    """:func:`scratch` for ``rows`` columns of ``width``, under a row of ones when ``ones``
+    (for weights whose last column is the bias): ``(rows + ones, width)``."""
+    buffer = scratch(slot, (rows + ones, width), dtype)
+    if ones:
+        buffer[rows] = 1
+    return buffer
+
+
 def _slots(names: tuple[str, ...]) -> tuple[np.ndarray | None, ...]:
     """This thread's scratch buffers of ``names`` (None for a slot not made yet)."""
     buffers: dict[str, np.ndarray] = getattr(_arena, "buffers", None) or {}
@@ -384,10 +393,8 @@ def flat_conv(
     oh, ow = geometry.out_shape
     views = _phase_views(geometry, x.reshape(n * c, *geometry.in_shape), column_views)
     ones = group == 1 and wmat.shape[2] == c * taps + 1
-    rows = scratch("cols", (c * taps + ones, length), x.dtype)
+    rows = scratch_columns("cols", c * taps, length, x.dtype, ones)
     cols = rows[: c * taps].reshape(c, taps, length)
-    if ones:
-        rows[-1] = 1
     direct = geometry.exact or ow == geometry.grid[1]
     full = None if direct else scratch("full", (group, m // group, length), x.dtype)
     for image in range(n):

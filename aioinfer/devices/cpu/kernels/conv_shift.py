@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.conv_flat import scratch
+from aioinfer.devices.cpu.kernels.conv_flat import scratch_columns
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d
 
 
@@ -105,10 +105,8 @@ def shift_conv(plan: ShiftPlan, x: np.ndarray, wmat: np.ndarray, y: np.ndarray) 
     n, c = x.shape[:2]
     m = y.shape[1]
     inner = c * plan.taps
-    rows = scratch("cols", (wmat.shape[1], plan.length), x.dtype)
+    rows = scratch_columns("cols", inner, plan.length, x.dtype, wmat.shape[1] == inner + 1)
     cols = rows[:inner].reshape(c, plan.taps, plan.length)
-    if wmat.shape[1] == inner + 1:
-        rows[inner] = 1
     for image in range(n):
         fill_columns(plan, x[image].reshape(c, -1), cols)
         gemm_2d(wmat, rows, y[image].reshape(m, plan.length))
