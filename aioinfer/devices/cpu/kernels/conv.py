@@ -399,9 +399,9 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             cached_plan(biased, order, lambda: found)
         return found.reshape(*matrix.shape[:-1], found.shape[-1]), None
 
-    local = threading.local()
-    """This thread's :class:`_Columns` per input shape (kernels are shared by requests
-    running on several threads)."""
+    local = _ConvThread()
+    """This thread's kept columns (kernels are shared by requests running on several
+    threads)."""
 
     def compute(
         x: np.ndarray,
@@ -410,7 +410,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         out: np.ndarray | None,
         epilogue: ConvEpilogue | None = None,
     ) -> tuple[np.ndarray, bool]:
-        small = getattr(local, "small", {}).get((x.shape, x.dtype.char)) if w is w_const else None
+        small = local.small.get((x.shape, x.dtype.char)) if w is w_const else None
         if small is not None:
             y = small(x, b, out)
             if epilogue is not None:
@@ -472,7 +472,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             and work.dtype == x.dtype
             and wmat.size * pixels < SPLIT_PRODUCT
         ):
-            kept = local.__dict__.setdefault("small", {})
+            kept = local.small
             if len(kept) >= PLAN_CACHE_SIZE:
                 kept.clear()
             columns = _Columns(plan, x.shape, x.dtype)
@@ -614,12 +614,20 @@ class _Columns:
         self.cols = np.empty(self.view.shape, dtype)
 
 
-def _im2col(local: threading.local, plan: _ConvPlan, x: np.ndarray) -> np.ndarray:
+class _ConvThread(threading.local):
+    """One Conv node's kept columns on this thread."""
+
+    def __init__(self) -> None:
+        self.small: dict[tuple[tuple[int, ...], str], SmallConv] = {}
+        """:class:`.conv_small.SmallConv` by input shape and dtype."""
+        self.columns: dict[tuple[int, ...], _Columns] = {}
+        """:func:`_im2col`'s kept columns by input shape."""
+
+
+def _im2col(local: _ConvThread, plan: _ConvPlan, x: np.ndarray) -> np.ndarray:
     """The columns ``(N, C, *kernel, *out)`` of ``x``'s windows, in a buffer reused by
     the next call on this thread (see :data:`KEPT_COLUMNS_BYTES`)."""
-    kept: dict[tuple[int, ...], _Columns] | None = getattr(local, "columns", None)
-    if kept is None:
-        kept = local.columns = {}
+    kept = local.columns
     columns = kept.get(x.shape)
     if columns is not None and columns.cols.dtype == x.dtype:
         np.copyto(columns.interior, x)

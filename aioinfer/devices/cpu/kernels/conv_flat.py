@@ -49,8 +49,16 @@ from aioinfer.devices.cpu.kernels.parallel import (
     run_parallel,
 )
 
-_arena = threading.local()
-"""``buffers``: this thread's scratch byte buffers by slot (grown on demand)."""
+
+class _Arena(threading.local):
+    """This thread's scratch buffers (each thread gets its own empty ones)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+        """Byte buffers by slot (grown on demand)."""
+
+
+_arena = _Arena()
 
 
 def scratch(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -58,9 +66,7 @@ def scratch(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     until the next use of that slot on this thread). Fresh arrays of several megabytes
     would fault in new pages on every call."""
     nbytes = math.prod(shape) * dtype.itemsize
-    buffers: dict[str, np.ndarray] | None = getattr(_arena, "buffers", None)
-    if buffers is None:
-        buffers = _arena.buffers = {}
+    buffers = _arena.buffers
     buffer = buffers.get(slot)
     if buffer is None or buffer.nbytes < nbytes:
         buffer = buffers[slot] = np.empty(nbytes, np.uint8)
@@ -78,7 +84,7 @@ def scratch_columns(slot: str, rows: int, width: int, dtype: np.dtype, ones: boo
 
 def _slots(names: tuple[str, ...]) -> tuple[np.ndarray | None, ...]:
     """This thread's scratch buffers of ``names`` (None for a slot not made yet)."""
-    buffers: dict[str, np.ndarray] = getattr(_arena, "buffers", None) or {}
+    buffers = _arena.buffers
     return tuple(buffers.get(name) for name in names)
 
 
@@ -322,8 +328,25 @@ views: their padding is zeroed once and a call only copies the input into them (
 zeroing and the ``as_strided`` views cost small convolutions more than the copies)."""
 KEPT_GEOMETRIES = 64
 
-_kept = threading.local()
-"""``phases``: this thread's kept phases and column views by (geometry, batch, dtype)."""
+
+class _Kept(threading.local):
+    """This thread's kept buffers and views."""
+
+    def __init__(self) -> None:
+        self.phases: dict[
+            tuple[int, int, np.dtype, ViewsOf], tuple[FlatGeometry, np.ndarray, list[np.ndarray]]
+        ] = {}
+        """Small phases and their views by (geometry id, batch, dtype, views)."""
+        self.scratch_views: dict[Any, tuple[FlatGeometry, Any, tuple[object, ...]]] = {}
+        """Views of larger phases in the scratch buffers (:func:`_kept_on_scratch`)."""
+        self.depthwise: dict[
+            tuple[int, np.dtype, bool],
+            tuple[FlatGeometry, _DepthwiseBuffers, tuple[object, ...]],
+        ] = {}
+        """:class:`_DepthwiseBuffers` by (geometry id, dtype, kept)."""
+
+
+_kept = _Kept()
 
 
 ViewsOf = Callable[[FlatGeometry, np.ndarray], list[np.ndarray]]
@@ -339,11 +362,7 @@ def _phase_views(geometry: FlatGeometry, images: np.ndarray, views_of: ViewsOf) 
     if small:
         # Keyed by the geometry's id (hashing its fields costs microseconds); the entry
         # holds the geometry, so that an id reused by another one is not mistaken.
-        kept: dict[
-            tuple[int, int, np.dtype, ViewsOf], tuple[FlatGeometry, np.ndarray, list[np.ndarray]]
-        ]
-        kept = getattr(_kept, "phases", None) or {}
-        _kept.phases = kept
+        kept = _kept.phases
         key = (id(geometry), images.shape[0], images.dtype, views_of)
         entry = kept.get(key)
         if entry is None or entry[0] is not geometry:
@@ -355,9 +374,7 @@ def _phase_views(geometry: FlatGeometry, images: np.ndarray, views_of: ViewsOf) 
         return entry[2]
     # Larger phases are made in this thread's scratch; their views are kept until the
     # slot is replaced (grown): ``as_strided`` costs 2.5 us a view.
-    store: dict[Any, tuple[FlatGeometry, Any, tuple[object, ...]]]
-    store = getattr(_kept, "scratch_views", None) or {}
-    _kept.scratch_views = store
+    store = _kept.scratch_views
 
     def make() -> tuple[np.ndarray, list[np.ndarray]]:
         phases = scratch("phases", shape, images.dtype)
@@ -757,11 +774,7 @@ def _depthwise_buffers(
     """This thread's buffers for ``geometry``: kept ones when small, else views of its
     scratch buffers, made again only when a slot was replaced (grown) since: the views
     cost 11-14 us a call (``as_strided``)."""
-    kept: dict[
-        tuple[int, np.dtype, bool], tuple[FlatGeometry, _DepthwiseBuffers, tuple[object, ...]]
-    ]
-    kept = getattr(_kept, "depthwise", None) or {}
-    _kept.depthwise = kept
+    kept = _kept.depthwise
     key = (id(geometry), dtype, layout.kept)  # kept buffers and scratch views apart
     entry = kept.get(key)
     if layout.kept:
