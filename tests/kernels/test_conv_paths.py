@@ -428,3 +428,32 @@ def test_depthwise_views_of_scratch_follow_a_grown_slot(threads: int) -> None:
                 conv_flat.scratch(slot, (arena[slot].nbytes + 1,), np.dtype(np.uint8))
     gc.collect()
     assert all(ref() is None for ref in replaced)
+
+
+def test_depthwise_taps_are_made_once_with_a_bias_fed_at_run_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Constant depthwise weights with a bias known only at run time: the taps of the
+    shifted rows are made at the first call and kept (each call only adds its bias to
+    the vectors of the last product)."""
+    from aioinfer.devices.cpu.kernels import conv as conv_module
+
+    seen: list[Any] = []
+    depthwise = conv_module.flat_depthwise
+
+    def spy(geometry: Any, x: np.ndarray, operands: Any, *rest: Any) -> None:
+        seen.append(operands)
+        depthwise(geometry, x, operands, *rest)
+
+    monkeypatch.setattr(conv_module, "flat_depthwise", spy)
+    x_shape, w_shape, attrs = CASES["depthwise-5x5-short-maps"]
+    node = oh.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
+    w = _random(*w_shape)
+    conv = find_kernel("", "Conv", 11).factory(make_spec(ir.from_proto(node), 11, [None, w]))
+    for _ in range(2):
+        x, b = _random(*x_shape), _random(w_shape[0])
+        want = run_reference(node, [x, w, b], 11)[0]
+        np.testing.assert_allclose(conv(x, w, b)[0], want, rtol=RTOL, atol=ATOL)
+    first, second = seen
+    assert first.biased and second.biased and first.bands
+    assert all(a is b for a, b in zip(first.bands, second.bands, strict=True))

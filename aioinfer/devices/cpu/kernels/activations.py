@@ -345,13 +345,19 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return y
 
 
-@kernel("Gelu", since=20)
-def _gelu_kernel(spec: NodeSpec) -> Kernel:
+def gelu_approximate(spec: NodeSpec) -> str:
+    """A Gelu node's ``approximate`` attribute: ``"none"`` (erf) or ``"tanh"``."""
     approximate = spec.attr("approximate", "none")
     if approximate not in ("none", "tanh"):
         raise ValueError(
             f"Gelu node {spec.name!r}: approximate must be 'none' or 'tanh', got {approximate!r}"
         )
+    return str(approximate)
+
+
+@kernel("Gelu", since=20)
+def _gelu_kernel(spec: NodeSpec) -> Kernel:
+    approximate = gelu_approximate(spec)
     return _unary_kernel(_gelu if approximate == "none" else gelu_tanh)
 
 

@@ -35,6 +35,8 @@ from aioinfer.devices.cpu.kernels.conv_flat import (
     flat_geometry,
     product_by_pixels,
     scratch,
+    scratch_columns,
+    with_depthwise_bias,
 )
 from aioinfer.devices.cpu.kernels.conv_rows import ConvEpilogue, RowPlan, row_plan, rows_conv
 from aioinfer.devices.cpu.kernels.conv_shift import ShiftPlan, shift_conv, shift_plan
@@ -283,7 +285,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         if group == 1 and rows is None and rank == 2:
             whole = kshape[1] == 1 or out[0] == 1
             if not (whole and small_columns):
-                shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends)
+                shifted = shift_plan(x_shape[2:], kshape, strides, dilations, begins, ends, out)
         return _ConvPlan(
             kshape,
             strides,
@@ -330,23 +332,27 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         return matrix
 
     b_const = spec.const(2)
-    grouped: dict[int, tuple[FlatGeometry, DepthwiseOperands]] = {}
-    """Constant depthwise weights and bias as :func:`.conv_flat.flat_depthwise` takes
-    them, by the id of their geometry (the entry holds it, so a reused id is not
-    mistaken; a geometry is made for one input shape, so for one batch size)."""
+    grouped: dict[int, tuple[FlatGeometry, DepthwiseOperands, DepthwiseOperands]] = {}
+    """Constant depthwise weights as :func:`.conv_flat.flat_depthwise` takes them, by the
+    id of their geometry: without a bias, and with the constant bias (the entry holds
+    the geometry, so a reused id is not mistaken; a geometry is made for one input
+    shape, so for one batch size)."""
 
     def depthwise_taps(
         w: np.ndarray, wmat: np.ndarray, b: np.ndarray | None, flat: FlatGeometry, images: int
     ) -> DepthwiseOperands:
-        """The depthwise operands for ``flat``, cached when ``w`` and ``b`` are constant."""
-        constant = w_const is not None and (b is None or b is b_const)
+        """The depthwise operands for ``flat``, cached when ``w`` is constant (a bias fed
+        at run time is added to the cached taps)."""
+        if w_const is None:
+            bare = depthwise_operands(flat, tap_ordered(w, wmat, flat.order), images)
+            return with_depthwise_bias(bare, b)
         entry = grouped.get(id(flat))
-        if constant and entry is not None and entry[0] is flat:
-            return entry[1]
-        operands = depthwise_operands(flat, tap_ordered(w, wmat, flat.order), b, images)
-        if constant:
-            cached_plan(grouped, id(flat), lambda: (flat, operands))
-        return operands
+        if entry is None or entry[0] is not flat:
+            if len(grouped) >= PLAN_CACHE_SIZE:
+                grouped.clear()
+            bare = depthwise_operands(flat, tap_ordered(w, wmat, flat.order), images)
+            entry = grouped[id(flat)] = (flat, bare, with_depthwise_bias(bare, b_const))
+        return entry[2] if b is b_const else with_depthwise_bias(entry[1], b)
 
     prepared: dict[tuple[tuple[int, ...], bool], np.ndarray] = {}
     """Constant weights as :func:`.conv_rows.rows_conv` takes them, per tap order."""
@@ -371,28 +377,31 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
     biased: dict[tuple[int, ...] | None, np.ndarray] = {}
     """Constant weight matrices with the constant bias as one more column, by the tap
     order of the matrix (None: ``wmat``'s own, row-major)."""
+    foldable = b_const is not None and w_const is not None and group == 1
 
     def with_bias(
         order: tuple[int, ...] | None, matrix: np.ndarray, b: np.ndarray | None
-    ) -> np.ndarray | None:
-        """``matrix`` ``(M, K)`` (its taps in ``order``) with ``b`` as column ``K``
-        (cached: the same for every path whose taps are in that order), for columns with a
-        row of ones after their ``K`` rows: the product then adds the bias, and no pass
-        over the output does (64 3x3 filters over 16x55x55: 277 instead of 304 us,
-        64 1x1 filters over 16x55x55 45 instead of 70 us with the copy of the input
-        under a row of ones). None unless the weights and the bias are constant."""
-        if b is None or b is not b_const or w_const is None or group != 1:
-            return None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(matrix, b)``, or when the weights and the bias are constant ``matrix``
+        ``(M, K)`` or ``(1, M, K)`` (its taps in ``order``) with ``b`` as column ``K``
+        and None (cached: the same for every path whose taps are in that order), for
+        columns with a row of ones after their ``K`` rows: the product then adds the
+        bias, and no pass over the output does (64 3x3 filters over 16x55x55: 277
+        instead of 304 us, 64 1x1 filters over 16x55x55 45 instead of 70 us with the
+        copy of the input under a row of ones)."""
+        if not foldable or b is None or b is not b_const:
+            return matrix, b
         found = biased.get(order)
         if found is None:
+            rows = matrix.reshape(matrix.shape[-2:])
             column = b.astype(matrix.dtype, copy=False).reshape(-1, 1)
-            found = np.ascontiguousarray(np.concatenate([matrix, column], axis=1))
+            found = np.ascontiguousarray(np.concatenate([rows, column], axis=1))
             cached_plan(biased, order, lambda: found)
-        return found
+        return found.reshape(*matrix.shape[:-1], found.shape[-1]), None
 
-    local = threading.local()
-    """This thread's :class:`_Columns` per input shape (kernels are shared by requests
-    running on several threads)."""
+    local = _ConvThread()
+    """This thread's kept columns (kernels are shared by requests running on several
+    threads)."""
 
     def compute(
         x: np.ndarray,
@@ -401,7 +410,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
         out: np.ndarray | None,
         epilogue: ConvEpilogue | None = None,
     ) -> tuple[np.ndarray, bool]:
-        small = getattr(local, "small", {}).get((x.shape, x.dtype.char)) if w is w_const else None
+        small = local.small.get((x.shape, x.dtype.char)) if w is w_const else None
         if small is not None:
             y = small(x, b, out)
             if epilogue is not None:
@@ -430,17 +439,16 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             return y.astype(x.dtype, copy=False), applied
         if plan.rows is not None and not depthwise and work.dtype == x.dtype:
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
-            weights = row_weights(w, wmat, plan.rows)
+            weights, bias = row_weights(w, wmat, plan.rows), b
             if plan.rows.geometry is not None and not plan.rows.implicit:
-                folded = with_bias(plan.rows.geometry.order, weights, b)
-                if folded is not None:  # the block columns get a row of ones
-                    return y, rows_conv(plan.rows, work, folded, None, y, epilogue)
-            return y, rows_conv(plan.rows, work, weights, b, y, epilogue)
+                # (a folded bias: the block columns get a row of ones)
+                weights, bias = with_bias(plan.rows.geometry.order, weights, b)
+            return y, rows_conv(plan.rows, work, weights, bias, y, epilogue)
         if plan.shifted is not None and n and not depthwise and work.dtype == x.dtype:
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
-            folded = with_bias(None, wmat[0], b)
-            shift_conv(plan.shifted, work, wmat[0] if folded is None else folded, y)
-            return y, _finish_channels(y, None if folded is not None else b, epilogue)
+            weights, bias = with_bias(None, wmat[0], b)
+            shift_conv(plan.shifted, work, weights, y)
+            return y, _finish_channels(y, bias, epilogue)
         if flat is not None and n and (depthwise or not plan.small):
             y = out if out is not None else np.empty((n, w.shape[0], *plan.out_shape), work.dtype)
             if depthwise:
@@ -448,10 +456,8 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
                 operands = depthwise_taps(w, wmat, b, flat, n)
                 flat_depthwise(flat, work, operands, y, then)
                 return y.astype(x.dtype, copy=False), epilogue is not None
-            weights = tap_ordered(w, wmat, flat.order)
-            folded = with_bias(flat.order, weights[0], b)
-            if folded is not None:  # the columns get a row of ones
-                weights, b = folded[np.newaxis], None
+            # (a folded bias: the columns get a row of ones)
+            weights, b = with_bias(flat.order, tap_ordered(w, wmat, flat.order), b)
             flat_conv(flat, work, weights, y)
             applied = _finish_channels(y, b, epilogue)
             return y.astype(x.dtype, copy=False), applied
@@ -466,7 +472,7 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             and work.dtype == x.dtype
             and wmat.size * pixels < SPLIT_PRODUCT
         ):
-            kept = local.__dict__.setdefault("small", {})
+            kept = local.small
             if len(kept) >= PLAN_CACHE_SIZE:
                 kept.clear()
             columns = _Columns(plan, x.shape, x.dtype)
@@ -500,17 +506,16 @@ def conv_compute(spec: NodeSpec) -> ConvCompute:
             # Columns of at most half as many rows as filters: copied under a row of
             # ones, they cost less than a bias pass over the output.
             inner = wmat.shape[-1]
-            folded = with_bias(None, wmat[0], b) if 2 * inner <= m else None
-            if folded is None:
-                for image in range(n):  # a large product is split between the threads
-                    gemm_2d(wmat[0], cols[image, 0], y[image, 0])
-            else:
-                ones = scratch("ones", (inner + 1, pixels), work.dtype)
-                ones[inner] = 1
+            weights, bias = with_bias(None, wmat[0], b) if 2 * inner <= m else (wmat[0], b)
+            if bias is None and b is not None:  # folded: the input under a row of ones
+                ones = scratch_columns("ones", inner, pixels, work.dtype, True)
                 for image in range(n):
                     ones[:inner] = cols[image, 0]
-                    gemm_2d(folded, ones, y[image, 0])
-                b = None
+                    gemm_2d(weights, ones, y[image, 0])
+            else:
+                for image in range(n):  # a large product is split between the threads
+                    gemm_2d(weights, cols[image, 0], y[image, 0])
+            b = bias
         else:
             stacked_matmul(wmat, cols, y)
         y = y.reshape((n, m, *plan.out_shape))
@@ -609,12 +614,20 @@ class _Columns:
         self.cols = np.empty(self.view.shape, dtype)
 
 
-def _im2col(local: threading.local, plan: _ConvPlan, x: np.ndarray) -> np.ndarray:
+class _ConvThread(threading.local):
+    """One Conv node's kept columns on this thread."""
+
+    def __init__(self) -> None:
+        self.small: dict[tuple[tuple[int, ...], str], SmallConv] = {}
+        """:class:`.conv_small.SmallConv` by input shape and dtype."""
+        self.columns: dict[tuple[int, ...], _Columns] = {}
+        """:func:`_im2col`'s kept columns by input shape."""
+
+
+def _im2col(local: _ConvThread, plan: _ConvPlan, x: np.ndarray) -> np.ndarray:
     """The columns ``(N, C, *kernel, *out)`` of ``x``'s windows, in a buffer reused by
     the next call on this thread (see :data:`KEPT_COLUMNS_BYTES`)."""
-    kept: dict[tuple[int, ...], _Columns] | None = getattr(local, "columns", None)
-    if kept is None:
-        kept = local.columns = {}
+    kept = local.columns
     columns = kept.get(x.shape)
     if columns is not None and columns.cols.dtype == x.dtype:
         np.copyto(columns.interior, x)

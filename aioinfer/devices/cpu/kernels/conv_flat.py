@@ -49,8 +49,16 @@ from aioinfer.devices.cpu.kernels.parallel import (
     run_parallel,
 )
 
-_arena = threading.local()
-"""``buffers``: this thread's scratch byte buffers by slot (grown on demand)."""
+
+class _Arena(threading.local):
+    """This thread's scratch buffers (each thread gets its own empty ones)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+        """Byte buffers by slot (grown on demand)."""
+
+
+_arena = _Arena()
 
 
 def scratch(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -58,18 +66,25 @@ def scratch(slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     until the next use of that slot on this thread). Fresh arrays of several megabytes
     would fault in new pages on every call."""
     nbytes = math.prod(shape) * dtype.itemsize
-    buffers: dict[str, np.ndarray] | None = getattr(_arena, "buffers", None)
-    if buffers is None:
-        buffers = _arena.buffers = {}
+    buffers = _arena.buffers
     buffer = buffers.get(slot)
     if buffer is None or buffer.nbytes < nbytes:
         buffer = buffers[slot] = np.empty(nbytes, np.uint8)
     return buffer[:nbytes].view(dtype).reshape(shape)
 
 
+def scratch_columns(slot: str, rows: int, width: int, dtype: np.dtype, ones: bool) -> np.ndarray:
+    """:func:`scratch` for ``rows`` columns of ``width``, under a row of ones when ``ones``
+    (for weights whose last column is the bias): ``(rows + ones, width)``."""
+    buffer = scratch(slot, (rows + ones, width), dtype)
+    if ones:
+        buffer[rows] = 1
+    return buffer
+
+
 def _slots(names: tuple[str, ...]) -> tuple[np.ndarray | None, ...]:
     """This thread's scratch buffers of ``names`` (None for a slot not made yet)."""
-    buffers: dict[str, np.ndarray] = getattr(_arena, "buffers", None) or {}
+    buffers = _arena.buffers
     return tuple(buffers.get(name) for name in names)
 
 
@@ -313,8 +328,25 @@ views: their padding is zeroed once and a call only copies the input into them (
 zeroing and the ``as_strided`` views cost small convolutions more than the copies)."""
 KEPT_GEOMETRIES = 64
 
-_kept = threading.local()
-"""``phases``: this thread's kept phases and column views by (geometry, batch, dtype)."""
+
+class _Kept(threading.local):
+    """This thread's kept buffers and views."""
+
+    def __init__(self) -> None:
+        self.phases: dict[
+            tuple[int, int, np.dtype, ViewsOf], tuple[FlatGeometry, np.ndarray, list[np.ndarray]]
+        ] = {}
+        """Small phases and their views by (geometry id, batch, dtype, views)."""
+        self.scratch_views: dict[Any, tuple[FlatGeometry, Any, tuple[object, ...]]] = {}
+        """Views of larger phases in the scratch buffers (:func:`_kept_on_scratch`)."""
+        self.depthwise: dict[
+            tuple[int, np.dtype, bool],
+            tuple[FlatGeometry, _DepthwiseBuffers, tuple[object, ...]],
+        ] = {}
+        """:class:`_DepthwiseBuffers` by (geometry id, dtype, kept)."""
+
+
+_kept = _Kept()
 
 
 ViewsOf = Callable[[FlatGeometry, np.ndarray], list[np.ndarray]]
@@ -330,11 +362,7 @@ def _phase_views(geometry: FlatGeometry, images: np.ndarray, views_of: ViewsOf) 
     if small:
         # Keyed by the geometry's id (hashing its fields costs microseconds); the entry
         # holds the geometry, so that an id reused by another one is not mistaken.
-        kept: dict[
-            tuple[int, int, np.dtype, ViewsOf], tuple[FlatGeometry, np.ndarray, list[np.ndarray]]
-        ]
-        kept = getattr(_kept, "phases", None) or {}
-        _kept.phases = kept
+        kept = _kept.phases
         key = (id(geometry), images.shape[0], images.dtype, views_of)
         entry = kept.get(key)
         if entry is None or entry[0] is not geometry:
@@ -346,9 +374,7 @@ def _phase_views(geometry: FlatGeometry, images: np.ndarray, views_of: ViewsOf) 
         return entry[2]
     # Larger phases are made in this thread's scratch; their views are kept until the
     # slot is replaced (grown): ``as_strided`` costs 2.5 us a view.
-    store: dict[Any, tuple[FlatGeometry, Any, tuple[object, ...]]]
-    store = getattr(_kept, "scratch_views", None) or {}
-    _kept.scratch_views = store
+    store = _kept.scratch_views
 
     def make() -> tuple[np.ndarray, list[np.ndarray]]:
         phases = scratch("phases", shape, images.dtype)
@@ -384,10 +410,8 @@ def flat_conv(
     oh, ow = geometry.out_shape
     views = _phase_views(geometry, x.reshape(n * c, *geometry.in_shape), column_views)
     ones = group == 1 and wmat.shape[2] == c * taps + 1
-    rows = scratch("cols", (c * taps + ones, length), x.dtype)
+    rows = scratch_columns("cols", c * taps, length, x.dtype, ones)
     cols = rows[: c * taps].reshape(c, taps, length)
-    if ones:
-        rows[-1] = 1
     direct = geometry.exact or ow == geometry.grid[1]
     full = None if direct else scratch("full", (group, m // group, length), x.dtype)
     for image in range(n):
@@ -522,25 +546,6 @@ def shifted_rows(geometry: FlatGeometry) -> bool:
     )
 
 
-def depthwise_weights(geometry: FlatGeometry, weights: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``weights`` ``(C, taps)`` (taps in ``geometry.order``) as :func:`flat_depthwise`
-    multiplies them: per band of tap groups (:func:`tap_bands`) ``(C, cols, rows)`` (the
-    taps of its groups, transposed, their rows one after the other) for
-    :func:`shifted_rows`, else one ``(C, 1, taps)``."""
-    if not shifted_rows(geometry):
-        return (np.ascontiguousarray(weights.reshape(weights.shape[0], 1, -1)),)
-    grids = []
-    done = 0
-    for group in geometry.groups:
-        size = group.rows * group.cols
-        grids.append(weights[:, done : done + size].reshape(-1, group.rows, group.cols))
-        done += size
-    return tuple(
-        np.ascontiguousarray(np.concatenate([grids[g] for g in band], axis=1).transpose(0, 2, 1))
-        for band in tap_bands(geometry)
-    )
-
-
 @dataclass(frozen=True)
 class DepthwiseOperands:
     """The per-channel operands of :func:`flat_depthwise` for a batch of images: one row
@@ -559,25 +564,44 @@ class DepthwiseOperands:
 
 
 def depthwise_operands(
-    geometry: FlatGeometry, weights: np.ndarray, bias: np.ndarray | None, images: int
+    geometry: FlatGeometry, weights: np.ndarray, images: int
 ) -> DepthwiseOperands:
-    """The operands of :func:`flat_depthwise` for ``images`` images: ``weights``
-    ``(C, taps)`` (taps in ``geometry.order``) and ``bias`` ``(C,)`` or None."""
+    """The operands of :func:`flat_depthwise` for ``images`` images without a bias:
+    ``weights`` ``(C, taps)`` (taps in ``geometry.order``) as it multiplies them, per
+    band of tap groups (:func:`tap_bands`) ``(C, cols, rows)`` (the taps of its groups,
+    transposed, their rows one after the other) then ones for :func:`shifted_rows`,
+    else the taps ``(C, 1, taps)``; :func:`with_depthwise_bias` adds a bias."""
     channels = weights.shape[0]
-    taps = depthwise_weights(geometry, weights)
     if shifted_rows(geometry):
-        bands = taps
+        grids = []
+        done = 0
+        for group in geometry.groups:
+            size = group.rows * group.cols
+            grids.append(weights[:, done : done + size].reshape(-1, group.rows, group.cols))
+            done += size
+        bands = tuple(
+            np.concatenate([grids[g] for g in band], axis=1).transpose(0, 2, 1)
+            for band in tap_bands(geometry)
+        )
         final = np.ones((channels, 1, sum(band.shape[1] for band in bands)), weights.dtype)
     else:
-        bands, final = (), taps[0]
-    if bias is not None:
-        lifted = bias.astype(weights.dtype, copy=False).reshape(channels, 1, 1)
-        final = np.concatenate([final, lifted], axis=2)
+        bands, final = (), weights.reshape(channels, 1, -1)
     return DepthwiseOperands(
         tuple(np.tile(band, (images, 1, 1)) for band in bands),
         np.tile(final, (images, 1, 1)),
-        bias is not None,
+        False,
     )
+
+
+def with_depthwise_bias(operands: DepthwiseOperands, bias: np.ndarray | None) -> DepthwiseOperands:
+    """``operands`` (of :func:`depthwise_operands`, without a bias) with ``bias``
+    ``(C,)`` after the vectors of the last product; ``operands`` when ``bias`` is None."""
+    if bias is None:
+        return operands
+    final = operands.final
+    lifted = bias.astype(final.dtype, copy=False).reshape(-1, 1, 1)
+    tiled = np.tile(lifted, (final.shape[0] // lifted.shape[0], 1, 1))
+    return DepthwiseOperands(operands.bands, np.concatenate([final, tiled], axis=2), True)
 
 
 def _row_views(geometry: FlatGeometry, phases: np.ndarray) -> list[np.ndarray]:
@@ -750,11 +774,7 @@ def _depthwise_buffers(
     """This thread's buffers for ``geometry``: kept ones when small, else views of its
     scratch buffers, made again only when a slot was replaced (grown) since: the views
     cost 11-14 us a call (``as_strided``)."""
-    kept: dict[
-        tuple[int, np.dtype, bool], tuple[FlatGeometry, _DepthwiseBuffers, tuple[object, ...]]
-    ]
-    kept = getattr(_kept, "depthwise", None) or {}
-    _kept.depthwise = kept
+    kept = _kept.depthwise
     key = (id(geometry), dtype, layout.kept)  # kept buffers and scratch views apart
     entry = kept.get(key)
     if layout.kept:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aioinfer.devices.cpu.kernels.conv_flat import FlatGeometry, scratch
+from aioinfer.devices.cpu.kernels.conv_flat import FlatGeometry, scratch, scratch_columns
 from aioinfer.devices.cpu.kernels.parallel import MIN_PARALLEL_MACS, run_parallel
 
 InPlace = Callable[[np.ndarray], object]
@@ -325,9 +325,10 @@ def rows_conv(
                                 np.matmul(weights[tap], source, out=term)
                                 full += term
                     else:
-                        whole = scratch("rows-cols", (weights.shape[1], length), x.dtype)
-                        if weights.shape[1] > c * len(taps):  # the bias: a row of ones
-                            whole[-1] = 1
+                        inner = c * len(taps)
+                        whole = scratch_columns(  # (the bias: a row of ones)
+                            "rows-cols", inner, length, x.dtype, weights.shape[1] > inner
+                        )
                         cols = whole[: c * len(taps)].reshape(c, len(taps), length)
                         done = 0
                         for view in views:

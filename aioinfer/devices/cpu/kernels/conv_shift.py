@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aioinfer.devices.cpu.kernels.conv_flat import scratch
+from aioinfer.devices.cpu.kernels.conv_flat import scratch_columns
 from aioinfer.devices.cpu.kernels.matmul import gemm_2d
 
 
@@ -30,7 +30,6 @@ from aioinfer.devices.cpu.kernels.matmul import gemm_2d
 class ShiftPlan:
     """Where each tap's columns come from in the flattened input."""
 
-    in_shape: tuple[int, int]
     out_shape: tuple[int, int]
     copies: tuple[tuple[int, int, int], ...]
     """Per tap (row-major kernel order): columns ``first:last`` are the input from
@@ -56,21 +55,23 @@ def shift_plan(
     dilations: Sequence[int],
     begins: Sequence[int],
     ends: Sequence[int],
+    out_shape: Sequence[int],
 ) -> ShiftPlan | None:
-    """The plan of a 2-D convolution whose columns are shifted copies, or None: a kernel
-    of one row or one column (not 1x1), stride and dilation 1, no padding along the
-    rows and the output as wide as the input (``begin + end == kw - 1``)."""
+    """The plan of a 2-D convolution (spatial shapes and attributes, the output's as Conv
+    derives it) whose columns are shifted copies, or None: a kernel of one row or one
+    column (not 1x1), stride and dilation 1, no padding along the rows and the output
+    as wide as the input."""
     if len(kernel_shape) != 2 or len(in_shape) != 2:
         return None
     kh, kw = (int(k) for k in kernel_shape)
     hx, wx = (int(s) for s in in_shape)
+    oh, ow = (int(s) for s in out_shape)
     if (kh != 1 and kw != 1) or kh == kw == 1:
         return None
     if any(s != 1 for s in strides) or any(d != 1 for d in dilations):
         return None
-    if begins[0] or ends[0] or begins[1] + ends[1] != kw - 1 or hx < kh:
+    if begins[0] or ends[0] or ow != wx:
         return None
-    oh = hx - kh + 1
     length, size = oh * wx, hx * wx
     copies, zeros = [], []
     for i in range(kh):
@@ -82,7 +83,7 @@ def shift_plan(
                 zeros.append((0, min(wx, -across)))
             else:
                 zeros.append((max(0, wx - across), wx))
-    return ShiftPlan((hx, wx), (oh, wx), tuple(copies), tuple(zeros))
+    return ShiftPlan((oh, ow), tuple(copies), tuple(zeros))
 
 
 def fill_columns(plan: ShiftPlan, x: np.ndarray, cols: np.ndarray) -> None:
@@ -104,10 +105,8 @@ def shift_conv(plan: ShiftPlan, x: np.ndarray, wmat: np.ndarray, y: np.ndarray) 
     n, c = x.shape[:2]
     m = y.shape[1]
     inner = c * plan.taps
-    rows = scratch("cols", (wmat.shape[1], plan.length), x.dtype)
+    rows = scratch_columns("cols", inner, plan.length, x.dtype, wmat.shape[1] == inner + 1)
     cols = rows[:inner].reshape(c, plan.taps, plan.length)
-    if wmat.shape[1] == inner + 1:
-        rows[inner] = 1
     for image in range(n):
         fill_columns(plan, x[image].reshape(c, -1), cols)
         gemm_2d(wmat, rows, y[image].reshape(m, plan.length))

@@ -35,6 +35,7 @@ import numpy as np
 
 from aioinfer.devices.cpu.kernels.activations import (
     gelu32_chunk,
+    gelu_approximate,
     gelu_tanh,
     leaky_relu,
     relu,
@@ -638,11 +639,7 @@ def _gelu_tanh_into(x: np.ndarray, y: np.ndarray) -> None:
 
 
 def _gelu_kernel(spec: NodeSpec, planned: bool) -> Kernel:
-    approximate = spec.attr("approximate", "none")
-    if approximate not in ("none", "tanh"):
-        raise ValueError(
-            f"Gelu node {spec.name!r}: approximate must be 'none' or 'tanh', got {approximate!r}"
-        )
+    approximate = gelu_approximate(spec)
     into = _gelu_into if approximate == "none" else _gelu_tanh_into
 
     def run(out: np.ndarray | None, x: np.ndarray) -> tuple[np.ndarray]:
