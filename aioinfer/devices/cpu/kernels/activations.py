@@ -176,10 +176,12 @@ def sigmoid_scalar(v: float) -> float:
     return e / (1 + e)
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``1 / (1 + exp(-x))``, into ``out`` when given (it may be ``x``)."""
+    e = np.negative(x, out=out)
     # exp(-x) overflows to inf for very negative x, and 1 / (1 + inf) is the exact 0.
     with np.errstate(over="ignore"):
-        e = np.exp(np.negative(x))
+        np.exp(e, out=e)
     e += 1
     return np.reciprocal(e, out=e)
 
@@ -212,7 +214,7 @@ def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
 
 @kernel("Sigmoid", since=1)
 def _sigmoid_kernel(spec: NodeSpec) -> Kernel:
-    return _unary_kernel(_sigmoid)
+    return _unary_kernel(sigmoid)
 
 
 @kernel("Tanh", since=1)
@@ -253,7 +255,7 @@ def _hard_swish(spec: NodeSpec) -> Kernel:
 
 
 def _swish(x: np.ndarray, alpha: float) -> np.ndarray:
-    y = _sigmoid(x * x.dtype.type(alpha))
+    y = sigmoid(x * x.dtype.type(alpha))
     y *= x
     return y
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from aioinfer.devices.cpu.kernels.activations import sigmoid
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 from aioinfer.transforms.fuse_counters import CAST_ADD
 from aioinfer.transforms.fuse_gru_cell import GRU_GATES
@@ -77,13 +78,8 @@ def _gru_gates(spec: NodeSpec) -> Kernel:
                 f"GRUGates: the projections' last axes should be 3 * {hidden}, got "
                 f"{gx.shape} and {gh.shape}"
             )
-        # The Sigmoid kernel's 1 / (1 + exp(-x)), in place on the fresh sum.
-        sigmoids = np.add(gx[..., :gates], gh[..., :gates])
-        np.negative(sigmoids, out=sigmoids)
-        with np.errstate(over="ignore"):  # exp(-x) = inf for a very negative x: sigmoid 0
-            np.exp(sigmoids, out=sigmoids)
-        sigmoids += 1
-        np.reciprocal(sigmoids, out=sigmoids)
+        total = np.add(gx[..., :gates], gh[..., :gates])
+        sigmoids = sigmoid(total, out=total)  # the Sigmoid kernel's, in place
         candidate = np.multiply(sigmoids[..., :hidden], gh[..., gates:])
         candidate = np.add(gx[..., gates:], candidate)
         np.tanh(candidate, out=candidate)
