@@ -5,8 +5,10 @@ third-party device) and PROCESS:CPU get them from the layer above the device
 Each device runs the same stateful models, and every step is compared with a hand loop
 that feeds the state explicitly to onnxruntime running the model without state: an
 accumulator (int64: exact), an LSTM with ``h``/``c`` pairs whose batch dimension the model
-leaves unnamed (float32: rtol 1e-5, atol 1e-6) and a KV-cache-like concat with attention
-over the cache (float32: rtol 1e-5, atol 1e-6). State bookkeeping is compared exactly.
+leaves unnamed (float32: rtol 1e-5, atol 1e-6), a KV-cache-like concat with attention
+over the cache (float32: rtol 1e-5, atol 1e-6) and a voice-activity detector with silero
+VAD's signature, whose state ``[2, ?, 128]`` is sized by the batch of ``input [?, samples]``
+(float32: rtol 1e-5, atol 1e-6). State bookkeeping is compared exactly.
 """
 
 from __future__ import annotations
@@ -17,12 +19,20 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 import onnx
+import onnx.helper as oh
 import onnxruntime as ort
 import pytest
 
 import aioinfer as ai
 from tests.behaviour.conftest import install_example_device
-from tests.helpers import accumulator_model, chain_model, kv_cache_model, lstm_state_model
+from tests.helpers import (
+    accumulator_model,
+    chain_model,
+    kv_cache_model,
+    lstm_state_model,
+    make_model,
+    tensor_info,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -49,6 +59,54 @@ def _rng(step: int) -> np.random.Generator:
     return np.random.default_rng(100 + step)
 
 
+def vad_model(state: list[int | str | None] | None = None, second: bool = False) -> onnx.ModelProto:
+    """silero VAD's signature: ``input`` float32 ``[?, samples]``, ``state`` float32
+    ``[2, ?, 128]`` (or ``state``), ``sr`` int64 scalar; ``stateN [?, ?, ?]`` is
+    ``state / 2`` plus each row's mean input, ``output [?, 1]`` the new state's mean per
+    row. No node tells the state's batch. With ``second``, an input ``extra [?, 4]``
+    whose leading dimension is not ``input``'s (added to the output)."""
+    node = oh.make_node
+    nodes = [
+        node("ReduceMean", ["input", "axis1"], ["level"], keepdims=1),  # [b, 1]
+        node("Unsqueeze", ["level", "axis0"], ["level3"]),  # [1, b, 1]
+        node("Mul", ["state", "half"], ["decayed"]),
+        node("Add", ["decayed", "level3"], ["stateN"]),
+        node("ReduceMean", ["stateN", "axes02"], ["mean"], keepdims=0),  # [b]
+        node("Cast", ["sr"], ["rate"], to=onnx.TensorProto.FLOAT),
+        node("Div", ["rate", "rate"], ["one"]),
+        node("Mul", ["mean", "one"], ["scaled"]),
+        node("Unsqueeze", ["scaled", "axis1"], ["output"]),  # [b, 1]
+    ]
+    inputs = [
+        tensor_info("input", np.float32, [None, "samples"]),
+        tensor_info("state", np.float32, state or [2, None, 128]),
+        tensor_info("sr", np.int64, []),
+    ]
+    if second:
+        nodes[-1] = node("Unsqueeze", ["scaled", "axis1"], ["plain"])
+        nodes += [
+            node("ReduceMean", ["extra", "axis1"], ["extra_mean"], keepdims=1),
+            node("Add", ["plain", "extra_mean"], ["output"]),
+        ]
+        inputs.append(tensor_info("extra", np.float32, [None, 4]))
+    constants = {
+        "axis0": np.array([0], np.int64),
+        "axis1": np.array([1], np.int64),
+        "axes02": np.array([0, 2], np.int64),
+        "half": np.array(0.5, np.float32),
+    }
+    return make_model(
+        nodes,
+        inputs,
+        [
+            tensor_info("output", np.float32, [None, 1]),
+            tensor_info("stateN", np.float32, [None, None, None]),
+        ],
+        constants,
+        name="vad",
+    )
+
+
 CASES = {
     "accumulator": Case(
         accumulator_model,
@@ -71,6 +129,16 @@ CASES = {
         {"past_key": "present_key"},
         lambda i: {"x": _rng(i).standard_normal((BATCH, 1, 8)).astype(np.float32)},
         {"past_key": np.zeros((BATCH, 0, 8), np.float32)},
+    ),
+    "vad": Case(
+        vad_model,
+        "auto",
+        {"state": "stateN"},
+        lambda i: {
+            "input": _rng(i).standard_normal((BATCH, 512)).astype(np.float32),
+            "sr": np.array(16000, np.int64),
+        },
+        {"state": np.zeros((2, BATCH, 128), np.float32)},
     ),
 }
 
@@ -398,3 +466,27 @@ async def test_the_model_cache_keeps_the_device_s_model_under_the_state_layer(tm
         cached.export_model()
     await first.close()
     await cached.close()
+
+
+# -- a state's unknown dimension that only the batch can be ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("build", "why"),
+    [
+        (lambda: vad_model([2, None, None]), "two unknown dimensions"),
+        (lambda: vad_model(second=True), "inputs leading with different dimensions"),
+    ],
+)
+async def test_an_ambiguous_unknown_dimension_is_still_refused(build, why) -> None:
+    compiled = ai.Core().compile_model(build(), "CPU", {"STATEFUL": "auto"})
+    request = compiled.create_infer_request()
+    inputs = {"input": np.ones((BATCH, 512), np.float32), "sr": np.array(16000, np.int64)}
+    if "extra" in [p.name for p in compiled.inputs]:
+        inputs["extra"] = np.ones((1, 4), np.float32)
+    with pytest.raises(ai.MissingInputError, match=r"dimension \d of its shape .* is unknown"):
+        await request.infer(inputs)
+    # Set from outside, the state runs (``why`` is what keeps it from being sized).
+    request.query_state()[0].state = np.zeros((2, BATCH, 128), np.float32)
+    assert (await request.infer(inputs))["output"].shape == (BATCH, 1), why
+    await compiled.close()

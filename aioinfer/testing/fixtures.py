@@ -126,6 +126,15 @@ def compile_accumulator(core: ai.Core, device: str, stateful: bool) -> ai.Compil
     return core.compile_model(accumulator_model(), device, config)
 
 
+def compile_stateful(core: ai.Core, device: str, model: onnx.ModelProto) -> ai.CompiledModel:
+    """``model`` compiled for ``device`` with ``STATEFUL: auto``; a batching device runs
+    each inference at once, as a batch of one (as :func:`compile_accumulator`)."""
+    config: dict[str, Any] = {"STATEFUL": "auto"}
+    if "BATCH_TIMEOUT_MS" in core.get_plugin(device).properties:
+        config["BATCH_TIMEOUT_MS"] = 0
+    return core.compile_model(model, device, config)
+
+
 @pytest.fixture(scope="session")
 def every_accumulator(every_device: str) -> Iterator[tuple[ai.Core, ai.CompiledModel]]:
     """:func:`compile_accumulator` (without ``STATEFUL``) for ``every_device``, with the

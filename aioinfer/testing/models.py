@@ -168,3 +168,47 @@ def reference(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     """The first output of ``model`` on input ``x`` (:func:`chain_model`'s ``y``) by
     onnx's reference implementation."""
     return expected_outputs(model, {"x": x})[0]
+
+
+def kv_decoder_model(layers: int = 4, width: int = 64, seed: int = 0) -> onnx.ModelProto:
+    """A decoder step with a KV cache of ``2 * layers`` variables: for each layer,
+    ``present_key{i} = Concat(past_key{i}, x Wk{i})`` and likewise for the values, along
+    the sequence (``x`` float32 ``["batch", 1, width]``, each ``past_*``
+    ``["batch", "past_sequence", width]``); the query ``x Wq{i}`` attends over the layer's
+    keys and values, and ``y`` (``["batch", 1, width]``) sums the layers.
+
+    ``STATEFUL: auto`` pairs every ``past_*`` with its ``present_*``. A step reads and
+    writes the whole cache, so with a long one (a few thousand positions) it lasts long
+    enough to be cancelled in the middle on any device."""
+    rng = np.random.default_rng(seed)
+    node = oh.make_node
+    weights: dict[str, np.ndarray] = {}
+    nodes: list[onnx.NodeProto] = []
+    inputs = [tensor_info("x", np.float32, ["batch", 1, width])]
+    outputs = [tensor_info("y", np.float32, ["batch", 1, width])]
+    cache: list[int | str | None] = ["batch", "past_sequence", width]
+    grown: list[int | str | None] = ["batch", "total_sequence", width]
+    contexts = []
+    for i in range(layers):
+        for name in (f"Wq{i}", f"Wk{i}", f"Wv{i}"):
+            weights[name] = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(
+                np.float32
+            )
+        for kind in ("key", "value"):
+            new = f"{kind[0]}{i}"
+            nodes += [
+                node("MatMul", ["x", f"W{kind[0]}{i}"], [new]),
+                node("Concat", [f"past_{kind}{i}", new], [f"present_{kind}{i}"], axis=1),
+            ]
+            inputs.append(tensor_info(f"past_{kind}{i}", np.float32, cache))
+            outputs.append(tensor_info(f"present_{kind}{i}", np.float32, grown))
+        nodes += [
+            node("MatMul", ["x", f"Wq{i}"], [f"q{i}"]),
+            node("Transpose", [f"present_key{i}"], [f"kt{i}"], perm=[0, 2, 1]),
+            node("MatMul", [f"q{i}", f"kt{i}"], [f"scores{i}"]),
+            node("Softmax", [f"scores{i}"], [f"attention{i}"], axis=-1),
+            node("MatMul", [f"attention{i}", f"present_value{i}"], [f"context{i}"]),
+        ]
+        contexts.append(f"context{i}")
+    nodes.append(node("Sum", contexts, ["y"]))
+    return make_model(nodes, inputs, outputs, weights, name="kv_decoder")

@@ -22,6 +22,13 @@ refuse ``STATEFUL`` with ``NotBatchableError`` (BATCH: the requests of a batch c
 keep a state), and skips that run. Every device also runs the same loop on the plain
 model, where the test feeds the state as ``past`` and a step's commit is the publication
 of its results.
+
+A KV-cache decoder (8 variables of a few thousand positions, so that a step lasts long
+enough to be cancelled in its middle) is cancelled at once (``move_on_after(0)``) or
+after a random part of a step, with each kind of callback: a cancelled step leaves
+every variable exactly as it was (OpenVINO, for one, writes each variable as the step
+reaches it, so a device that stops a step between two of them must give the others
+back).
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ import numpy as np
 import pytest
 
 import aioinfer as ai
-from aioinfer.testing.fixtures import compile_accumulator
+from aioinfer.testing.fixtures import compile_accumulator, compile_stateful
+from aioinfer.testing.models import kv_decoder_model
 
 pytestmark = pytest.mark.anyio
 
@@ -248,3 +256,94 @@ async def test_stateful_steps_are_completed_or_cancelled(stateful, kind, anyio_b
 @pytest.mark.parametrize("kind", ["none", "sync", "async"])
 async def test_steps_are_completed_or_cancelled(plain, kind, anyio_backend):
     await run_steps(plain, stateful=False, kind=kind, backend=anyio_backend, seed=2)
+
+
+# -- a KV-cache decoder, cancelled at once or in the middle of its compute ------------------
+
+CACHE = 6000
+"""Positions in each of the decoder's 8 KV variables before the steps: a step reads and
+writes the whole cache, long enough to be cancelled in the middle on any device."""
+KV_STEPS = 8
+"""Steps per cancel point and callback kind."""
+
+
+@pytest.fixture(scope="session")
+def kv_decoder(every_device: str) -> Iterator[ai.CompiledModel]:
+    """:func:`~aioinfer.testing.models.kv_decoder_model` (4 layers: 8 variables) with
+    ``STATEFUL: auto``."""
+    try:
+        compiled = compile_stateful(ai.Core(), every_device, kv_decoder_model())
+    except ai.NotBatchableError as exc:  # the one refusal allowed: see the module docstring
+        pytest.skip(f"{every_device} refuses STATEFUL: {exc}")
+    yield compiled
+    anyio.run(compiled.close)
+
+
+def snapshot(request: ai.InferRequest) -> dict[str, np.ndarray]:
+    """Copies of every variable's value."""
+    return {state.name: state.state.copy() for state in request.query_state()}
+
+
+@pytest.mark.parametrize("kind", ["none", "sync", "async"])
+@pytest.mark.parametrize("point", ["at once", "mid-compute"])
+async def test_a_cancelled_kv_step_leaves_every_variable(kv_decoder, point, kind, anyio_backend):
+    """A decode step of a KV-cache decoder whose awaiting task is cancelled at once
+    (``move_on_after(0)``) or after a random part of a step either completes, and the
+    caller is told so (``infer()`` returned, ``error`` None, the callback told None,
+    every variable grew by the step's position with its old positions kept), or is
+    cancelled with every variable exactly as it was (shape and values), the caller and
+    the callback told ``InferCancelledError`` and the awaiter its own cancellation."""
+    request = kv_decoder.create_infer_request()
+    callback = Callback(kind)
+    callback.install(request)
+    rng = np.random.default_rng(7)
+    width = kv_decoder.inputs[0].shape[-1]
+    for state in request.query_state():
+        state.state = rng.standard_normal((1, CACHE, width)).astype(np.float32)
+
+    def feed() -> dict[str, np.ndarray]:
+        return {"x": rng.standard_normal((1, 1, width)).astype(np.float32)}
+
+    durations = []
+    for _ in range(3):
+        started = anyio.current_time()
+        await request.infer(feed())
+        durations.append(anyio.current_time() - started)
+    step = min(durations)
+    counts = {"completed": 0, "cancelled": 0}
+    for index in range(KV_STEPS):
+        before = snapshot(request)
+        callback.told.clear()
+        delay = 0.0 if point == "at once" else step * float(rng.random())
+        results = None
+        with anyio.move_on_after(delay) as scope:
+            results = await request.infer(feed())
+        after = snapshot(request)
+        where = f"step {index} cancelled {point} ({delay * 1e3:.1f} ms)"
+        assert request.state is ai.RequestState.IDLE, where
+        if results is not None:
+            counts["completed"] += 1
+            assert request.error is None, where
+            assert not scope.cancelled_caught, f"{where}: infer() returned, yet cancelled"
+            for name, old in before.items():
+                new = after[name]
+                assert new.shape == (1, old.shape[1] + 1, width), f"{where}: {name} {new.shape}"
+                np.testing.assert_array_equal(new[:, :-1], old, f"{where}: {name}")
+        else:
+            counts["cancelled"] += 1
+            assert scope.cancelled_caught, where
+            assert isinstance(request.error, ai.InferCancelledError), f"{where}: {request.error!r}"
+            for name, old in before.items():
+                assert after[name].shape == old.shape, (
+                    f"{where}: cancelled, yet {name} went from {old.shape} to {after[name].shape}"
+                )
+                np.testing.assert_array_equal(after[name], old, f"{where}: cancelled: {name}")
+        if kind != "none":
+            assert len(callback.told) == 1, f"{where}: the callback was told {callback.told}"
+            told = callback.told[0]
+            if results is not None:
+                assert told is None, where
+            else:
+                assert isinstance(told, ai.InferCancelledError), f"{where}: {told!r}"
+    assert counts["completed"] + counts["cancelled"] == KV_STEPS
+    await request.close()

@@ -24,7 +24,12 @@ unnamed (``[2, ?, 128]``) has no size to start from; :class:`SizeStatesPass` run
 and names it after what the graph tells: where the state reaches the ``initial_h`` /
 ``initial_c`` of an ``RNN``, ``GRU`` or ``LSTM`` at the batch axis, the dimension is the
 batch of that node's ``X`` (a static size, the name of an input's dimension, or
-:func:`aioinfer.model.unnamed_dim_name` of it).
+:func:`aioinfer.model.unnamed_dim_name` of it). Where the graph does not tell, a state
+with one unknown dimension left takes the batch of the regular inputs, when they have
+one: every input whose first dimension is not static leads with the same dimension
+(silero VAD: ``state [2, ?, 128]`` beside ``input [?, samples]``, sized as the
+``[2, batch, 128]`` zeros its users feed). Two unknown dimensions, or inputs that lead
+with different ones, stay unknown: the state must be set before the first step.
 """
 
 from __future__ import annotations
@@ -289,7 +294,25 @@ def state_shapes(model: ir.Model, states: list[str]) -> dict[str, list[Dim]]:
             continue
         if isinstance(batch, int) or batch in given:
             sized.setdefault(owner[0], unsized[owner[0]])[owner[1]] = batch
+    batch = _leading_batch(feeds, shapes)
+    for name, dims in unsized.items():
+        if batch is not None and dims.count(None) == 1:
+            dims[dims.index(None)] = batch
+            sized[name] = dims
     return sized
+
+
+def _leading_batch(feeds: Mapping[str, ir.Value], states: Mapping[str, object]) -> Dim:
+    """The batch of the regular inputs: the one dimension that leads every input whose
+    first dimension is not static (its name, or :func:`aioinfer.model.unnamed_dim_name`
+    of it); None when no input has one, or when they name different ones."""
+    leading = set()
+    for name, value in feeds.items():
+        dims = _dims(value)
+        if name in states or not dims or isinstance(dims[0], int):
+            continue
+        leading.add(dims[0] if isinstance(dims[0], str) else unnamed_dim_name(name, 0))
+    return leading.pop() if len(leading) == 1 else None
 
 
 class SizeStatesPass(ir.passes.InPlacePass):

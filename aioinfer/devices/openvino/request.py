@@ -203,8 +203,9 @@ class OpenVINOInferRequest(SyncInferRequest):
 
         A stateful step that OpenVINO finished has advanced OpenVINO's variables: it
         completes even when its cancel came too late to stop it (its results are
-        published, then the task's cancellation goes on), so that a step reported
-        cancelled never changed the state.
+        published, then the task's cancellation goes on). One that OpenVINO did not
+        finish gives back what its variables had before (see :mod:`.state`), so that a
+        step reported cancelled never changed the state.
         """
         if self._inline:
             # Give the loop a turn when it is due (a task inferring in a loop must not
@@ -221,7 +222,10 @@ class OpenVINOInferRequest(SyncInferRequest):
             self.cancel()
             with anyio.CancelScope(shield=True):
                 await waker.wait()
-            if self._variables is None or not self._succeeded():
+            if self._variables is None:
+                raise
+            if not self._succeeded():
+                self._variables.restore()
                 raise
             # OpenVINO finished (and committed the state) before the cancel reached it:
             # the step completes. A cancel scope's cancel reaches the task again once it
@@ -316,6 +320,10 @@ class OpenVINOInferRequest(SyncInferRequest):
             self._ov.cancel()
 
     def _failure(self, exc: BaseException) -> Exception:
+        """The exception of an inference OpenVINO did not finish, once what it left in
+        the variables was undone (see :mod:`.state`)."""
+        if self._variables is not None:
+            self._variables.restore()
         if self.cancel_token.requested:
             return InferCancelledError("the inference was cancelled")
         return InferenceError(failure_message(exc, self._producers))

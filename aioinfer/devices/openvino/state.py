@@ -10,12 +10,16 @@ semantics hold on top of OpenVINO's ``VariableState``:
   initial value is zeros sized by the step's inputs (see docs/stateful.md), so a variable
   at its initial value is marked *fresh*; before a step starts, each fresh variable gets
   those zeros, and the mark goes only when a step completes.
-- *Atomic steps.* OpenVINO's CPU device commits its variables only when an inference
-  succeeds: a cancelled or failed one leaves them as they were, even when the state's
-  ``Assign`` ran before the cancel or the failure (measured and tested:
-  tests/test_openvino_state.py). So no snapshot is taken. An inference OpenVINO finished
-  has advanced the state: the device then completes the step, also when its cancel came
-  too late (see :mod:`.request`).
+- *Atomic steps.* OpenVINO commits each variable when its ``Assign`` runs, so an
+  inference cancelled or failed after some of them ran leaves those variables advanced
+  and the others not (a KV cache whose concatenations take a while is cancelled between
+  them most of the time; tests/test_openvino_state.py). OpenVINO's CPU device keeps
+  each variable in two buffers and an ``Assign`` writes the one not read, so the tensor
+  ``VariableState.state`` gave before the step still holds the value from before: it is
+  kept (no copy) when a step starts, and a step that does not complete writes it back
+  into every variable that moved to the other buffer. An inference OpenVINO finished has
+  advanced the state: the device then completes the step, also when its cancel came too
+  late (see :mod:`.request`).
 - *int64.* OpenVINO's CPU device computes int64 as int32 and refuses an int64 tensor as a
   variable's value; such a value is handed over as int32 (values beyond int32's range
   are refused with ``InputTypeError``).
@@ -29,7 +33,7 @@ from typing import Any
 import numpy as np
 import openvino
 
-from aioinfer.errors import CompileError, InputShapeError, InputTypeError
+from aioinfer.errors import CompileError, InferenceError, InputShapeError, InputTypeError
 from aioinfer.plugin.state import Variable, VariableStore
 
 _INT32 = np.iinfo(np.int32)
@@ -92,6 +96,7 @@ class OpenVINOVariables(VariableStore):
                 )
             self._states[variable.name] = state
         self._fresh = set(self.variables)
+        """Variables at their initial value (OpenVINO's value is not theirs yet)."""
         self._symbolic = [
             (v.name, axis, dim)
             for v in variables
@@ -100,7 +105,9 @@ class OpenVINOVariables(VariableStore):
         ]
         """Every symbolic dimension of a variable: checked against the inputs' before a
         step, as the inputs' are checked against each other."""
-        """Variables at their initial value (OpenVINO's value is not theirs yet)."""
+        self._held: list[tuple[Any, Any]] = []
+        """Each OpenVINO variable with its tensor from before the running step."""
+        self._held_shapes: list[tuple[int, ...]] = []
 
     def value(self, name: str) -> np.ndarray:
         variable = self.variables[name]
@@ -124,14 +131,41 @@ class OpenVINOVariables(VariableStore):
 
     def prepare(self) -> None:
         """Give each fresh variable its initial value in OpenVINO (zeros sized by the
-        inputs set now); it stays fresh until a step completes.
+        inputs set now; it stays fresh until a step completes), and keep every variable's
+        value from before the step for :meth:`restore`.
 
         Raises:
             MissingInputError: a fresh variable's shape cannot be sized.
             InputShapeError: a variable's symbolic dimension disagrees with the inputs'.
         """
-        if not self._fresh and not self._symbolic:
-            return
+        if self._fresh or self._symbolic:
+            self._check_and_fill()
+        self._held = [(state, state.state) for state in self._states.values()]
+        self._held_shapes = [tuple(held.shape) for _, held in self._held]
+
+    def restore(self) -> None:
+        """Undo what a step that did not complete (cancelled or failed in OpenVINO) left
+        in OpenVINO's variables: each one whose value moved from the buffer kept by
+        :meth:`prepare` gets that value back.
+
+        Raises:
+            InferenceError: OpenVINO wrote a variable's kept buffer in place, so its value
+                from before the step is lost (the request's variables are then reset).
+        """
+        held, self._held = self._held, []
+        for (state, before), shape in zip(held, self._held_shapes):
+            if tuple(before.shape) != shape:
+                self.reset()
+                raise InferenceError(
+                    f"OpenVINO changed variable {state.name!r} in place during a step that "
+                    "did not complete, so its value from before the step is lost; the "
+                    "request's variables were reset"
+                )
+            now = state.state
+            if tuple(now.shape) != shape or _address(now) != _address(before):
+                state.state = before
+
+    def _check_and_fill(self) -> None:
         sizes = self._sizes()
         for name in self._fresh:
             variable = self.variables[name]
@@ -149,6 +183,7 @@ class OpenVINOVariables(VariableStore):
     def commit(self, values: Sequence[np.ndarray] = ()) -> None:
         """A step completed: OpenVINO holds every variable's new value."""
         self._fresh.clear()
+        self._held = []
 
     def _write(self, variable: Variable, array: np.ndarray) -> None:
         if array.dtype == np.int64:
@@ -159,3 +194,8 @@ class OpenVINOVariables(VariableStore):
                 )
             array = array.astype(np.int32)
         self._states[variable.name].state = openvino.Tensor(np.ascontiguousarray(array))
+
+
+def _address(tensor: Any) -> int:
+    """Where an OpenVINO tensor's data starts."""
+    return int(tensor.data.ctypes.data)
