@@ -21,11 +21,11 @@ import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 from aioinfer import RepositoryError
-from aioinfer.serving import ModelRepository
+from aioinfer.serving import ModelRepository, create_app
 from aioinfer.serving.repository import VersionPolicy
 from aioinfer.serving.service import InferenceService
 from tests.helpers import mlp_model
-from tests.serving.conftest import write_config, write_model
+from tests.serving.conftest import LiveServer, write_config, write_model
 from tests.serving.live_grpc import LiveGrpcServer
 from tests.serving.triton_models import simple_model
 
@@ -168,25 +168,29 @@ def test_model_config_reports_the_policy(server: LiveGrpcServer) -> None:
         )
 
 
-def test_tritonclients_http_example_flows_pass_with_two_versions(server: LiveGrpcServer) -> None:
+def test_tritonclients_http_example_flows_pass_with_two_versions(tmp_path: Path) -> None:
     """simple_http_infer_client.py and simple_http_aio_infer_client.py check that the
-    statistics of ``simple`` hold one entry; its folder holds versions 1 and 2."""
+    statistics of ``simple`` hold one entry; here its folder holds versions 1 and 2, and
+    no config.json."""
+    for version in (1, 2):
+        write_model(tmp_path, "simple", version, simple_model())
     inputs = []
     for name in ("INPUT0", "INPUT1"):
         tensor = httpclient.InferInput(name, [1, 16], "INT32")
         tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
         inputs.append(tensor)
-    client = httpclient.InferenceServerClient(server.url)
-    client.infer("simple", inputs)
-    assert len(client.get_inference_statistics(model_name="simple")["model_stats"]) == 1
 
-    async def aio_flow() -> int:
-        async with aioclient.InferenceServerClient(server.url) as client:
+    async def aio_flow(url: str) -> int:
+        async with aioclient.InferenceServerClient(url) as client:
             await client.infer("simple", inputs)
             statistics = await client.get_inference_statistics(model_name="simple")
             return len(statistics["model_stats"])
 
-    assert asyncio.run(aio_flow()) == 1
+    with LiveServer(create_app(tmp_path)) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        client.infer("simple", inputs)
+        assert len(client.get_inference_statistics(model_name="simple")["model_stats"]) == 1
+        assert asyncio.run(aio_flow(server.url)) == 1
 
 
 # -- a reload under the policy -------------------------------------------------------------
