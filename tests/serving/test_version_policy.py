@@ -21,8 +21,8 @@ import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 from aioinfer import RepositoryError
-from aioinfer.serving import ModelRepository, create_app
-from aioinfer.serving.repository import VersionPolicy
+from aioinfer.serving import ModelConfig, ModelRepository, VersionPolicy, create_app
+from aioinfer.serving.model_config import apply_override
 from aioinfer.serving.service import InferenceService
 from tests.helpers import mlp_model
 from tests.serving.conftest import LiveServer, write_config, write_model
@@ -328,3 +328,14 @@ def test_a_listed_version_without_its_directory_is_logged(
     assert "version 5 is specified for model 'm', but the version directory is not present" in (
         caplog.text
     )
+
+
+def test_a_config_built_in_code_takes_a_policy(tmp_path: Path) -> None:
+    for version in (1, 2):
+        write_model(tmp_path, "m", version, mlp_model())
+    every = ModelConfig(version_policy=VersionPolicy("all"))
+    entry = ModelRepository(tmp_path, configs={"m": every}).models["m"]
+    assert list(entry.served_versions()) == ["1", "2"]
+    # A load's override keeps the policy it does not name.
+    overridden = apply_override(every, '{"max_batch_size": 4}', "model 'm'")
+    assert overridden.version_policy == VersionPolicy("all")
