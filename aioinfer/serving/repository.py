@@ -182,8 +182,9 @@ def _positive(value: Any, key: str, where: str) -> int:
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
+    expected = "integers" if key == "versions" else "an integer"
     raise RepositoryError(
-        f"{where}: 'version_policy' {key!r} must hold integers >= 1, got {value!r}"
+        f"{where}: 'version_policy' {key!r} must be {expected} >= 1, got {value!r}"
     )
 
 

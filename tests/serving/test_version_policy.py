@@ -259,13 +259,13 @@ def test_the_forms_of_tritons_policy_are_read(policy: Any, expected: VersionPoli
     [
         ({"newest": {}}, ['\'version_policy\' must be {"latest": {"num_versions": N}}', "newest"]),
         ({"latest": {"num_versions": 1}, "all": {}}, ["'version_policy' must be", '"all": {}}']),
-        ({"latest": {}}, ["'num_versions' must hold integers >= 1, got None"]),
-        ({"latest": {"num_versions": 0}}, ["'num_versions' must hold integers >= 1, got 0"]),
+        ({"latest": {}}, ["'num_versions' must be an integer >= 1, got None"]),
+        ({"latest": {"num_versions": 0}}, ["'num_versions' must be an integer >= 1, got 0"]),
         ({"latest": {"num_versions": True}}, ["'num_versions'", "got True"]),
         ({"latest": {"versions": [1]}}, ["'latest' must be an object with key(s): num_versions"]),
         ({"all": {"num_versions": 1}}, ["'all' must be an object with key(s): none"]),
         ({"specific": {"versions": []}}, ["'specific' must list its 'versions'"]),
-        ({"specific": {"versions": [1, "x"]}}, ["'versions' must hold integers >= 1, got 'x'"]),
+        ({"specific": {"versions": [1, "x"]}}, ["'versions' must be integers >= 1, got 'x'"]),
         ({"specific": [1, 2]}, ["'specific' must be an object with key(s): versions"]),
         ("latest", ["'version_policy' must be object, got 'latest'"]),
     ],
@@ -291,7 +291,7 @@ def test_a_bad_policy_fails_a_load_over_tritonclient(tmp_path: Path) -> None:
         assert caught.value.status() == "400"
         message = caught.value.message()
         assert message.startswith("failed to load 'm'")
-        assert "'num_versions' must hold integers >= 1, got 0" in message
+        assert "'num_versions' must be an integer >= 1, got 0" in message
         shutil.rmtree(tmp_path / "m" / "1")
         write_model(tmp_path, "m", 2, mlp_model())
         write_config(tmp_path, "m", {"version_policy": {"specific": {"versions": [1]}}})
