@@ -59,7 +59,7 @@ from aioinfer.properties import num_cores
 if TYPE_CHECKING:
     from aioinfer.core import Core
 
-_logger = logging.getLogger("aioinfer.serving")
+_logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.onnx"

@@ -195,6 +195,14 @@ class InferenceService:
     async def _compile(self, entry: ModelEntry) -> dict[str, ServedModel]:
         versions: dict[str, ServedModel] = {}
         to_serve = entry.served_versions()
+        left_out = sorted(set(entry.versions) - set(to_serve), key=int)
+        if left_out:
+            _logger.info(
+                "model %r: version(s) %s not served under its version policy %s",
+                entry.name,
+                ", ".join(left_out),
+                json.dumps(entry.config.version_policy.to_mapping()),
+            )
         try:
             for version, path in to_serve.items():
                 decided: tuple[str, ...] = ()

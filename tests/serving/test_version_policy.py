@@ -306,6 +306,21 @@ def test_a_bad_policy_fails_a_load_over_tritonclient(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_the_start_logs_the_versions_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for version in (1, 2, 3):
+        write_model(tmp_path, "m", version, mlp_model())
+    write_config(tmp_path, "m", {"batching": False})
+    service = InferenceService(ModelRepository(tmp_path))
+    with caplog.at_level(logging.INFO, logger="aioinfer.serving"), anyio.fail_after(60):
+        async with service.lifespan():
+            assert list(service.models["m"]) == ["3"]
+    expected = "model 'm': version(s) 1, 2 not served under its version policy "
+    assert expected + '{"latest": {"num_versions": 1}}' in caplog.text
+
+
+@pytest.mark.anyio
 async def test_a_policy_that_serves_nothing_fails_the_start(tmp_path: Path) -> None:
     write_model(tmp_path, "m", 2, mlp_model())
     write_config(tmp_path, "m", {"version_policy": {"specific": {"versions": [1]}}})
