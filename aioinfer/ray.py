@@ -147,7 +147,8 @@ class ModelDescription:
 
 class ModelReplica:
     """A replica of one model's deployment: an inference service over that model alone
-    (every version), loaded in the constructor and drained when Ray stops the replica.
+    (the versions its version policy serves), loaded in the constructor and drained when
+    Ray stops the replica.
 
     Args:
         source: the repository directory (the same path on every node).

@@ -15,7 +15,7 @@ own codes.
 from aioinfer.errors import ErrorKind, ServiceError
 from aioinfer.serving.generation import GeneratedToken, GenerateRequest
 from aioinfer.serving.messages import InferenceRequest, InferenceResponse, RequestedOutput
-from aioinfer.serving.repository import ModelConfig, ModelRepository
+from aioinfer.serving.repository import ModelConfig, ModelRepository, VersionPolicy
 from aioinfer.serving.rest import create_app
 from aioinfer.serving.server import serve
 from aioinfer.serving.service import InferCall, InferenceService, ModelServer
@@ -33,6 +33,7 @@ __all__ = [
     "ModelServer",
     "RequestedOutput",
     "ServiceError",
+    "VersionPolicy",
     "create_app",
     "serve",
 ]

@@ -55,7 +55,7 @@ def triton_model_config(model: ServedModel) -> dict[str, Any]:
         "name": model.name,
         "platform": PLATFORM,
         "backend": "aioinfer",
-        "version_policy": {"all": {}},
+        "version_policy": model.config.version_policy.to_mapping(),
         "max_batch_size": batch,
         "input": [{**_tensor(port, batch), "format": "FORMAT_NONE"} for port in model.inputs],
         "output": [_tensor(port, batch) for port in model.outputs],  # (outputs have no format)

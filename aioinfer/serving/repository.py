@@ -15,8 +15,15 @@ version (a positive integer) holding ``model.onnx``, and optionally ``config.jso
       "max_sequences": 1000,                // open sequences; beyond: HTTP 503
       "generate": {"input_ids": "input_ids", "logits": "logits", "eos_token_id": 0},
                                             // a decoder that generates (docs/generation.md)
-      "ray": {"num_replicas": 2}            // Ray Serve deployment options (aioinfer.ray)
+      "ray": {"num_replicas": 2},           // Ray Serve deployment options (aioinfer.ray)
+      "version_policy": {"latest": {"num_versions": 1}}
+                                            // the versions served, as Triton's (below)
     }
+
+Of a model's versions, the server serves those its ``version_policy`` selects, in
+Triton's form (:class:`VersionPolicy`): by default the latest one only, as Triton does;
+``{"all": {}}`` serves every version, ``{"specific": {"versions": [1, 3]}}`` the ones
+listed.
 
 A ``tokenizer.json`` beside ``model.onnx`` (or beside the version directories) lets a
 generating model take and give text.
@@ -38,10 +45,11 @@ each key given in the config overrides its part of that choice.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+import logging
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from aioinfer.errors import GenerationError, RepositoryError
 from aioinfer.generation import GenerationConfig
@@ -50,6 +58,8 @@ from aioinfer.properties import num_cores
 
 if TYPE_CHECKING:
     from aioinfer.core import Core
+
+_logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.onnx"
@@ -90,6 +100,94 @@ def engine_threads() -> int:
     return max(1, num_cores() - 1)
 
 
+_POLICY_FORMS = (
+    '{"latest": {"num_versions": N}}, {"all": {}} or {"specific": {"versions": [V, ...]}}'
+)
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions of a model the server serves: Triton's ``version_policy``.
+
+    ``latest`` (the default, with ``num_versions`` 1, as Triton's): the ``num_versions``
+    highest versions of the repository; ``all``: every version; ``specific``: the
+    ``versions`` listed, those of them the repository holds (a listed version without
+    its directory is logged and skipped, as Triton does). A version the policy does not
+    serve is not compiled: requests to it are answered as for an unknown version.
+    """
+
+    kind: Literal["latest", "all", "specific"] = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    @classmethod
+    def from_mapping(cls, value: Mapping[str, Any], where: str) -> VersionPolicy:
+        """The policy a config file's ``version_policy`` object describes (Triton's JSON
+        form; 64-bit integers may be strings, as protobuf writes them).
+
+        Raises:
+            RepositoryError: not one of the three forms, an unknown key, or a count or
+                version that is not a positive integer (named, with ``where`` the file).
+        """
+        described = json.dumps(value)
+        if len(value) != 1 or next(iter(value)) not in ("latest", "all", "specific"):
+            raise RepositoryError(
+                f"{where}: 'version_policy' must be {_POLICY_FORMS}, got {described}"
+            )
+        ((kind, options),) = value.items()
+        known = {"latest": {"num_versions"}, "all": set(), "specific": {"versions"}}[kind]
+        if not isinstance(options, dict) or set(options) - known:
+            keys = ", ".join(sorted(known)) or "none"
+            raise RepositoryError(
+                f"{where}: 'version_policy' {kind!r} must be an object with key(s): {keys}; "
+                f"got {described}"
+            )
+        if kind == "latest":
+            count = _positive(options.get("num_versions"), "num_versions", where)
+            return cls("latest", num_versions=count)
+        if kind == "specific":
+            listed = options.get("versions")
+            if not isinstance(listed, list) or not listed:
+                raise RepositoryError(
+                    f"{where}: 'version_policy' 'specific' must list its 'versions' "
+                    f"(positive integers), got {described}"
+                )
+            versions = tuple(sorted({_positive(v, "versions", where) for v in listed}))
+            return cls("specific", versions=versions)
+        return cls("all")
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The policy in Triton's JSON form (``config.json``'s and Triton's model
+        configuration's ``version_policy``)."""
+        if self.kind == "latest":
+            return {"latest": {"num_versions": self.num_versions}}
+        if self.kind == "specific":
+            return {"specific": {"versions": list(self.versions)}}
+        return {"all": {}}
+
+    def select(self, versions: Iterable[str]) -> list[str]:
+        """The ones of ``versions`` (a repository's, as strings) the policy serves,
+        lowest first."""
+        ordered = sorted(versions, key=int)
+        if self.kind == "latest":
+            return ordered[-self.num_versions :]
+        if self.kind == "specific":
+            return [version for version in ordered if int(version) in self.versions]
+        return ordered
+
+
+def _positive(value: Any, key: str, where: str) -> int:
+    # Protobuf's JSON form writes 64-bit integers as strings: accept both.
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    expected = "integers" if key == "versions" else "an integer"
+    raise RepositoryError(
+        f"{where}: 'version_policy' {key!r} must be {expected} >= 1, got {value!r}"
+    )
+
+
 @dataclass(frozen=True)
 class CompilePlan:
     """How the server compiles one model version: the device string, the compile config,
@@ -109,7 +207,8 @@ class ModelConfig:
     model), False (never batch) or ``{"max_batch_size": N, "timeout_ms": T}`` (the BATCH
     device). ``max_concurrency`` None means: ``MAX_BATCH_SIZE`` x streams x 2 for a
     batching model, else the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
-    ``max_sequences`` None means the server's default. ``generate`` (a
+    ``max_sequences`` None means the server's default. ``version_policy`` chooses the
+    versions served (:class:`VersionPolicy`; in a config file, its JSON form). ``generate`` (a
     :class:`~aioinfer.generation.GenerationConfig`, or its mapping) serves the model's
     generate endpoints. ``ray`` holds the model's Ray Serve deployment options (see
     :mod:`aioinfer.ray`), unused by ``aioinfer serve``. ``device`` None means: the server
@@ -127,6 +226,7 @@ class ModelConfig:
     max_sequences: int | None = None
     generate: Mapping[str, Any] | GenerationConfig | None = None
     ray: Mapping[str, Any] = field(default_factory=dict)
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> ModelConfig:
@@ -148,6 +248,7 @@ class ModelConfig:
             "max_sequences": (int,),
             "generate": (dict,),
             "ray": (dict,),
+            "version_policy": (dict, VersionPolicy),
         }
         for key, value in values.items():
             if key not in kinds:
@@ -159,6 +260,7 @@ class ModelConfig:
                 isinstance(value, bool) and bool not in kinds[key]
             ):
                 names = " or ".join(k.__name__ for k in kinds[key])
+                names = "object" if key == "version_policy" else names
                 raise RepositoryError(f"{where}: {key!r} must be {names}, got {value!r}")
         batching = values.get("batching")
         if isinstance(batching, dict):
@@ -176,6 +278,9 @@ class ModelConfig:
         for key in ("max_concurrency", "max_queue", "max_sequences"):
             if key in values and values[key] < (0 if key == "max_queue" else 1):
                 raise RepositoryError(f"{where}: {key!r} is {values[key]}, too small")
+        policy = values.get("version_policy")
+        if isinstance(policy, dict):
+            values = {**values, "version_policy": VersionPolicy.from_mapping(policy, where)}
         return cls(**values)
 
     def compile_plan(self, core: Core, model: Model) -> CompilePlan:
@@ -270,10 +375,23 @@ class ModelEntry:
     versions: dict[str, Path]
     config: ModelConfig
 
-    @property
-    def latest(self) -> str:
-        """The highest version: the one served when a request names none."""
-        return max(self.versions, key=int)
+    def served_versions(self) -> dict[str, Path]:
+        """The versions the config's ``version_policy`` serves (name -> model file),
+        lowest first.
+
+        Raises:
+            RepositoryError: the policy serves none of the repository's versions.
+        """
+        policy = self.config.version_policy
+        served = policy.select(self.versions)
+        if not served:
+            held = ", ".join(sorted(self.versions, key=int))
+            raise RepositoryError(
+                f"at least one version must be available under the version policy of model "
+                f"{self.name!r}: {json.dumps(policy.to_mapping())} serves none of the "
+                f"versions in the repository ({held})"
+            )
+        return {version: self.versions[version] for version in served}
 
 
 class ModelRepository:
@@ -360,7 +478,14 @@ class ModelRepository:
         config = override or ModelConfig()
         if override is None and config_path.is_file():
             config = ModelConfig.from_mapping(_read_json(config_path), str(config_path))
-        return ModelEntry(directory.name, versions, config)
+        entry = ModelEntry(directory.name, versions, config)
+        for missing in sorted(set(config.version_policy.versions) - set(map(int, versions))):
+            _logger.warning(
+                "version %d is specified for model %r, but the version directory is not present",
+                missing,
+                entry.name,
+            )
+        return entry
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -40,6 +40,7 @@ decodes an input or output that names a shared-memory region into a
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
@@ -166,6 +167,9 @@ class InferenceService:
         self._in_flight = 0
         self._drained: anyio.Event | None = None
         self._retiring: dict[ServedModel, anyio.Event] = {}
+        self._unloaded_versions: dict[str, set[str]] = {}
+        """Model name -> its versions a reload stopped serving (its version policy no
+        longer selects them), which the repository index lists as unloaded."""
         self._control = anyio.Lock()
 
     def served_models(self) -> Iterator[ServedModel]:
@@ -190,8 +194,17 @@ class InferenceService:
 
     async def _compile(self, entry: ModelEntry) -> dict[str, ServedModel]:
         versions: dict[str, ServedModel] = {}
+        to_serve = entry.served_versions()
+        left_out = sorted(set(entry.versions) - set(to_serve), key=int)
+        if left_out:
+            _logger.info(
+                "model %r: version(s) %s not served under its version policy %s",
+                entry.name,
+                ", ".join(left_out),
+                json.dumps(entry.config.version_policy.to_mapping()),
+            )
         try:
-            for version, path in sorted(entry.versions.items(), key=lambda item: int(item[0])):
+            for version, path in to_serve.items():
                 decided: tuple[str, ...] = ()
                 try:
                     if is_blob_file(path):  # compiled ahead, for the device it names
@@ -240,6 +253,7 @@ class InferenceService:
             for model in self.served_models():
                 await model.close()
         self.models.clear()  # a later lifespan compiles them again
+        self._unloaded_versions.clear()
         self.generations.clear()
         self.shared_memory.close()
         self.started = False
@@ -282,9 +296,15 @@ class InferenceService:
         model = versions.get(version)
         if model is None:
             known = ", ".join(sorted(versions, key=int))
+            entry = self.repository.models.get(name)
+            unserved = ""
+            if entry is not None and version in entry.versions:
+                served = next(iter(versions.values()))
+                policy = json.dumps(served.config.version_policy.to_mapping())
+                unserved = f" (in the repository, not served under the version policy {policy})"
             raise ServiceError(
-                f"Request for unknown model: {name!r} version {version} is not found; "
-                f"its versions: {known}",
+                f"Request for unknown model: {name!r} version {version} is not found"
+                f"{unserved}; served versions: {known}",
                 ErrorKind.NOT_FOUND,
             )
         return model
@@ -347,9 +367,11 @@ class InferenceService:
 
     def repository_index(self, ready: bool = False) -> list[dict[str, str]]:
         """The models of the repository: ``{"name", "version", "state", "reason"}`` per
-        loaded version (state ``READY``, or ``UNAVAILABLE`` while its device recovers),
-        ``{"name", "state": "UNAVAILABLE", "reason"}`` per model not loaded; with
-        ``ready``, only the versions ready now."""
+        served version (state ``READY``, or ``UNAVAILABLE`` while its device recovers)
+        and per version a reload stopped serving (``UNAVAILABLE``, reason
+        ``unloaded``), ``{"name", "state": "UNAVAILABLE", "reason"}`` per model not
+        loaded; with ``ready``, only the versions ready now. As in Triton, a version its
+        model's version policy never served is not listed."""
         entries = []
         for name in self.repository.model_names():
             versions = self.models.get(name)
@@ -357,10 +379,18 @@ class InferenceService:
                 if not ready:
                     entries.append({"name": name, "state": "UNAVAILABLE", "reason": "unloaded"})
                 continue
-            for version in sorted(versions, key=int):
-                state = "READY" if self.model_ready(versions[version]) else "UNAVAILABLE"
+            states = {
+                version: ("READY" if self.model_ready(model) else "UNAVAILABLE", "")
+                for version, model in versions.items()
+            }
+            for version in self._unloaded_versions.get(name, ()):
+                states[version] = ("UNAVAILABLE", "unloaded")
+            for version in sorted(states, key=int):
+                state, reason = states[version]
                 if state == "READY" or not ready:
-                    entries.append({"name": name, "version": version, "state": state, "reason": ""})
+                    entries.append(
+                        {"name": name, "version": version, "state": state, "reason": reason}
+                    )
         return entries
 
     async def load_model(self, name: str, config: str | None = None) -> None:
@@ -390,6 +420,8 @@ class InferenceService:
             replaced = self.models.get(name)
             self.models[name] = versions
             if replaced is not None:
+                dropped = self._unloaded_versions.get(name, set()) | set(replaced)
+                self._unloaded_versions[name] = dropped - set(versions)
                 await self._retire(list(replaced.values()))
             _logger.info("loaded model %r (versions %s)", name, ", ".join(versions))
 
@@ -405,6 +437,7 @@ class InferenceService:
         self.model_control_mode.check_allowed()
         async with self._control:
             versions = self.models.pop(name, None)
+            self._unloaded_versions.pop(name, None)
             if versions is None:
                 if name not in self.repository.model_names():
                     raise ModelControlError(

@@ -74,13 +74,19 @@ class RayApp:
 
 @pytest.fixture(scope="session")
 def ray_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """mlp (versions 1 and 2, batched, 2 replicas), accumulator (stateful, 2 replicas),
+    """mlp (versions 1 and 2, both served, batched, 2 replicas), accumulator (stateful, 2 replicas),
     slow (a long chain, one inference at a time per replica, 2 replicas)."""
     repo = tmp_path_factory.mktemp("ray-repo")
     write_model(repo, "mlp", 1, helpers.mlp_model(seed=0))
     write_model(repo, "mlp", 2, helpers.mlp_model(seed=1))
     write_config(
-        repo, "mlp", {"batching": {"max_batch_size": 8, "timeout_ms": 20}, "ray": _replicas(2)}
+        repo,
+        "mlp",
+        {
+            "batching": {"max_batch_size": 8, "timeout_ms": 20},
+            "ray": _replicas(2),
+            "version_policy": {"all": {}},
+        },
     )
     write_model(repo, "accumulator", 1, helpers.accumulator_model())
     write_config(repo, "accumulator", {"stateful": {"past": "present"}, "ray": _replicas(2)})

@@ -23,6 +23,8 @@ from tests import helpers
 from tests.helpers import make_model, mlp_model, tensor_info, two_input_model
 
 WIDE = 256
+EVERY_VERSION = {"version_policy": {"all": {}}}
+"""The config key that serves every version of a model (the default serves the latest)."""
 
 
 class LiveServer:
@@ -100,12 +102,14 @@ def write_config(repo: Path, name: str, config: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="package")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """mlp (versions 1 and 2, batched), plain (three inputs, not batchable), slow (one
+    """mlp (versions 1 and 2, both served, batched), plain (three inputs, not batchable), slow (one
     inference at a time, one waiting), accumulator (stateful, for sequences)."""
     repo = tmp_path_factory.mktemp("repo")
     write_model(repo, "mlp", 1, mlp_model(seed=0))
     write_model(repo, "mlp", 2, mlp_model(seed=1))
-    write_config(repo, "mlp", {"batching": {"max_batch_size": 8, "timeout_ms": 20}})
+    write_config(
+        repo, "mlp", {"batching": {"max_batch_size": 8, "timeout_ms": 20}, **EVERY_VERSION}
+    )
     write_model(repo, "plain", 1, two_input_model())
     write_model(repo, "slow", 1, chain_model(300))
     write_config(repo, "slow", {"max_concurrency": 1, "max_queue": 1})

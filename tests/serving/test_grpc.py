@@ -30,7 +30,14 @@ from aioinfer.errors import ErrorKind
 from aioinfer.serving.grpc import GRPC_STATUS, NOT_YET
 from tests.helpers import make_model, mlp_model, reference_outputs, tensor_info, wait_until
 from tests.helpers import scrape_metric as metric
-from tests.serving.conftest import WIDE, accumulator_model, chain_model, write_config, write_model
+from tests.serving.conftest import (
+    EVERY_VERSION,
+    WIDE,
+    accumulator_model,
+    chain_model,
+    write_config,
+    write_model,
+)
 from tests.serving.live_grpc import LiveGrpcServer
 
 # Float32 matrix products: batched rows may round differently from onnxruntime's.
@@ -110,7 +117,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("grpc")
     write_model(repo, "mlp", 1, mlp_model(seed=0))
     write_model(repo, "mlp", 2, mlp_model(seed=1))
-    write_config(repo, "mlp", {"batching": {"max_batch_size": 8, "timeout_ms": 5}})
+    write_config(repo, "mlp", {"batching": {"max_batch_size": 8, "timeout_ms": 5}, **EVERY_VERSION})
     write_model(repo, "identity", 1, identity_model(list(NUMPY_TYPES)))
     write_model(repo, "typed", 1, identity_model(list(TYPED_FIELDS)))
     write_model(repo, "slow", 1, chain_model(300))

@@ -30,7 +30,7 @@ def test_versions_and_configs_are_found(tmp_path: Path) -> None:
     repository = ModelRepository(tmp_path)
     assert sorted(repository.models) == ["a", "b"]
     a = repository.models["a"]
-    assert sorted(a.versions) == ["1", "10"] and a.latest == "10"
+    assert sorted(a.versions) == ["1", "10"] and list(a.served_versions()) == ["10"]
     assert a.config.hint == "THROUGHPUT"
     assert a.config.device_and_config(CPU_PROPERTIES) == (
         "BATCH:CPU",

@@ -137,7 +137,7 @@ async def test_an_unknown_model_or_version_is_not_found(service: InferenceServic
     assert "Request for unknown model: 'nothing' is not found; served models: " in str(error)
     error = await refused(service, "mlp", "9", request(x=rows(1)))
     assert error.kind is ErrorKind.NOT_FOUND
-    expected = "Request for unknown model: 'mlp' version 9 is not found; its versions: 1, 2"
+    expected = "Request for unknown model: 'mlp' version 9 is not found; served versions: 1, 2"
     assert str(error) == expected
     with pytest.raises(ServiceError) as caught:
         service.find("mlp", "3")
