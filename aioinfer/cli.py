@@ -9,7 +9,7 @@ aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-lo
                [--grpc-port PORT]
                [--ray [--replicas N]]
 aioinfer compile MODEL -d DEVICE [-o BLOB] [-c KEY=VALUE ...]
-aioinfer info
+aioinfer info [MODEL [--device AUTO:ORT,CPU]]
 aioinfer --version
 """
 
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if args.command == "info":
-            _info()
+            _info(args)
         elif args.command == "compile":
             _compile(args)
         elif args.command == "serve":
@@ -132,7 +132,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--iterations", type=int, default=1, help="inferences to time (>= 1)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     _add_compile_parser(commands)
-    commands.add_parser("info", help="list devices and their properties")
+    info = commands.add_parser(
+        "info",
+        help="list devices and their properties; with MODEL, the device AUTO runs it on "
+        "and why it passed over each device before that one",
+    )
+    info.add_argument("model", nargs="?", type=Path, metavar="MODEL", help="ONNX model file")
+    info.add_argument(
+        "--device",
+        default="AUTO",
+        help="with MODEL: AUTO, or AUTO with its own list (AUTO:ORT,CPU); default: AUTO",
+    )
     serve = commands.add_parser(
         "serve", help="serve models over HTTP (Open Inference Protocol, KServe v2)"
     )
@@ -461,10 +471,13 @@ def device_label(asked: str, compiled: aioinfer.CompiledModel) -> str:
     return f"{asked} ({', '.join(details)})" if details else asked
 
 
-def _info() -> None:
+def _info(args: argparse.Namespace) -> None:
     from aioinfer.devices.auto.plugin import unavailable_reason
 
     core = aioinfer.Core()
+    if args.model is not None:
+        _auto_choice(core, args.model, args.device)
+        return
     available = []
     for device in core.available_devices:
         reason = unavailable_reason(core, device)
@@ -483,6 +496,24 @@ def _info() -> None:
             shown = ", ".join(value) if isinstance(value, (list, tuple)) else value
             print(f"  {name}: {shown}")
     print(f"available here: {', '.join(available)}")
+
+
+def _auto_choice(core: aioinfer.Core, path: Path, device: str) -> None:
+    """Print the device AUTO compiles the model at ``path`` on, and why it passed over
+    each device of its list before that one.
+
+    Raises:
+        UsageError: ``device`` is not AUTO.
+        The errors of :meth:`Core.compile_model` (AUTO's names every device's reason).
+    """
+    if device.partition(":")[0] != "AUTO":
+        raise UsageError(f"info MODEL explains AUTO's choice: --device AUTO[:LIST], not {device!r}")
+    compiled = core.compile_model(core.read_model(path), device)
+    chosen = compiled.get_property("EXECUTION_DEVICES")[0]
+    print(f"model {compiled.name!r} ({path})")
+    for passed, reason in compiled.get_property("PASSED_OVER_DEVICES"):
+        print(f"{passed}: passed over: {reason}")
+    print(f"{chosen}: chosen")
 
 
 def _pairs(items: Sequence[str], option: str, form: str) -> dict[str, str]:

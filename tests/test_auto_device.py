@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -242,3 +244,184 @@ def test_run_logs_the_chosen_device(capsys: pytest.CaptureFixture[str]) -> None:
     assert "device:       AUTO (on ORT)" in capsys.readouterr().out
     assert main(["run", "--device", "AUTO:CPU"]) == 0
     assert "device:       AUTO:CPU (on CPU, compiled as AUTO)" in capsys.readouterr().out
+
+
+# -- real exports and AUTO's reasons ----------------------------------------------------
+
+EXPORTS = ROOT / "tests" / "data" / "torch_exports"
+"""PyTorch exports (``scripts/make_torch_exports.py``): an MLP, an LSTM and a transformer
+encoder block, each with the ``Constant`` nodes PyTorch's exporter writes."""
+
+ENGINES = {"ORT": "onnxruntime", "OPENVINO": "openvino"}
+
+
+def run_with_engines(installed: set[str], code: str) -> str:
+    """Run ``code`` in a fresh interpreter where only the engines of ``installed`` (of
+    :data:`ENGINES`) can be imported, as when the others are not installed; its stdout."""
+    blocked = "".join(
+        f"sys.modules[{package!r}] = None\n"
+        for device, package in ENGINES.items()
+        if device not in installed
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + blocked + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_exports_have_constant_nodes() -> None:
+    for name in ("mlp", "lstm", "encoder"):
+        nodes = onnx.load(EXPORTS / f"{name}.onnx").graph.node
+        assert any(node.op_type == "Constant" for node in nodes), name
+
+
+@pytest.mark.parametrize(
+    ("installed", "chosen"),
+    [
+        ({"ORT", "OPENVINO"}, "ORT"),
+        ({"ORT"}, "ORT"),
+        ({"OPENVINO"}, "OPENVINO"),
+        (set(), "CPU"),
+    ],
+    ids=["both", "ort-only", "openvino-only", "neither"],
+)
+def test_auto_runs_pytorch_exports_on_the_first_installed_engine(
+    installed: set[str], chosen: str
+) -> None:
+    """Each export compiles (AUTO, the default list ORT, OPENVINO, CPU) on the first
+    engine installed, whose query runs every node; an engine missing is passed over as
+    not available, and the outputs are the CPU device's."""
+    out = run_with_engines(
+        installed,
+        f"""
+        import json
+        import numpy as np
+        import aioinfer
+        core = aioinfer.Core()
+        for name, shape in [("mlp", (3, 16)), ("lstm", (3, 5, 8)), ("encoder", (3, 6, 32))]:
+            path = {str(EXPORTS)!r} + f"/{{name}}.onnx"
+            compiled = core.compile_model(path)
+            x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+            y = compiled.create_infer_request().infer_sync({{"x": x}})["y"]
+            expected = core.compile_model(path, "CPU").create_infer_request().infer_sync(
+                {{"x": x}})["y"]
+            print(json.dumps([
+                name,
+                compiled.get_property("EXECUTION_DEVICES"),
+                compiled.get_property("PASSED_OVER_DEVICES"),
+                float(np.max(np.abs(y - expected))),
+            ]))
+        """,
+    )
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line[0] for line in lines] == ["mlp", "lstm", "encoder"]
+    priorities = ("ORT", "OPENVINO", "CPU")
+    skipped = list(priorities[: priorities.index(chosen)])
+    for name, devices, passed_over, difference in lines:
+        assert devices == [chosen], name
+        assert [device for device, _ in passed_over] == skipped, name
+        for device, reason in passed_over:
+            assert reason.startswith("not available: ") and ENGINES[device] in reason, reason
+        assert difference < 1e-4, name
+
+
+def test_every_device_runs_every_node_of_the_exports(core: aioinfer.Core) -> None:
+    for name in ("mlp", "lstm", "encoder"):
+        model = core.read_model(EXPORTS / f"{name}.onnx")
+        nodes = {node.name for node in model.ir.graph}
+        for device in ("ORT", "OPENVINO", "CPU"):
+            assert set(core.query_model(model, device)) == nodes, (name, device)
+
+
+def strings_model() -> onnx.ModelProto:
+    """An Identity over strings: onnxruntime's strings are text, so ORT leaves it out."""
+    return make_model(
+        [oh.make_node("Identity", ["x"], ["y"], name="copy")],
+        [tensor_info("x", np.str_, [2])],
+        [tensor_info("y", np.str_, [2])],
+    )
+
+
+def test_passed_over_devices_say_why(core: aioinfer.Core, caplog: pytest.LogCaptureFixture) -> None:
+    """A device missing, a device whose compile refuses the config, a device whose query
+    leaves nodes out: each is named with its reason, in the property and in the log."""
+    with caplog.at_level(logging.INFO, logger="aioinfer.devices.auto"):
+        compiled = core.compile_model(
+            mlp_model(), "AUTO:NOSUCHDEVICE,ORT,OPENVINO", {"INFERENCE_PRECISION_HINT": "f32"}
+        )
+    assert compiled.get_property("EXECUTION_DEVICES") == ("OPENVINO",)
+    (missing, missing_reason), (ort, ort_reason) = compiled.get_property("PASSED_OVER_DEVICES")
+    assert missing == "NOSUCHDEVICE" and missing_reason.startswith("not available: ")
+    assert "'NOSUCHDEVICE'" in missing_reason
+    assert ort == "ORT"
+    assert ort_reason.startswith("compile failed: UnknownPropertyError: ")
+    assert "INFERENCE_PRECISION_HINT" in ort_reason
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING  # ORT is installed, yet could not run it
+    assert record.getMessage() == (
+        f"AUTO compiled model 'mlp' on OPENVINO; passed over NOSUCHDEVICE: {missing_reason}"
+        f"; passed over ORT: {ort_reason}"
+    )
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="aioinfer.devices.auto"):
+        compiled = core.compile_model(strings_model(), "AUTO:ORT,CPU")
+    assert compiled.get_property("PASSED_OVER_DEVICES") == (
+        ("ORT", "cannot run 1 of 1 nodes (operators Identity): 'copy'"),
+    )
+    assert compiled.get_property("EXECUTION_DEVICES") == ("CPU",)
+    assert "PASSED_OVER_DEVICES" in compiled.get_property("SUPPORTED_PROPERTIES")
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="aioinfer.devices.auto"):
+        first = core.compile_model(mlp_model(), "AUTO:ORT,CPU")
+    assert first.get_property("PASSED_OVER_DEVICES") == ()
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "AUTO compiled model 'mlp' on ORT")
+    ]
+
+
+def test_unsupported_nodes_are_named_a_few_at_a_time() -> None:
+    from aioinfer.devices.auto.plugin import unsupported_nodes
+
+    nodes = [(f"n{i}", "If" if i % 2 else "Constant") for i in range(5)]
+    assert unsupported_nodes(nodes, 40) == (
+        "cannot run 5 of 40 nodes (operators Constant, If): 'n0', 'n1', 'n2' and 2 more"
+    )
+
+
+def test_info_explains_autos_choice_for_a_model() -> None:
+    """Without onnxruntime, ``aioinfer info MODEL`` says ORT was passed over (not
+    installed) and OPENVINO chosen; with AUTO's own list, a device whose query leaves
+    nodes out is named with them."""
+    out = run_with_engines(
+        {"OPENVINO"},
+        f"""
+        from aioinfer.cli import main
+        assert main(["info", {str(EXPORTS / "lstm.onnx")!r}]) == 0
+        """,
+    )
+    lines = out.splitlines()
+    assert lines[0].startswith("model 'main_graph' (") and lines[0].endswith("lstm.onnx)")
+    assert lines[1].startswith("ORT: passed over: not available: ") and "onnxruntime" in lines[1]
+    assert lines[2:] == ["OPENVINO: chosen"]
+
+
+def test_info_model_explains_only_auto(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from aioinfer.cli import main
+
+    onnx.save(strings_model(), tmp_path / "strings.onnx")
+    assert main(["info", str(tmp_path / "strings.onnx"), "--device", "AUTO:ORT,CPU"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "ORT: passed over: cannot run 1 of 1 nodes (operators Identity): 'copy'",
+        "CPU: chosen",
+    ]
+    assert main(["info", str(tmp_path / "strings.onnx"), "--device", "CPU"]) == 2
+    assert "--device AUTO[:LIST], not 'CPU'" in capsys.readouterr().err

@@ -176,6 +176,34 @@ def test_query_model_leaves_out_operators_without_a_kernel(core):
         core.compile_model(model, "ORT")
 
 
+def test_query_model_counts_what_onnxruntime_folds_or_inlines(core):
+    """A Constant node (an initializer once onnxruntime loads the graph) and HardSwish
+    and Mish (ONNX functions onnxruntime inlines: it has no kernel for them) have no
+    kernel in onnxruntime's table, yet run: the query lists them, and the model runs."""
+    model = make_model(
+        [
+            oh.make_node(
+                "Constant", [], ["c"], name="const", value=oh.make_tensor("v", 1, [2], [3, -3])
+            ),
+            oh.make_node("Add", ["x", "c"], ["a"], name="add"),
+            oh.make_node("HardSwish", ["a"], ["h"], name="hardswish"),
+            oh.make_node("Mish", ["h"], ["y"], name="mish"),
+        ],
+        [tensor_info("x", np.float32, [2])],
+        [tensor_info("y", np.float32, [2])],
+        opsets={"": 18},
+    )
+    assert core.query_model(model, "ORT") == dict.fromkeys(
+        ["const", "add", "hardswish", "mish"], "ORT"
+    )
+    x = np.array([0.5, 1.0], np.float32)
+    a = x + np.array([3, -3], np.float32)
+    h = a * np.clip(a / 6 + 0.5, 0, 1)
+    expected = h * np.tanh(np.log1p(np.exp(h)))
+    y = core.compile_model(model, "ORT").create_infer_request().infer_sync({"x": x})["y"]
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+
+
 # -- cancellation ----------------------------------------------------------------------
 
 

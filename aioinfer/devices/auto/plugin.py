@@ -5,16 +5,23 @@ own) tries each device of ``DEVICE_PRIORITIES`` in order: a device whose plugin 
 load (its engine package is not installed: the plugin's import fails, so nothing of the
 engine is imported), whose ``query_model`` leaves nodes out, or whose compile fails (an
 operator it lacks, a property it does not take) is passed over for the next. The
-compiled model of the device chosen is wrapped, so that ``EXECUTION_DEVICES`` names it;
-every other property, every request and every inference is the chosen device's own.
+compiled model of the device chosen is wrapped, so that ``EXECUTION_DEVICES`` names it
+and ``PASSED_OVER_DEVICES`` says why each device before it was passed over (also logged,
+as a warning when a device that is available here was passed over); every other
+property, every request and every inference is the chosen device's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from aioinfer.devices.auto.properties import DEVICE_PRIORITIES, EXECUTION_DEVICES
+from aioinfer.devices.auto.properties import (
+    DEVICE_PRIORITIES,
+    EXECUTION_DEVICES,
+    PASSED_OVER_DEVICES,
+)
 from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.errors import (
     AioinferError,
@@ -48,9 +55,26 @@ if TYPE_CHECKING:
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
     from aioinfer.results import InferResults
 
+_logger = logging.getLogger(__name__)
+
 _PASSED_OVER = (CompileError, PropertyError, UnknownDeviceError)
 """What a device's compile may raise that makes AUTO try the next device (a model that
 cannot be read, or bad input, fails the same everywhere and is raised at once)."""
+
+NODES_NAMED = 3
+"""How many of the nodes a device cannot run the reason for passing it over names."""
+
+
+def unsupported_nodes(nodes: Sequence[tuple[str, str]], total: int) -> str:
+    """Why a device that leaves out the ``(name, operator)`` nodes of ``total`` is passed
+    over: their count, their operators and the first :data:`NODES_NAMED` of them."""
+    operators = sorted({op_type for _, op_type in nodes})
+    named = ", ".join(repr(name) for name, _ in nodes[:NODES_NAMED])
+    more = f" and {len(nodes) - NODES_NAMED} more" if len(nodes) > NODES_NAMED else ""
+    return (
+        f"cannot run {len(nodes)} of {total} nodes (operators {', '.join(operators)}): "
+        f"{named}{more}"
+    )
 
 
 def unavailable_reason(core: Core, device: str) -> str | None:
@@ -80,6 +104,7 @@ class AutoPlugin(VirtualPlugin):
         DEVICE_PRIORITIES,
         ALLOW_AUTO_BATCHING,
         EXECUTION_DEVICES,
+        PASSED_OVER_DEVICES,
         CACHE_DIR,
         LOADED_FROM_CACHE,
         OPTIMIZATION_CAPABILITIES,
@@ -135,47 +160,52 @@ class AutoPlugin(VirtualPlugin):
         # CACHE_DIR is AUTO's own: the Core caches AUTO's blob, which holds the choice.
         own = {n: parsed[n] for n in ("DEVICE_PRIORITIES", "ALLOW_AUTO_BATCHING", "CACHE_DIR")}
         rest = {name: value for name, value in parsed.items() if name not in own}
-        failures: list[tuple[str, AioinferError]] = []
+        failures: list[tuple[str, AioinferError, str]] = []  # device, error, reason
         for device in own["DEVICE_PRIORITIES"]:
-            reason = unavailable_reason(self.core, device)
-            failure: AioinferError | None = (
-                UnknownDeviceError(reason) if reason else self._unsupported(model, device)
-            )
+            failure = self._cannot_run(model, device)
             if failure is None:
                 try:
                     target = self.core.compile_model(model, device, rest, auto_batching=False)
                 except _PASSED_OVER as exc:
-                    failure = exc
+                    failure = (exc, f"compile failed: {type(exc).__name__}: {exc}")
                 else:
-                    return AutoCompiledModel(self, target, device, own)
-            failures.append((device, failure))
+                    passed_over = tuple((d, reason) for d, _, reason in failures)
+                    _log_choice(model.name, device, failures)
+                    return AutoCompiledModel(self, target, device, own, passed_over)
+            failures.append((device, *failure))
         # The class of the first device that could load but not run the model: the
         # error a caller who named that device would have had.
-        errors = [e for _, e in failures if not isinstance(e, UnknownDeviceError)]
+        errors = [e for _, e, _ in failures if not isinstance(e, UnknownDeviceError)]
         first = errors[0] if errors else failures[0][1]
         raise type(first)(
             f"AUTO found no device for model {model.name!r}: "
-            + "; ".join(f"{device}: {type(e).__name__}: {e}" for device, e in failures)
+            + "; ".join(f"{device}: {reason}" for device, _, reason in failures)
         ) from first
 
-    def _unsupported(self, model: Model, device: str) -> UnsupportedOperatorError | None:
-        """The operators ``device``'s ``query_model`` says it cannot run, or None.
+    def _cannot_run(self, model: Model, device: str) -> tuple[AioinferError, str] | None:
+        """Why ``device`` cannot run ``model`` before compiling it (the error a compile
+        would raise, and the reason given for passing it over), or None: it is not
+        available here, or its ``query_model`` leaves nodes out.
 
         A model with local functions is left to the compile (a device that inlines
         functions runs nodes its query does not know)."""
+        reason = unavailable_reason(self.core, device)
+        if reason is not None:
+            return UnknownDeviceError(reason), f"not available: {reason}"
         if model.ir.functions:
             return None
         supported = self.core.query_model(model, device)
-        missing = sorted(
-            {
-                node.op_type
-                for index, node in enumerate(model.ir.graph)
-                if (node.name or f"{node.op_type}_{index}") not in supported
-            }
-        )
+        nodes = [
+            (node.name or f"{node.op_type}_{index}", node.op_type)
+            for index, node in enumerate(model.ir.graph)
+        ]
+        missing = [(name, op_type) for name, op_type in nodes if name not in supported]
         if not missing:
             return None
-        return UnsupportedOperatorError(f"no kernel for {', '.join(missing)}")
+        operators = ", ".join(sorted({op_type for _, op_type in missing}))
+        return UnsupportedOperatorError(f"no kernel for {operators}"), unsupported_nodes(
+            missing, len(nodes)
+        )
 
     def import_payload(self, exported: ExportedModel, config: dict[str, Any]) -> CompiledModel:
         """The chosen device's blob inside AUTO's, imported on that device (``config``'s
@@ -187,7 +217,7 @@ class AutoPlugin(VirtualPlugin):
         own, rest = self._split(config)
         own.pop("CACHE_DIR", None)
         target = self.core.import_model(bytes(exported.payload), None, rest)  # on its device
-        return AutoCompiledModel(self, target, str(target.get_property("DEVICE_NAME")), own)
+        return AutoCompiledModel(self, target, str(target.get_property("DEVICE_NAME")), own, ())
 
     def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         """Each node any device of the list can run, mapped to the first such device."""
@@ -200,23 +230,42 @@ class AutoPlugin(VirtualPlugin):
         return nodes
 
 
+def _log_choice(
+    model: str, device: str, failures: Sequence[tuple[str, AioinferError, str]]
+) -> None:
+    """One record of AUTO's choice: a warning when a device available here was passed
+    over (it could not run the model), else at INFO level."""
+    passed = "".join(f"; passed over {d}: {reason}" for d, _, reason in failures)
+    available_skipped = any(not isinstance(e, UnknownDeviceError) for _, e, _ in failures)
+    level = logging.WARNING if available_skipped else logging.INFO
+    _logger.log(level, "AUTO compiled model %r on %s%s", model, device, passed)
+
+
 class AutoCompiledModel(CompiledModel):
     """The chosen device's compiled model, which does all the work; this adds
-    ``DEVICE_PRIORITIES`` and ``EXECUTION_DEVICES`` (the chosen device, as a tuple) to
-    its properties, and ``DEVICE_NAME`` reads ``"AUTO"``.
+    ``DEVICE_PRIORITIES``, ``EXECUTION_DEVICES`` (the chosen device, as a tuple) and
+    ``PASSED_OVER_DEVICES`` (why each device before it was not chosen) to its
+    properties, and ``DEVICE_NAME`` reads ``"AUTO"``.
 
     Attributes:
         target: the chosen device's compiled model.
     """
 
     def __init__(
-        self, plugin: AutoPlugin, target: CompiledModel, device: str, own: dict[str, Any]
+        self,
+        plugin: AutoPlugin,
+        target: CompiledModel,
+        device: str,
+        own: dict[str, Any],
+        passed_over: tuple[tuple[str, str], ...],
     ) -> None:
         super().__init__(plugin, target.name, target.inputs, target.outputs, own)
         self.target = target
         self.streams = target.streams
         self.execution_device = device
         """The name of the device chosen (as in ``DEVICE_PRIORITIES``)."""
+        self.passed_over = passed_over
+        """``(device, reason)`` for each device tried before the chosen one."""
 
     # Requests and inferences are the chosen device's own: no stage is added.
 
@@ -273,8 +322,9 @@ class AutoCompiledModel(CompiledModel):
         return own + tuple(n for n in self.target.supported_properties() if n not in own)
 
     def get_property(self, name: str) -> Any:
-        """``DEVICE_PRIORITIES``, ``EXECUTION_DEVICES``, ``DEVICE_NAME`` (``"AUTO"``) and
-        ``SUPPORTED_PROPERTIES`` here; any other, the chosen device's.
+        """``DEVICE_PRIORITIES``, ``EXECUTION_DEVICES``, ``PASSED_OVER_DEVICES``,
+        ``DEVICE_NAME`` (``"AUTO"``) and ``SUPPORTED_PROPERTIES`` here; any other, the
+        chosen device's.
 
         Raises:
             UnknownPropertyError: neither here nor on the chosen device.
@@ -284,6 +334,8 @@ class AutoCompiledModel(CompiledModel):
             return self.config[name]
         if name == "EXECUTION_DEVICES":
             return (self.execution_device,)
+        if name == "PASSED_OVER_DEVICES":
+            return self.passed_over
         if name == "LOADED_FROM_CACHE":
             return self._loaded_from_cache
         if name == "OPTIMIZATION_CAPABILITIES":

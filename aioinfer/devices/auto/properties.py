@@ -41,3 +41,11 @@ EXECUTION_DEVICES = Property(
     "The device a compiled model runs on (AUTO: the device it chose), as a tuple.",
     configurable=False,
 )
+PASSED_OVER_DEVICES = Property(
+    "PASSED_OVER_DEVICES",
+    "The devices of DEVICE_PRIORITIES AUTO tried before the one it chose, each with why "
+    "it was passed over (not available here, nodes it cannot run, or its compile error), "
+    "as a tuple of (device, reason) pairs in priority order; empty when AUTO's first "
+    "device runs the model or the model was imported from a blob.",
+    configurable=False,
+)

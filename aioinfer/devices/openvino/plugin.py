@@ -305,8 +305,11 @@ class OpenVINOPlugin(Plugin):
 
     def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The nodes OpenVINO's device (``OPENVINO_DEVICE`` of ``config``, else ``CPU``)
-        runs: every node when it runs the whole converted model, else those whose outputs
-        it runs; none when OpenVINO's frontend cannot convert the model."""
+        runs: every node when it runs the whole converted model; else a node whose
+        outputs come from operations it runs, or from none (OpenVINO's frontend folded
+        or fused the node away); none when OpenVINO's frontend cannot convert the model.
+        Nodes that take or give strings are left out (the binding has no string tensors).
+        """
         try:
             ov_model = self._read(model)
         except CompileError:
@@ -315,11 +318,21 @@ class OpenVINOPlugin(Plugin):
         device = self.parse_config({"OPENVINO_DEVICE": given.get("OPENVINO_DEVICE", "CPU")})
         supported = self.ov_core.query_model(ov_model, device["OPENVINO_DEVICE"])
         whole = len(supported) >= len(ov_model.get_ops())
+        producers = {  # tensor name -> the operation that computes it
+            name: op.get_friendly_name()
+            for op in ov_model.get_ops()
+            if op.get_type_name() != "Result"  # a Result carries its producer's names
+            for output in op.outputs()
+            for name in output.get_names()
+        }
         return {
             node.name or f"{node.op_type}_{index}": self.device_name
             for index, node in enumerate(model.ir.graph)
-            if (whole or all(value.name in supported for value in node.outputs))
-            and not takes_strings(node)  # the binding has no string tensors
+            if (
+                whole
+                or all(producers[v.name] in supported for v in node.outputs if v.name in producers)
+            )
+            and not takes_strings(node)
         }
 
     # -- helpers --------------------------------------------------------------------------

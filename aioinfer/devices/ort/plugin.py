@@ -19,8 +19,9 @@ from aioinfer.devices.ort.properties import (
     ORT_PROVIDERS,
     ORT_THREAD_NICE,
 )
+from aioinfer.devices.ort.query import supported_nodes
 from aioinfer.devices.ort.request import ORTInferRequest
-from aioinfer.devices.ort.session import ModelBytes, SessionSpec, supported_nodes
+from aioinfer.devices.ort.session import ModelBytes, SessionSpec
 from aioinfer.devices.ort.single import (
     MAX_MODEL_BYTES,
     ORT_SINGLE_THREAD_RUN_US,
@@ -121,7 +122,9 @@ class ORTPlugin(Plugin):
         return super().get_property(name)
 
     def query_model(self, model: Model, config: Mapping[str, Any] | None = None) -> dict[str, str]:
-        """The nodes whose operator, at the model's opset, has an onnxruntime kernel."""
+        """The nodes onnxruntime runs: its operator, at the model's opset, has a kernel,
+        or onnxruntime folds it at load (``Constant``) or inlines its ONNX function body
+        (see :mod:`aioinfer.devices.ort.query`)."""
         return supported_nodes(model, self.device_name)
 
 

@@ -18,7 +18,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -30,7 +30,7 @@ from aioinfer.errors import (
     InvalidPropertyValueError,
     UnsupportedOperatorError,
 )
-from aioinfer.model import Model, takes_strings
+from aioinfer.model import Model
 from aioinfer.plugin.executors import lower_thread_priority
 
 T = TypeVar("T")
@@ -205,34 +205,3 @@ def external_data_dir(model: ir.Model) -> str:
 def ort_message(exc: BaseException) -> str:
     """onnxruntime's message without its ``[ONNXRuntimeError] : 1 : FAIL :`` prefix."""
     return _PREFIX.sub("", str(exc)).strip()
-
-
-def supported_nodes(model: Model, device_name: str) -> dict[str, str]:
-    """The nodes of ``model``'s main graph whose operator (domain, type and version) has
-    a kernel in this onnxruntime build, and that take and give no string tensor
-    (onnxruntime's strings are text: bytes that are not UTF-8 cannot pass, where the
-    other devices carry any bytes); other element types are not checked."""
-    from onnx.defs import SchemaError, get_schema
-    from onnxruntime.capi.onnxruntime_pybind11_state import get_all_opkernel_def
-
-    from aioinfer.opsets import node_opset
-
-    kernels: dict[tuple[str, str], list[Sequence[int]]] = {}
-    for kernel in get_all_opkernel_def():
-        domain = "" if kernel.domain == "ai.onnx" else kernel.domain
-        kernels.setdefault((domain, kernel.op_name), []).append(kernel.version_range)
-    supported = {}
-    opsets = model.ir.opset_imports
-    for index, node in enumerate(model.ir.graph):
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        ranges = kernels.get((domain, node.op_type))
-        if not ranges or takes_strings(node):
-            continue
-        opset = node_opset(node, opsets)
-        try:  # the version of the operator's definition the node uses
-            version = get_schema(node.op_type, opset, domain).since_version
-        except SchemaError:  # a domain onnx does not know (com.microsoft)
-            version = opset
-        if any(low <= version <= high for low, high in ranges):
-            supported[node.name or f"{node.op_type}_{index}"] = device_name
-    return supported
