@@ -16,10 +16,6 @@ from aioinfer.plugin.sync_request import SyncInferRequest
 if TYPE_CHECKING:
     from aioinfer.devices.process.plugin import ProcessCompiledModel
 
-CANCEL_WAIT_SECONDS = 5.0
-"""How long cancelling an awaited inference waits for the worker's answer (at most
-``WORKER_TIMEOUT_S``) before it drops the request's connection instead."""
-
 
 class ProcessInferRequest(SyncInferRequest):
     """One infer request of a PROCESS compiled model, with its own worker connection.
@@ -45,7 +41,6 @@ class ProcessInferRequest(SyncInferRequest):
         super().__init__(compiled_model)
         self._compiled = compiled_model
         self._supervisor = compiled_model.supervisor
-        self._cancel_wait = min(CANCEL_WAIT_SECONDS, self._supervisor.timeout)
         self._link: Link | None = None
         self._lock = threading.Lock()
         self._sent: int | None = None
@@ -62,7 +57,7 @@ class ProcessInferRequest(SyncInferRequest):
             DeviceUnavailableError: no worker could be reached (retryable).
             RequestClosedError: the compiled model was closed.
         """
-        if self._sent is not None:  # an inference cancelled between its stages
+        if self._sent is not None:  # a cancelled inference whose reply was not awaited
             await self._drain_async()
         error: AioinferError | None = None
         for _ in range(CONNECT_ATTEMPTS):
@@ -84,10 +79,10 @@ class ProcessInferRequest(SyncInferRequest):
     async def wait_async(self) -> None:
         """Await the worker's reply on the event loop.
 
-        Cancelling the awaiting task cancels the inference in the worker and waits
-        (shielded) until the worker has answered, so that the connection is ready for the
-        next inference; after :data:`CANCEL_WAIT_SECONDS` without an answer it drops the
-        connection instead (the next inference makes a new one).
+        Cancelling the awaiting task (a deadline, a client gone) tells the worker to
+        stop the inference and hands control back at once, whatever the worker does: the
+        reply it still owes is read and dropped by the next inference on this request
+        (:meth:`start_async`), or never when the heartbeat replaces a hung worker first.
 
         Raises:
             InferCancelledError: the inference was cancelled (the worker stopped).
@@ -100,11 +95,7 @@ class ProcessInferRequest(SyncInferRequest):
         try:
             reply = await link.channel.receive_async()
         except anyio.get_cancelled_exc_class():
-            self.cancel()
-            with anyio.move_on_after(self._cancel_wait, shield=True):
-                await self._drain_async()
-            if self._sent is not None:  # no answer in time: nobody will read it
-                self._unlink()
+            self.cancel()  # the worker is told; its reply is drained later
             raise
         except (EOFError, OSError):
             self._unlink()
