@@ -253,6 +253,60 @@ def test_sigterm_ends_a_server_whose_worker_is_stopped(repository: Path) -> None
         server.stop()
 
 
+CLIENT_TIMEOUT = 1.0
+"""How long the clients of a stopped worker wait before they give up."""
+GAUGE_MARGIN = 2.0
+"""How long after its clients gave up a request may still count as in flight: generous
+against a busy machine (the server sees each client go within milliseconds), and far
+below the worker's timeout (30 s, so the heartbeat plays no part); before, the cancelled
+inferences waited five seconds for the stopped worker."""
+
+
+def in_flight(server: Server, model: str) -> float:
+    """The model's ``aioinfer_inference_requests_in_flight`` gauge."""
+    prefix = f'aioinfer_inference_requests_in_flight{{model="{model}",version="1"}} '
+    for line in server.get("/metrics").text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    raise AssertionError(f"no in-flight gauge for model {model!r}")
+
+
+def test_clients_that_give_up_on_a_stopped_worker_are_no_longer_in_flight(
+    repository: Path,
+) -> None:
+    write_config(repository, "proc", {"device": "PROCESS:CPU", "properties": {"NUM_STREAMS": 1}})
+    server = Server([sys.executable, "-m", "aioinfer.cli", "serve", str(repository), "--port", "0"])
+    pid = None
+    try:
+        x = rows(2, seed=1)
+        check(CHAIN, x, server.infer("proc", x))
+        pid = server.worker_pid()
+        stop_process(pid)
+        clients = [
+            in_background(lambda: server.infer("proc", x, timeout=CLIENT_TIMEOUT)) for _ in range(3)
+        ]
+        for thread, _ in clients:
+            thread.join(HANG_BOUND)
+        gave_up = time.monotonic()
+        for _, outcome in clients:
+            assert isinstance(outcome[0], httpx.TimeoutException), outcome
+        while (count := in_flight(server, "proc")) != 0:
+            waited = time.monotonic() - gave_up
+            assert waited < GAUGE_MARGIN, f"{count:g} in flight {waited:.1f} s after"
+            time.sleep(0.05)
+        assert process_alive(pid)  # the worker is still stopped: nothing answered them
+        os.kill(pid, signal.SIGCONT)
+        # The continued worker answers the next requests with their own results.
+        for seed in (7, 8):
+            x = rows(3, seed=seed)
+            check(CHAIN, x, server.infer("proc", x))
+        assert server.worker_pid() == pid
+        assert in_flight(server, "proc") == 0
+    finally:
+        os_kill(pid, signal.SIGCONT)
+        server.stop()
+
+
 def stop_process(pid: int) -> None:
     """SIGSTOP ``pid`` and wait until all its threads have stopped."""
     os.kill(pid, signal.SIGSTOP)
