@@ -399,6 +399,71 @@ async def test_a_deadline_returns_in_time_and_the_continued_worker_answers_afres
         assert compiled.worker_pid == old and compiled.worker_restarts == 0
 
 
+async def test_cancel_ends_the_wait_on_a_stopped_worker_on_both_paths(core: ai.Core) -> None:
+    """``request.cancel()`` (from the loop, and from the loop for an inference that a
+    thread waits for on the synchronous path) ends an inference held by a stopped worker
+    at once: InferCancelledError, long before the heartbeat (30 s) would; the continued
+    worker then answers afresh. Each request has its connection already (a new one's
+    handshake would wait for the stopped worker: a deadline ends that wait, see above)."""
+    compiled = compile_process(core, SHORT)
+    async with closing(compiled):
+        small = feeds(2)
+        request, threaded = compiled.create_infer_request(), compiled.create_infer_request()
+        check(SHORT, small, await request.infer(small))
+        check(SHORT, small, await anyio.to_thread.run_sync(threaded.infer_sync, small))
+        control = await deadline_overshoot() - DEADLINE
+        old = compiled.worker_pid
+        assert old is not None
+        await stop_process(old)
+        try:
+            cancelled: list[float] = []
+
+            async def cancel_once_waiting() -> None:
+                await anyio.wait_all_tasks_blocked()
+                cancelled.append(time.perf_counter())
+                request.cancel()
+
+            with anyio.fail_after(HANG_BOUND):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(cancel_once_waiting)
+                    with pytest.raises(ai.InferCancelledError):
+                        await request.infer(small)
+                    returned = time.perf_counter()
+            assert returned - cancelled[0] < control + MARGIN, (returned - cancelled[0], control)
+
+            def infer_sync() -> object:
+                try:
+                    return threaded.infer_sync(small)
+                except ai.AioinferError as exc:
+                    return exc
+
+            with anyio.fail_after(HANG_BOUND):
+                async with anyio.create_task_group() as group:
+
+                    async def run() -> None:
+                        cancelled.append(time.perf_counter())
+                        outcome = await anyio.to_thread.run_sync(infer_sync)
+                        cancelled.append(time.perf_counter())
+                        assert isinstance(outcome, ai.InferCancelledError), outcome
+
+                    group.start_soon(run)
+                    while threaded.state is not ai.RequestState.BUSY:
+                        await anyio.sleep(0.005)
+                    await anyio.sleep(DEADLINE)  # the thread waits on the stopped worker
+                    asked = time.perf_counter()
+                    threaded.cancel()
+            assert cancelled[-1] - asked < control + MARGIN, (cancelled[-1] - asked, control)
+            assert process_alive(old) and compiled.worker_restarts == 0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(old, signal.SIGCONT)
+        for seed in (30, 31):
+            inputs = feeds(3, seed)
+            check(SHORT, inputs, await request.infer(inputs))
+        check(SHORT, small, await anyio.to_thread.run_sync(threaded.infer_sync, small))
+        assert compiled.worker_pid == old
+
+
 # -- BATCH:PROCESS:CPU --------------------------------------------------------------------
 
 

@@ -57,6 +57,7 @@ class ProcessInferRequest(SyncInferRequest):
             DeviceUnavailableError: no worker could be reached (retryable).
             RequestClosedError: the compiled model was closed.
         """
+        self._drop_interrupted()
         if self._sent is not None:  # a cancelled inference whose reply was not awaited
             await self._drain_async()
         error: AioinferError | None = None
@@ -68,6 +69,7 @@ class ProcessInferRequest(SyncInferRequest):
                 return
             except OSError:  # the worker ended before the inference reached it
                 self._unlink()
+                self._raise_if_cancelled()  # or cancel() interrupted the connection
                 error = await self._supervisor.death_of_async(link.handle)
             except BaseException:
                 if link.channel.torn:  # half sent: the connection cannot be reused
@@ -83,6 +85,7 @@ class ProcessInferRequest(SyncInferRequest):
         stop the inference and hands control back at once, whatever the worker does: the
         reply it still owes is read and dropped by the next inference on this request
         (:meth:`start_async`), or never when the heartbeat replaces a hung worker first.
+        :meth:`cancel` ends the wait at once too.
 
         Raises:
             InferCancelledError: the inference was cancelled (the worker stopped).
@@ -95,7 +98,7 @@ class ProcessInferRequest(SyncInferRequest):
         try:
             reply = await link.channel.receive_async()
         except anyio.get_cancelled_exc_class():
-            self.cancel()  # the worker is told; its reply is drained later
+            self._stop(interrupt=False)  # the connection stays: its reply is drained later
             raise
         except (EOFError, OSError):
             self._unlink()
@@ -128,6 +131,7 @@ class ProcessInferRequest(SyncInferRequest):
     def start_pipeline(self) -> None:
         """Send the inputs to the worker, blocking the calling thread (the synchronous
         path); raises as :meth:`start_async`."""
+        self._drop_interrupted()
         if self._sent is not None:
             self._drain()
         error: AioinferError | None = None
@@ -138,6 +142,7 @@ class ProcessInferRequest(SyncInferRequest):
                 return
             except OSError:
                 self._unlink()
+                self._raise_if_cancelled()
                 error = self._supervisor.death_of(link.handle)
         assert error is not None
         raise error
@@ -151,8 +156,7 @@ class ProcessInferRequest(SyncInferRequest):
             reply = link.channel.receive()
         except (EOFError, OSError):
             self._unlink()
-            if self.cancel_token.requested:
-                raise InferCancelledError("the inference was cancelled") from None
+            self._raise_if_cancelled()
             raise self._supervisor.death_of(link.handle) from None
         self._take(reply)
 
@@ -177,6 +181,16 @@ class ProcessInferRequest(SyncInferRequest):
             self._sent = next(link.seqs)
             return self._sent, self._inputs
 
+    def _raise_if_cancelled(self) -> None:
+        if self.cancel_token.requested:
+            raise InferCancelledError("the inference was cancelled") from None
+
+    def _drop_interrupted(self) -> None:
+        """Close the connection that :meth:`cancel` interrupted."""
+        link = self._link
+        if link is not None and link.channel.interrupted:
+            self._unlink()
+
     def _unlink(self) -> None:
         """Drop the connection (its worker ended, or a message on it was cut)."""
         with self._lock:
@@ -200,8 +214,17 @@ class ProcessInferRequest(SyncInferRequest):
         self.set_results(outputs)
 
     def cancel(self) -> None:
-        """Stop the running inference: in the worker when it was sent (any thread)."""
+        """Stop the running inference, from any thread: the worker is told (its compute
+        stops at its next kernel), and the wait for its reply ends at once whatever the
+        worker does (stopped, hung): the request's connection is interrupted, and the
+        next inference makes a new one."""
+        self._stop(interrupt=True)
+
+    def _stop(self, interrupt: bool) -> None:
         super().cancel()
         with self._lock:
-            if self._sent is not None and self._link is not None:
-                self._link.handle.cancel(self._link.number, self._sent)
+            link = self._link
+            if self._sent is not None and link is not None:
+                link.handle.cancel(link.number, self._sent)
+                if interrupt:
+                    link.channel.interrupt()
