@@ -27,6 +27,8 @@ import httpx
 import numpy as np
 import onnx
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from tests.helpers import (
     all_threads_stopped,
@@ -75,6 +77,9 @@ class Server:
                 seen.append(self.lines.get(timeout=0.5))
             except queue.Empty:
                 continue
+            grpc = re.search(r"gRPC running on (127\.0\.0\.1:\d+)", seen[-1])
+            if grpc:
+                self.grpc_url = grpc.group(1)
             match = re.search(r"running on http://127\.0\.0\.1:(\d+)", seen[-1])
             if match:
                 self.url = f"http://127.0.0.1:{match.group(1)}"
@@ -274,22 +279,32 @@ def in_flight(server: Server, model: str) -> float:
 def test_clients_that_give_up_on_a_stopped_worker_are_no_longer_in_flight(
     repository: Path,
 ) -> None:
+    """Two REST clients (httpx) and a gRPC one (tritonclient) give up after a second."""
     write_config(repository, "proc", {"device": "PROCESS:CPU", "properties": {"NUM_STREAMS": 1}})
-    server = Server([sys.executable, "-m", "aioinfer.cli", "serve", str(repository), "--port", "0"])
+    command = [sys.executable, "-m", "aioinfer.cli", "serve", str(repository), "--port", "0"]
+    server = Server([*command, "--grpc-port", "0"])
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
     pid = None
     try:
         x = rows(2, seed=1)
         check(CHAIN, x, server.infer("proc", x))
         pid = server.worker_pid()
         stop_process(pid)
+        tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
         clients = [
-            in_background(lambda: server.infer("proc", x, timeout=CLIENT_TIMEOUT)) for _ in range(3)
+            in_background(lambda: server.infer("proc", x, timeout=CLIENT_TIMEOUT)),
+            in_background(lambda: server.infer("proc", x, timeout=CLIENT_TIMEOUT)),
+            in_background(lambda: grpc.infer("proc", [tensor], client_timeout=CLIENT_TIMEOUT)),
         ]
         for thread, _ in clients:
             thread.join(HANG_BOUND)
         gave_up = time.monotonic()
-        for _, outcome in clients:
+        for _, outcome in clients[:2]:
             assert isinstance(outcome[0], httpx.TimeoutException), outcome
+        (deadline,) = clients[2][1]
+        assert isinstance(deadline, InferenceServerException), deadline
+        assert deadline.status() == "StatusCode.DEADLINE_EXCEEDED", deadline
         while (count := in_flight(server, "proc")) != 0:
             waited = time.monotonic() - gave_up
             assert waited < GAUGE_MARGIN, f"{count:g} in flight {waited:.1f} s after"
@@ -304,6 +319,7 @@ def test_clients_that_give_up_on_a_stopped_worker_are_no_longer_in_flight(
         assert in_flight(server, "proc") == 0
     finally:
         os_kill(pid, signal.SIGCONT)
+        grpc.close()
         server.stop()
 
 
