@@ -433,11 +433,6 @@ def _planted_directory(entry: Path, outside: Path) -> None:
     (entry / "link").symlink_to(outside / "kept.bin")
 
 
-def _planted_unreadable(entry: Path, outside: Path) -> None:
-    entry.write_bytes((outside / "good.blob").read_bytes())
-    entry.chmod(0)
-
-
 PLANTED: list[Any] = [
     pytest.param(_planted_directory, id="directory"),
     pytest.param(lambda entry, outside: entry.mkdir(), id="empty-directory"),
@@ -451,11 +446,6 @@ PLANTED: list[Any] = [
     pytest.param(lambda entry, outside: entry.symlink_to(outside), id="symlink-to-a-directory"),
     pytest.param(lambda entry, outside: os.link(outside / "good.blob", entry), id="hard-link"),
     pytest.param(lambda entry, outside: os.mkfifo(entry), id="fifo"),  # read: waits forever
-    pytest.param(
-        _planted_unreadable,
-        id="unreadable",
-        marks=pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode"),
-    ),
 ]
 
 
