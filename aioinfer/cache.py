@@ -9,14 +9,24 @@ imported through the plugin (no pass runs); otherwise the model is compiled and 
 blob stored, atomically. An entry that cannot be imported (damaged, of another version
 or device, with a config the device refuses, not self-contained) or that holds another
 model (its ports differ) is ignored, and replaced by the compile.
+
+The cache directory may be shared, or written by someone else, so an entry is read only
+when it is a regular file of its own: a symbolic link (dangling or not) is never followed
+and a hard link (another name of a file that may lie elsewhere) never read, so nothing
+outside the directory is read; a directory, a pipe or a file that cannot be read is a
+broken entry like any other. The compile replaces each by a file written under a fresh,
+unguessable name and renamed over the entry, so nothing outside is written either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import threading
+import secrets
+import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +50,8 @@ def compile_cached(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> C
     Raises:
         AioinferError: what ``plugin.compile_model`` raises (a bad config, an operator
             the device cannot run).
-        OSError: the entry cannot be written.
+        OSError: the entry cannot be written (the directory is not writable); a broken
+            entry is never the cause.
     """
     if "CACHE_DIR" not in plugin.properties:  # a virtual device: its target may cache
         return plugin.compile_model(model, config)
@@ -57,10 +68,7 @@ def compile_cached(plugin: Plugin, model: Model, config: Mapping[str, Any]) -> C
         blob = compiled.export_model()
     except ExportError:
         return compiled  # what the device compiled does not export (state kept above it)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    partial.write_bytes(blob)
-    os.replace(partial, path)  # atomic: a concurrent reader sees all or nothing
+    _store(path, blob)
     return compiled
 
 
@@ -70,7 +78,8 @@ def _load_entry(
     """The compiled model of the entry at ``path``; None when there is none or it cannot
     be used. The config's run-time (mutable) properties override the entry's, as for
     ``import_model``; the others are in the key, so the entry has the same."""
-    if not path.is_file():
+    data = _read_entry(path)
+    if data is None:
         return None
     overrides = {
         name: value
@@ -78,14 +87,60 @@ def _load_entry(
         if name in plugin.properties and plugin.properties[name].mutable
     }
     try:
-        exported = load(path.read_bytes(), plugin.device_name)
+        exported = load(data, plugin.device_name)
         if (exported.inputs, exported.outputs) != (model.inputs, model.outputs):
             raise InvalidBlobError("the cached blob holds another model: its ports differ")
         compiled = plugin.import_exported(exported, overrides)
-    except (ImportModelError, OSError):
+    except ImportModelError:
         return None  # an entry that cannot be used is compiled again and replaced
     compiled.mark_loaded_from_cache()
     return compiled
+
+
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_entry(path: Path) -> bytes | None:
+    """The bytes of the entry at ``path`` when it is a regular file with no other name;
+    None for anything else: no entry, a symbolic link (not followed), a hard link, a
+    directory, a pipe or device (opened without waiting for a writer), or a read error."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NO_FOLLOW)
+    except OSError:
+        return None
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _store(path: Path, blob: bytes) -> None:
+    """Write ``blob`` as the entry at ``path``, replacing whatever is there (a broken
+    entry: a file, a link, which is replaced and not followed, or a directory, which is
+    removed) at once: a concurrent reader sees the old entry or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A fresh name, created here (O_EXCL: not through a link someone put in its place).
+    partial = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW
+    fd = os.open(partial, flags, 0o666)  # the umask applies, as to any file written
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(blob)
+        try:
+            os.replace(partial, path)
+        except IsADirectoryError:  # a directory where the entry goes
+            with contextlib.suppress(FileNotFoundError):  # a concurrent compile removed it
+                shutil.rmtree(path)  # its own links are removed, never followed
+            os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def cache_key(model: Model, device: str, config: Mapping[str, Any]) -> str:

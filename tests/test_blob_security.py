@@ -4,13 +4,17 @@ The blobs here are real exports, rewritten the way anyone can: parse the framing
 the header or the ONNX payload, and recompute the SHA-256 exactly as the format does
 (the checksum detects damage, it is no signature). A blob whose tensor names external
 data must be refused without the named file ever being opened; a malformed header
-raises ``InvalidBlobError``; a bad ``CACHE_DIR`` entry is compiled again and replaced.
+raises ``InvalidBlobError``; a bad ``CACHE_DIR`` entry is compiled again and replaced,
+whether its bytes are bad or it is no file of its own (a directory, a link, a pipe), and
+nothing outside the cache directory is read or written meanwhile.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 import struct
 import sys
 from collections.abc import Callable, Iterator
@@ -412,6 +416,79 @@ def test_a_bad_cache_entry_is_compiled_again_and_rewritten(
     np.testing.assert_array_equal(y, X + WEIGHT)  # exact: one float32 addition
     assert [p.name for p in cache.iterdir()] == [entry.name]  # no stray temporary file
     assert entry.read_bytes() == good  # replaced by a good entry
+
+    again = core.compile_model(_model(), "CPU", config)
+    assert again.get_property("LOADED_FROM_CACHE") is True
+    np.testing.assert_array_equal(again.create_infer_request().infer_sync({"x": X})["y"], y)
+
+
+# -- CACHE_DIR: an entry that is no regular file of its own -----------------------------
+
+
+def _planted_directory(entry: Path, outside: Path) -> None:
+    """A directory holding a blob and a link to a file outside (removal must not
+    follow it)."""
+    entry.mkdir()
+    (entry / "blob").write_bytes((outside / "good.blob").read_bytes())
+    (entry / "link").symlink_to(outside / "kept.bin")
+
+
+PLANTED: list[Any] = [
+    pytest.param(_planted_directory, id="directory"),
+    pytest.param(lambda entry, outside: entry.mkdir(), id="empty-directory"),
+    pytest.param(
+        lambda entry, outside: entry.symlink_to(outside / "missing.blob"), id="dangling-symlink"
+    ),
+    # A valid entry of this very model, outside: had the link been followed, it loads.
+    pytest.param(
+        lambda entry, outside: entry.symlink_to(outside / "good.blob"), id="outward-symlink"
+    ),
+    pytest.param(lambda entry, outside: entry.symlink_to(outside), id="symlink-to-a-directory"),
+    pytest.param(lambda entry, outside: os.link(outside / "good.blob", entry), id="hard-link"),
+    pytest.param(lambda entry, outside: os.mkfifo(entry), id="fifo"),  # read: waits forever
+]
+
+
+def _tree(root: Path) -> dict[str, tuple[str, bytes | str, int]]:
+    """Each path under ``root``, links not followed: its kind, its bytes (a file) or
+    target (a link), and its modification time."""
+    tree: dict[str, tuple[str, bytes | str, int]] = {}
+    for path in sorted(root.rglob("*")):
+        status = path.lstat()
+        if stat.S_ISLNK(status.st_mode):
+            tree[str(path)] = ("link", os.readlink(path), status.st_mtime_ns)
+        elif stat.S_ISDIR(status.st_mode):
+            tree[str(path)] = ("directory", "", status.st_mtime_ns)
+        else:
+            tree[str(path)] = ("file", path.read_bytes(), status.st_mtime_ns)
+    return tree
+
+
+@pytest.mark.parametrize("plant", PLANTED)
+def test_an_entry_that_is_no_file_of_its_own_is_replaced_and_never_followed(
+    core: ai.Core, tmp_path: Path, plant: Callable[[Path, Path], None]
+) -> None:
+    cache, outside = tmp_path / "cache", tmp_path / "outside"
+    config = {"CACHE_DIR": str(cache)}
+    core.compile_model(_model(), "CPU", config)
+    (entry,) = cache.iterdir()
+    good = entry.read_bytes()
+    entry.unlink()
+    outside.mkdir()
+    (outside / "good.blob").write_bytes(good)
+    (outside / "kept.bin").write_bytes(SECRET.tobytes())
+    plant(entry, outside)
+    before = _tree(outside)
+
+    compiled = core.compile_model(_model(), "CPU", config)
+    assert compiled.get_property("LOADED_FROM_CACHE") is False
+    y = compiled.create_infer_request().infer_sync({"x": X})["y"]
+    np.testing.assert_array_equal(y, X + WEIGHT)  # exact: one float32 addition
+    assert _tree(outside) == before  # nothing outside was written (nor created, nor removed)
+    status = entry.lstat()
+    assert stat.S_ISREG(status.st_mode) and status.st_nlink == 1  # a file of its own now
+    assert entry.read_bytes() == good
+    assert [p.name for p in cache.iterdir()] == [entry.name]  # no stray temporary file
 
     again = core.compile_model(_model(), "CPU", config)
     assert again.get_property("LOADED_FROM_CACHE") is True

@@ -292,6 +292,178 @@ async def test_close_with_a_stopped_worker_ends(core: ai.Core) -> None:
             os.kill(old, signal.SIGKILL)
 
 
+# -- a caller's deadline against a stopped worker ------------------------------------------
+
+DEADLINE = 0.5
+"""The callers' deadline (``anyio.move_on_after``) in the tests below."""
+MARGIN = 1.0
+"""How much later than a deadline around a plain sleep (measured in the same test) a
+deadline around an inference on a stopped worker may return: generous against a busy
+machine, and below the heartbeat's period, which is the least a wait for the worker would
+add (control returned five seconds late when the cancel waited for the worker)."""
+REPLACE_TIMEOUT = 4.0
+"""WORKER_TIMEOUT_S of the test that lets the heartbeat replace the stopped worker: a
+deadline that waited for the heartbeat would return this much late."""
+
+
+async def deadline_overshoot() -> float:
+    """Seconds a ``DEADLINE`` around a sleep that never ends takes: the control."""
+    started = time.perf_counter()
+    with anyio.move_on_after(DEADLINE):
+        await anyio.sleep_forever()
+    return time.perf_counter() - started
+
+
+async def give_up_after_the_deadline(requests: list[ai.AsyncInferRequest]) -> list[float]:
+    """Each request's inference of ``feeds(2)`` at once, inside ``DEADLINE``: the seconds
+    until each caller had control back (every one must time out)."""
+    elapsed: list[float] = []
+
+    async def give_up(request: ai.AsyncInferRequest) -> None:
+        started = time.perf_counter()
+        with anyio.move_on_after(DEADLINE) as scope:
+            await request.infer(feeds(2))
+        elapsed.append(time.perf_counter() - started)
+        assert scope.cancelled_caught  # the stopped worker answered nothing
+
+    with anyio.fail_after(HANG_BOUND):
+        async with anyio.create_task_group() as group:
+            for request in requests:
+                group.start_soon(give_up, request)
+    return elapsed
+
+
+async def test_a_deadline_returns_in_time_while_the_heartbeat_replaces_the_worker(
+    core: ai.Core,
+) -> None:
+    compiled = compile_process(core, SHORT, WORKER_TIMEOUT_S=REPLACE_TIMEOUT)
+    async with closing(compiled):
+        small = feeds(2)
+        requests = [compiled.create_infer_request() for _ in range(3)]
+        for request in requests:
+            check(SHORT, small, await request.infer(small))
+        control = await deadline_overshoot()
+        old = compiled.worker_pid
+        assert old is not None
+        await stop_process(old)
+
+        elapsed = await give_up_after_the_deadline(requests)
+        assert max(elapsed) < control + MARGIN, (elapsed, control)
+        assert process_alive(old)  # control came back before the heartbeat ended it
+
+        # The heartbeat still kills and replaces the stopped worker; each request then
+        # runs on the new one (the reply the old one owed is never awaited).
+        await wait_until(lambda: compiled.worker_pid not in (None, old), "the new worker")
+        assert not process_alive(old)
+        for seed, request in enumerate(requests, 10):
+            inputs = feeds(3, seed)
+            check(SHORT, inputs, await request.infer(inputs))
+        assert compiled.worker_restarts == 1
+
+
+async def test_a_deadline_returns_in_time_and_the_continued_worker_answers_afresh(
+    core: ai.Core,
+) -> None:
+    """The default WORKER_TIMEOUT_S (30 s): the worker is continued (SIGCONT) instead of
+    replaced; the replies it then gives to the abandoned inferences are dropped, and each
+    request's next inference gets its own results."""
+    compiled = compile_process(core, SHORT)
+    async with closing(compiled):
+        small = feeds(2)
+        requests = [compiled.create_infer_request() for _ in range(3)]
+        for request in requests:
+            check(SHORT, small, await request.infer(small))
+        control = await deadline_overshoot()
+        old = compiled.worker_pid
+        assert old is not None
+        await stop_process(old)
+        try:
+            elapsed = await give_up_after_the_deadline(requests)
+        finally:
+            os.kill(old, signal.SIGCONT)
+        assert max(elapsed) < control + MARGIN, (elapsed, control)
+        for seed, request in enumerate(requests, 10):
+            inputs = feeds(5, seed)
+            check(SHORT, inputs, await request.infer(inputs))
+        # The pooled path too: compiled.infer gives up and the next call is answered.
+        await stop_process(old)
+        try:
+            started = time.perf_counter()
+            with anyio.fail_after(HANG_BOUND), anyio.move_on_after(DEADLINE):
+                await compiled.infer(small)
+            assert time.perf_counter() - started < control + MARGIN
+        finally:
+            os.kill(old, signal.SIGCONT)
+        inputs = feeds(4, 20)
+        check(SHORT, inputs, await compiled.infer(inputs))
+        assert compiled.worker_pid == old and compiled.worker_restarts == 0
+
+
+async def test_cancel_ends_the_wait_on_a_stopped_worker_on_both_paths(core: ai.Core) -> None:
+    """``request.cancel()`` (from the loop, and from the loop for an inference that a
+    thread waits for on the synchronous path) ends an inference held by a stopped worker
+    at once: InferCancelledError, long before the heartbeat (30 s) would; the continued
+    worker then answers afresh. Each request has its connection already (a new one's
+    handshake would wait for the stopped worker: a deadline ends that wait, see above)."""
+    compiled = compile_process(core, SHORT)
+    async with closing(compiled):
+        small = feeds(2)
+        request, threaded = compiled.create_infer_request(), compiled.create_infer_request()
+        check(SHORT, small, await request.infer(small))
+        check(SHORT, small, await anyio.to_thread.run_sync(threaded.infer_sync, small))
+        control = await deadline_overshoot() - DEADLINE
+        old = compiled.worker_pid
+        assert old is not None
+        await stop_process(old)
+        try:
+            cancelled: list[float] = []
+
+            async def cancel_once_waiting() -> None:
+                await anyio.wait_all_tasks_blocked()
+                cancelled.append(time.perf_counter())
+                request.cancel()
+
+            with anyio.fail_after(HANG_BOUND):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(cancel_once_waiting)
+                    with pytest.raises(ai.InferCancelledError):
+                        await request.infer(small)
+                    returned = time.perf_counter()
+            assert returned - cancelled[0] < control + MARGIN, (returned - cancelled[0], control)
+
+            def infer_sync() -> object:
+                try:
+                    return threaded.infer_sync(small)
+                except ai.AioinferError as exc:
+                    return exc
+
+            with anyio.fail_after(HANG_BOUND):
+                async with anyio.create_task_group() as group:
+
+                    async def run() -> None:
+                        cancelled.append(time.perf_counter())
+                        outcome = await anyio.to_thread.run_sync(infer_sync)
+                        cancelled.append(time.perf_counter())
+                        assert isinstance(outcome, ai.InferCancelledError), outcome
+
+                    group.start_soon(run)
+                    while threaded.state is not ai.RequestState.BUSY:
+                        await anyio.sleep(0.005)
+                    await anyio.sleep(DEADLINE)  # the thread waits on the stopped worker
+                    asked = time.perf_counter()
+                    threaded.cancel()
+            assert cancelled[-1] - asked < control + MARGIN, (cancelled[-1] - asked, control)
+            assert process_alive(old) and compiled.worker_restarts == 0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(old, signal.SIGCONT)
+        for seed in (30, 31):
+            inputs = feeds(3, seed)
+            check(SHORT, inputs, await request.infer(inputs))
+        check(SHORT, small, await anyio.to_thread.run_sync(threaded.infer_sync, small))
+        assert compiled.worker_pid == old
+
+
 # -- BATCH:PROCESS:CPU --------------------------------------------------------------------
 
 

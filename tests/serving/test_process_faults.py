@@ -27,6 +27,8 @@ import httpx
 import numpy as np
 import onnx
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from tests.helpers import (
     all_threads_stopped,
@@ -75,6 +77,9 @@ class Server:
                 seen.append(self.lines.get(timeout=0.5))
             except queue.Empty:
                 continue
+            grpc = re.search(r"gRPC running on (127\.0\.0\.1:\d+)", seen[-1])
+            if grpc:
+                self.grpc_url = grpc.group(1)
             match = re.search(r"running on http://127\.0\.0\.1:(\d+)", seen[-1])
             if match:
                 self.url = f"http://127.0.0.1:{match.group(1)}"
@@ -250,6 +255,71 @@ def test_sigterm_ends_a_server_whose_worker_is_stopped(repository: Path) -> None
         assert outcome and getattr(outcome[0], "status_code", None) != 200, outcome
     finally:
         os_kill(pid, signal.SIGKILL)
+        server.stop()
+
+
+CLIENT_TIMEOUT = 1.0
+"""How long the clients of a stopped worker wait before they give up."""
+GAUGE_MARGIN = 2.0
+"""How long after its clients gave up a request may still count as in flight: generous
+against a busy machine (the server sees each client go within milliseconds), and far
+below the worker's timeout (30 s, so the heartbeat plays no part); before, the cancelled
+inferences waited five seconds for the stopped worker."""
+
+
+def in_flight(server: Server, model: str) -> float:
+    """The model's ``aioinfer_inference_requests_in_flight`` gauge."""
+    prefix = f'aioinfer_inference_requests_in_flight{{model="{model}",version="1"}} '
+    for line in server.get("/metrics").text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    raise AssertionError(f"no in-flight gauge for model {model!r}")
+
+
+def test_clients_that_give_up_on_a_stopped_worker_are_no_longer_in_flight(
+    repository: Path,
+) -> None:
+    """Two REST clients (httpx) and a gRPC one (tritonclient) give up after a second."""
+    write_config(repository, "proc", {"device": "PROCESS:CPU", "properties": {"NUM_STREAMS": 1}})
+    command = [sys.executable, "-m", "aioinfer.cli", "serve", str(repository), "--port", "0"]
+    server = Server([*command, "--grpc-port", "0"])
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    pid = None
+    try:
+        x = rows(2, seed=1)
+        check(CHAIN, x, server.infer("proc", x))
+        pid = server.worker_pid()
+        stop_process(pid)
+        tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        clients = [
+            in_background(lambda: server.infer("proc", x, timeout=CLIENT_TIMEOUT)),
+            in_background(lambda: server.infer("proc", x, timeout=CLIENT_TIMEOUT)),
+            in_background(lambda: grpc.infer("proc", [tensor], client_timeout=CLIENT_TIMEOUT)),
+        ]
+        for thread, _ in clients:
+            thread.join(HANG_BOUND)
+        gave_up = time.monotonic()
+        for _, outcome in clients[:2]:
+            assert isinstance(outcome[0], httpx.TimeoutException), outcome
+        (deadline,) = clients[2][1]
+        assert isinstance(deadline, InferenceServerException), deadline
+        assert deadline.status() == "StatusCode.DEADLINE_EXCEEDED", deadline
+        while (count := in_flight(server, "proc")) != 0:
+            waited = time.monotonic() - gave_up
+            assert waited < GAUGE_MARGIN, f"{count:g} in flight {waited:.1f} s after"
+            time.sleep(0.05)
+        assert process_alive(pid)  # the worker is still stopped: nothing answered them
+        os.kill(pid, signal.SIGCONT)
+        # The continued worker answers the next requests with their own results.
+        for seed in (7, 8):
+            x = rows(3, seed=seed)
+            check(CHAIN, x, server.infer("proc", x))
+        assert server.worker_pid() == pid
+        assert in_flight(server, "proc") == 0
+    finally:
+        os_kill(pid, signal.SIGCONT)
+        grpc.close()
         server.stop()
 
 

@@ -11,10 +11,12 @@ connection close. In the worker the sockets stay blocking: each has a thread the
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
 import select
+import socket
 import struct
 from multiprocessing.connection import Connection
 from typing import Any
@@ -52,6 +54,8 @@ class Channel:
         self._header = bytearray(HEADER.size)
         self._body: bytearray | None = None
         self._filled = 0
+        self.interrupted = False
+        """Whether :meth:`interrupt` ended the connection (its owner must close it)."""
 
     @property
     def pending(self) -> bool:
@@ -135,6 +139,14 @@ class Channel:
         while (message := self.read()) is INCOMPLETE:
             await anyio.wait_readable(self.fd)
         return message
+
+    def interrupt(self) -> None:
+        """End the connection both ways without closing the socket, from any thread: a
+        read waiting on it (on the event loop, in a thread) sees its end at once, and so
+        does the other end. The owner closes it when it sees :attr:`interrupted`."""
+        self.interrupted = True
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self.fd)) as end:
+            end.shutdown(socket.SHUT_RDWR)  # the socket's, through a descriptor of our own
 
     def close(self) -> None:
         """Close the socket (idempotent)."""

@@ -16,10 +16,6 @@ from aioinfer.plugin.sync_request import SyncInferRequest
 if TYPE_CHECKING:
     from aioinfer.devices.process.plugin import ProcessCompiledModel
 
-CANCEL_WAIT_SECONDS = 5.0
-"""How long cancelling an awaited inference waits for the worker's answer (at most
-``WORKER_TIMEOUT_S``) before it drops the request's connection instead."""
-
 
 class ProcessInferRequest(SyncInferRequest):
     """One infer request of a PROCESS compiled model, with its own worker connection.
@@ -45,7 +41,6 @@ class ProcessInferRequest(SyncInferRequest):
         super().__init__(compiled_model)
         self._compiled = compiled_model
         self._supervisor = compiled_model.supervisor
-        self._cancel_wait = min(CANCEL_WAIT_SECONDS, self._supervisor.timeout)
         self._link: Link | None = None
         self._lock = threading.Lock()
         self._sent: int | None = None
@@ -62,7 +57,8 @@ class ProcessInferRequest(SyncInferRequest):
             DeviceUnavailableError: no worker could be reached (retryable).
             RequestClosedError: the compiled model was closed.
         """
-        if self._sent is not None:  # an inference cancelled between its stages
+        self._drop_interrupted()
+        if self._sent is not None:  # a cancelled inference whose reply was not awaited
             await self._drain_async()
         error: AioinferError | None = None
         for _ in range(CONNECT_ATTEMPTS):
@@ -73,6 +69,7 @@ class ProcessInferRequest(SyncInferRequest):
                 return
             except OSError:  # the worker ended before the inference reached it
                 self._unlink()
+                self._raise_if_cancelled()  # or cancel() interrupted the connection
                 error = await self._supervisor.death_of_async(link.handle)
             except BaseException:
                 if link.channel.torn:  # half sent: the connection cannot be reused
@@ -84,10 +81,11 @@ class ProcessInferRequest(SyncInferRequest):
     async def wait_async(self) -> None:
         """Await the worker's reply on the event loop.
 
-        Cancelling the awaiting task cancels the inference in the worker and waits
-        (shielded) until the worker has answered, so that the connection is ready for the
-        next inference; after :data:`CANCEL_WAIT_SECONDS` without an answer it drops the
-        connection instead (the next inference makes a new one).
+        Cancelling the awaiting task (a deadline, a client gone) tells the worker to
+        stop the inference and hands control back at once, whatever the worker does: the
+        reply it still owes is read and dropped by the next inference on this request
+        (:meth:`start_async`), or never when the heartbeat replaces a hung worker first.
+        :meth:`cancel` ends the wait at once too.
 
         Raises:
             InferCancelledError: the inference was cancelled (the worker stopped).
@@ -100,11 +98,7 @@ class ProcessInferRequest(SyncInferRequest):
         try:
             reply = await link.channel.receive_async()
         except anyio.get_cancelled_exc_class():
-            self.cancel()
-            with anyio.move_on_after(self._cancel_wait, shield=True):
-                await self._drain_async()
-            if self._sent is not None:  # no answer in time: nobody will read it
-                self._unlink()
+            self._stop(interrupt=False)  # the connection stays: its reply is drained later
             raise
         except (EOFError, OSError):
             self._unlink()
@@ -137,6 +131,7 @@ class ProcessInferRequest(SyncInferRequest):
     def start_pipeline(self) -> None:
         """Send the inputs to the worker, blocking the calling thread (the synchronous
         path); raises as :meth:`start_async`."""
+        self._drop_interrupted()
         if self._sent is not None:
             self._drain()
         error: AioinferError | None = None
@@ -147,6 +142,7 @@ class ProcessInferRequest(SyncInferRequest):
                 return
             except OSError:
                 self._unlink()
+                self._raise_if_cancelled()
                 error = self._supervisor.death_of(link.handle)
         assert error is not None
         raise error
@@ -160,8 +156,7 @@ class ProcessInferRequest(SyncInferRequest):
             reply = link.channel.receive()
         except (EOFError, OSError):
             self._unlink()
-            if self.cancel_token.requested:
-                raise InferCancelledError("the inference was cancelled") from None
+            self._raise_if_cancelled()
             raise self._supervisor.death_of(link.handle) from None
         self._take(reply)
 
@@ -186,6 +181,16 @@ class ProcessInferRequest(SyncInferRequest):
             self._sent = next(link.seqs)
             return self._sent, self._inputs
 
+    def _raise_if_cancelled(self) -> None:
+        if self.cancel_token.requested:
+            raise InferCancelledError("the inference was cancelled") from None
+
+    def _drop_interrupted(self) -> None:
+        """Close the connection that :meth:`cancel` interrupted."""
+        link = self._link
+        if link is not None and link.channel.interrupted:
+            self._unlink()
+
     def _unlink(self) -> None:
         """Drop the connection (its worker ended, or a message on it was cut)."""
         with self._lock:
@@ -209,8 +214,17 @@ class ProcessInferRequest(SyncInferRequest):
         self.set_results(outputs)
 
     def cancel(self) -> None:
-        """Stop the running inference: in the worker when it was sent (any thread)."""
+        """Stop the running inference, from any thread: the worker is told (its compute
+        stops at its next kernel), and the wait for its reply ends at once whatever the
+        worker does (stopped, hung): the request's connection is interrupted, and the
+        next inference makes a new one."""
+        self._stop(interrupt=True)
+
+    def _stop(self, interrupt: bool) -> None:
         super().cancel()
         with self._lock:
-            if self._sent is not None and self._link is not None:
-                self._link.handle.cancel(self._link.number, self._sent)
+            link = self._link
+            if self._sent is not None and link is not None:
+                link.handle.cancel(link.number, self._sent)
+                if interrupt:
+                    link.channel.interrupt()
