@@ -196,7 +196,7 @@ def test_two_models_with_two_replicas_serve_then_stop_with_ray(two_models, serve
     stop_and_check(command, signum, control=started)
 
 
-def test_ctrl_c_while_deploying_stops_it_and_its_ray_instance(two_models, serve_command):
+def test_sigterm_while_deploying_stops_it_and_its_ray_instance(two_models, serve_command):
     command = serve_command(two_models)
 
     def deploying() -> bool:
@@ -205,7 +205,7 @@ def test_ctrl_c_while_deploying_stops_it_and_its_ray_instance(two_models, serve_
 
     # The control: from the start to the first model replica.
     started = wait_until(deploying, timeout=START_GUARD, what="a model replica to start")
-    stop_and_check(command, signal.SIGINT, control=started)
+    stop_and_check(command, signal.SIGTERM, control=started)
 
 
 def test_replicas_the_machine_cannot_hold_are_refused_naming_the_model(
