@@ -176,6 +176,12 @@ class RayDeploymentError(AioinferError):
     not load its model: the message names the deployment and the cause)."""
 
 
+class RayPlacementError(RayDeploymentError):
+    """The replicas of ``aioinfer.ray``'s application ask for more resources (CPUs, GPUs,
+    memory) than the Ray cluster has: the message names each model, what it asks for and
+    what the cluster has."""
+
+
 class ErrorKind(enum.Enum):
     """Why the model service refused or failed a request, whatever the transport: REST
     answers each kind with an HTTP status, gRPC with a status code (one table each)."""

@@ -38,8 +38,9 @@ import random
 import signal
 import sys
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,7 @@ from ray.serve.request_router import (
 from aioinfer.errors import (
     ErrorKind,
     RayDeploymentError,
+    RayPlacementError,
     RepositoryError,
     ServiceError,
     ServingConfigError,
@@ -100,19 +102,27 @@ DEPLOYMENT_OPTIONS = frozenset(
 )
 """The Ray Serve deployment options a model's ``config.json`` may set under ``"ray"``."""
 
+REPLICA_CPUS = 0.1
+"""The CPUs a model replica reserves unless its config says otherwise: a share for Ray's
+placement, not a limit on what it computes with. Ten replicas fit a CPU, so two models
+of two replicas each fit a 2-core laptop with room to spare."""
+
 MODEL_DEFAULTS: Mapping[str, Any] = {
     "num_replicas": 1,
     "max_ongoing_requests": 64,
-    "ray_actor_options": {"num_cpus": 1},
+    "ray_actor_options": {"num_cpus": REPLICA_CPUS},
     "logging_config": {"enable_access_log": False},
     "max_constructor_retry_count": 3,
 }
 """A model deployment's options unless its config or :func:`build_app` say otherwise.
-Ray's own default of 5 ongoing requests per replica would starve the BATCH device of
-rows; past 64 the replica's own admission (``max_concurrency``, ``max_queue``) decides.
-No access log, as ``aioinfer serve`` (a line per request costs more than a batched
-inference). A replica that cannot load its model is retried 3 times, not Ray's 20: a
-model that does not compile will not compile on the fourth try either."""
+A replica reserves :data:`REPLICA_CPUS`, not Ray's whole CPU: with one CPU each, the
+replicas of a small repository would not fit a small machine, and the reservation does
+not limit a replica's threads anyway. Ray's own default of 5 ongoing requests per replica
+would starve the BATCH device of rows; past 64 the replica's own admission
+(``max_concurrency``, ``max_queue``) decides. No access log, as ``aioinfer serve`` (a
+line per request costs more than a batched inference). A replica that cannot load its
+model is retried 3 times, not Ray's 20: a model that does not compile will not compile on
+the fourth try either."""
 
 INGRESS_DEFAULTS: Mapping[str, Any] = {
     "num_replicas": 1,
@@ -433,12 +443,15 @@ def deployment_options(
 ) -> dict[str, Any]:
     """The Ray Serve options of model ``name``'s deployment: :data:`MODEL_DEFAULTS`,
     then its config's ``"ray"``, then ``override``, then ``num_replicas`` (which
-    replaces autoscaling).
+    replaces autoscaling). ``ray_actor_options`` merge key by key: a config that sets
+    ``num_gpus`` keeps the default ``num_cpus``.
 
     Raises:
-        RepositoryError: the config sets an option not in :data:`DEPLOYMENT_OPTIONS`.
+        RepositoryError: the config sets an option not in :data:`DEPLOYMENT_OPTIONS`, or
+            ``ray_actor_options`` that are not a mapping.
         ServingConfigError: so does ``override``.
     """
+    actor_options = dict(MODEL_DEFAULTS["ray_actor_options"])
     for where, values, error in (
         (f"model {name!r}: config.json 'ray'", config.ray, RepositoryError),
         (f"model {name!r}: the options given", override or {}, ServingConfigError),
@@ -447,13 +460,44 @@ def deployment_options(
         if unknown:
             known = ", ".join(sorted(DEPLOYMENT_OPTIONS))
             raise error(f"{where}: unknown Ray Serve option(s) {unknown}; known: {known}")
+        given = values.get("ray_actor_options", {})
+        if not isinstance(given, Mapping):
+            raise error(f"{where}: 'ray_actor_options' must be a mapping, got {given!r}")
+        actor_options.update(given)
     options = {**MODEL_DEFAULTS, **config.ray, **(override or {})}
+    options["ray_actor_options"] = actor_options
     if "autoscaling_config" in options and "num_replicas" not in {**config.ray, **(override or {})}:
         del options["num_replicas"]  # Ray refuses both
     if num_replicas is not None:
         options["num_replicas"] = num_replicas
         options.pop("autoscaling_config", None)
     return options
+
+
+def _plan(
+    source: str | Path,
+    num_replicas: int | None,
+    options: Mapping[str, Mapping[str, Any]] | None,
+    ingress_options: Mapping[str, Any] | None,
+) -> tuple[ModelRepository, dict[str, dict[str, Any]], dict[str, Any]]:
+    """The repository, each model's deployment options (by model name) and the
+    ingress's: what :func:`build_app` deploys (its errors)."""
+    repository = ModelRepository(Path(source).resolve())
+    if repository.path.is_file():
+        raise RepositoryError(
+            f"{str(repository.path)!r}: Ray Serve needs a repository directory "
+            "(<repo>/<model>/<version>/model.onnx), not a single file"
+        )
+    unknown = sorted(set(options or {}) - set(repository.models))
+    if unknown:
+        raise ServingConfigError(f"options given for unknown model(s) {unknown}")
+    if num_replicas is not None and num_replicas < 1:
+        raise ServingConfigError(f"num_replicas must be at least 1, got {num_replicas}")
+    models = {
+        name: deployment_options(name, entry.config, (options or {}).get(name), num_replicas)
+        for name, entry in repository.models.items()
+    }
+    return repository, models, {**INGRESS_DEFAULTS, **(ingress_options or {})}
 
 
 def build_app(
@@ -484,39 +528,138 @@ def build_app(
         ServingConfigError: ``options`` names a model not in the repository or an
             unknown option; ``num_replicas`` below 1.
     """
-    repository = ModelRepository(Path(source).resolve())
-    if repository.path.is_file():
-        raise RepositoryError(
-            f"{str(repository.path)!r}: Ray Serve needs a repository directory "
-            "(<repo>/<model>/<version>/model.onnx), not a single file"
-        )
-    unknown = sorted(set(options or {}) - set(repository.models))
-    if unknown:
-        raise ServingConfigError(f"options given for unknown model(s) {unknown}")
-    if num_replicas is not None and num_replicas < 1:
-        raise ServingConfigError(f"num_replicas must be at least 1, got {num_replicas}")
+    repository, model_options, ingress = _plan(source, num_replicas, options, ingress_options)
     path = str(repository.path)
     # By import path: Ray imports the router in each process that calls the deployment.
     router = {"request_router_class": f"{__name__}.{SequenceRouter.__name__}"}
     models = {}
-    for name, entry in repository.models.items():
-        model_options = deployment_options(
-            name, entry.config, (options or {}).get(name), num_replicas
-        )
+    for name, deployment_kwargs in model_options.items():
         deployment = serve.deployment(
-            name=f"model:{name}", request_router_config=router, **model_options
+            name=f"model:{name}", request_router_config=router, **deployment_kwargs
         )(ModelReplica)
         models[name] = deployment.bind(path, name, max_request_bytes, max_sequences, drain_timeout)
-    ingress = serve.deployment(name="ingress", **{**INGRESS_DEFAULTS, **(ingress_options or {})})(
-        Ingress
+    return serve.deployment(name="ingress", **ingress)(Ingress).bind(
+        path, models, max_request_bytes, api_key, public_metrics
     )
-    return ingress.bind(path, models, max_request_bytes, api_key, public_metrics)
+
+
+@dataclass(frozen=True)
+class ReplicaDemand:
+    """What a deployment asks of the cluster: its replicas at the start and the
+    resources each reserves (Ray's names: ``CPU``, ``GPU``, ``memory`` in bytes, custom
+    resources)."""
+
+    deployment: str
+    """Who asks, for a message: ``model 'mlp'``, ``the ingress``."""
+    replicas: int
+    resources: Mapping[str, float]
+
+    @classmethod
+    def of(cls, deployment: str, options: Mapping[str, Any]) -> ReplicaDemand:
+        """The demand of a deployment with these Ray Serve ``options``."""
+        actor = options.get("ray_actor_options") or {}
+        cpus = actor.get("num_cpus")
+        resources = {
+            "CPU": 1.0 if cpus is None else cpus,  # Ray Serve's default for a replica
+            "GPU": actor.get("num_gpus") or 0,
+            "memory": actor.get("memory") or 0,
+            **(actor.get("resources") or {}),
+        }
+        replicas = options.get("num_replicas", "auto")
+        if replicas == "auto":  # autoscaling: the replicas it starts with
+            autoscaling = options.get("autoscaling_config") or {}
+            if not isinstance(autoscaling, Mapping):  # an AutoscalingConfig
+                autoscaling = {
+                    key: getattr(autoscaling, key) for key in ("initial_replicas", "min_replicas")
+                }
+            replicas = autoscaling.get("initial_replicas")
+            if replicas is None:
+                replicas = autoscaling.get("min_replicas", 1)
+        return cls(deployment, int(replicas), {k: float(v) for k, v in resources.items() if v})
+
+
+_SLACK = 1e-6
+"""Ray counts resources in ten-thousandths: a sum of fractions may round past a whole."""
+
+
+def placement_problems(
+    demands: Sequence[ReplicaDemand], nodes: Sequence[Mapping[str, float]]
+) -> list[str]:
+    """Why the replicas of ``demands`` cannot all be placed on a cluster of ``nodes``
+    (each node's total resources), one sentence each; empty if they fit. A replica that
+    asks for more of a resource than any one node has can never start; otherwise the
+    replicas together must not ask for more than the cluster has."""
+    problems = []
+    too_large = set()
+    for demand in demands:
+        for resource, amount in demand.resources.items():
+            largest = max((node.get(resource, 0.0) for node in nodes), default=0.0)
+            if amount > largest + _SLACK:
+                too_large.add(resource)
+                problems.append(
+                    f"{demand.deployment} asks for {_amount(resource, amount)} per replica, "
+                    f"more than any node of the cluster has (the largest has "
+                    f"{_amount(resource, largest)})"
+                )
+    for resource in sorted({r for d in demands for r in d.resources} - too_large):
+        asking = [d for d in demands if d.resources.get(resource) and d.replicas]
+        asked = sum(d.replicas * d.resources[resource] for d in asking)
+        has = sum(node.get(resource, 0.0) for node in nodes)
+        if asked > has + _SLACK:
+            each = ", ".join(
+                f"{d.deployment}: {d.replicas} x {_amount(resource, d.resources[resource])}"
+                for d in asking
+            )
+            problems.append(
+                f"the replicas ask for {_amount(resource, asked)} in all ({each}), and the "
+                f"cluster has {_amount(resource, has)}"
+            )
+    return problems
+
+
+def _amount(resource: str, amount: float) -> str:
+    if resource == "memory":
+        return f"{amount / 2**30:.3g} GiB of memory"
+    if resource in ("CPU", "GPU"):
+        return f"{amount:g} {resource}{'' if amount == 1 else 's'}"
+    return f"{amount:g} of resource {resource!r}"
 
 
 PROXY_READY_VARIABLE = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
 PROXY_READY_SECONDS = 60
 """How long the local Ray instance of :func:`run` gives Ray Serve's HTTP proxy to start
 (Ray's default, 5 s, is too short for a loaded machine; an explicit setting wins)."""
+
+POLL_SECONDS = 0.25
+"""How often :func:`run` asks Ray Serve how the application is, and looks for a signal."""
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT set :attr:`event` (counted in :attr:`received`) instead of
+    raising wherever the main thread happens to be: :func:`run`'s loops poll it, so a
+    signal stops the deployment, the serving or the shutdown's waits alike."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.received = 0
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received += 1
+        self.event.set()
+
+    def install(self) -> None:
+        """Handle the signals here (again after ``ray.init``, which sets its own)."""
+        for signum in self.SIGNALS:
+            previous = signal.signal(signum, self._handle)
+            self._previous.setdefault(signum, previous)
+
+    def restore(self) -> None:
+        """Give the signals back to the handlers they had before :meth:`install`."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 def run(
@@ -533,52 +676,127 @@ def run(
     Joins the Ray cluster of ``$RAY_ADDRESS`` if set (``auto``: the one ``ray start``
     began on this machine), else starts a local Ray instance. Ray Serve's HTTP proxy
     listens on ``host``:``port``, unless Serve already runs on the cluster (its proxy
-    then keeps its own). ``options`` go to :func:`build_app`. At the end the
-    application is deleted; a local Ray instance is shut down with it.
+    then keeps its own). ``options`` go to :func:`build_app`.
+
+    On the local instance, replicas that ask for more than the machine has are refused
+    before anything is deployed; on a cluster that is joined (which an autoscaler may
+    grow), they are reported and waited for. The application is announced once all
+    its deployments run. SIGTERM or SIGINT, whenever it comes, stops it: the
+    application is deleted (its replicas drain their in-flight inferences, a second
+    signal cuts that short), and a local Ray instance is shut down with every process
+    it started.
 
     Raises:
         The errors of :func:`build_app`.
+        RayPlacementError: the local instance lacks what the replicas ask for.
         RayDeploymentError: a replica could not load its model (after Ray's retries).
     """
+    repository, model_options, ingress = _plan(
+        source, num_replicas, options.get("options"), options.get("ingress_options")
+    )
+    demands = [ReplicaDemand.of(f"model {name!r}", o) for name, o in model_options.items()]
+    demands.append(ReplicaDemand.of("the ingress", ingress))
     app = build_app(source, num_replicas=num_replicas, **options)
     address = os.environ.get("RAY_ADDRESS") or None
-    if address is None:
-        # Ray Serve kills an HTTP proxy not ready within 5 s, which a loaded machine can
-        # take to start its process; the local instance inherits this environment.
-        os.environ.setdefault(PROXY_READY_VARIABLE, str(PROXY_READY_SECONDS))
-        ray.init(address="local", include_dashboard=False)
-    else:
-        ray.init(address=address)
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # after Ray's own
+    stop = _StopSignals()
+    stop.install()  # a signal during ray.init stops run once Ray has started
+    running = False
     try:
+        if address is None:
+            # Ray Serve kills an HTTP proxy not ready within 5 s, which a loaded machine
+            # can take to start its process; the local instance inherits this environment.
+            os.environ.setdefault(PROXY_READY_VARIABLE, str(PROXY_READY_SECONDS))
+            ray.init(address="local", include_dashboard=False)
+        else:
+            ray.init(address=address)
+        stop.install()  # ray.init set its own SIGTERM handler (it raises SystemExit)
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        problems = placement_problems(demands, nodes)
+        if problems and address is None:
+            raise RayPlacementError(
+                f"the replicas of {str(repository.path)!r} do not fit the local Ray instance: "
+                + "; ".join(problems)
+                + ". Ask for less in the models' config.json ('ray': 'ray_actor_options'), "
+                "or serve on a larger cluster ($RAY_ADDRESS)"
+            )
+        for problem in problems:
+            _logger.warning("waiting for the cluster to grow: %s", problem)
+        if stop.event.is_set():
+            return
         serve.start(http_options={"host": host, "port": port})
-        try:
-            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-        except RuntimeError as exc:  # Ray's word for a deployment that failed
-            raise RayDeploymentError(_deployment_failure(exc)) from None
-        _logger.warning("aioinfer serving on Ray Serve at http://%s:%d", host, port)
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
+        serve.run_many(
+            [serve.RunTarget(app, name=APP_NAME, route_prefix="/")],
+            wait_for_ingress_deployment_creation=False,
+            wait_for_applications_running=False,
+        )
+        running = _wait_until_running(stop)
+        if running:
+            _logger.warning("aioinfer serving on Ray Serve at http://%s:%d", host, port)
+            stop.event.wait()
     finally:
-        signal.signal(signal.SIGTERM, previous)
         try:
-            serve.delete(APP_NAME)
+            if ray.is_initialized():
+                _shutdown(
+                    stop,
+                    local=address is None,
+                    drain=running,
+                    wait=options.get("drain_timeout", 30.0) + DELETE_MARGIN_SECONDS,
+                )
         finally:
-            if address is None:
-                serve.shutdown()
-            ray.shutdown()
+            stop.restore()
 
 
-def _deployment_failure(error: RuntimeError) -> str:
+DELETE_MARGIN_SECONDS = 10.0
+"""How much longer than the replicas' drain :func:`run` waits for Ray Serve to delete the
+application (Ray's own steps: stopping the replicas, the routes)."""
+
+
+def _wait_until_running(stop: _StopSignals) -> bool:
+    """Wait until the application runs (True) or a signal comes (False).
+
+    Raises:
+        RayDeploymentError: a deployment failed.
+    """
+    while not stop.event.wait(POLL_SECONDS):
+        application = serve.status().applications.get(APP_NAME)
+        if application is None:
+            continue  # not yet known to the controller
+        if application.status == "RUNNING":
+            return True
+        if application.status == "DEPLOY_FAILED":
+            raise RayDeploymentError(_deployment_failure(application))
+    return False
+
+
+def _shutdown(stop: _StopSignals, *, local: bool, drain: bool, wait: float) -> None:
+    """Delete the application and, if ``local``, shut the Ray instance down.
+
+    The application is deleted, waiting up to ``wait`` seconds (a second signal ends the
+    wait), when it has inferences to drain (``drain``) or lives on a cluster that stays.
+    A local instance that was still deploying is shut down at once: its processes go
+    with it, the replicas being deployed included.
+    """
+    if drain or not local:
+        try:
+            serve.delete(APP_NAME, _blocking=False)
+            received = stop.received
+            deadline = time.monotonic() + wait
+            while APP_NAME in serve.status().applications:
+                if time.monotonic() > deadline or stop.received > received:
+                    _logger.warning("stopped waiting for Ray Serve to delete the application")
+                    break
+                stop.event.wait(POLL_SECONDS)
+        except ray.exceptions.RayError as exc:  # Serve's controller is gone
+            _logger.warning("could not delete the Ray Serve application: %s", exc)
+    ray.shutdown()
+
+
+def _deployment_failure(application: Any) -> str:
     """What failed in the application's deployments: each unhealthy one and the last
     line of its message (the exception that stopped its replicas)."""
-    application = serve.status().applications.get(APP_NAME)
     failures = []
-    for name, deployment in (application.deployments if application else {}).items():
+    for name, deployment in application.deployments.items():
         lines = [line.strip() for line in deployment.message.splitlines() if line.strip()]
         if deployment.status in ("DEPLOY_FAILED", "UNHEALTHY") and lines:
             failures.append(f"deployment {name!r}: {lines[-1]}")
-    return "; ".join(failures) or str(error)
+    return "; ".join(failures) or application.message

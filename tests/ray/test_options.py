@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from aioinfer.errors import RepositoryError, ServingConfigError
-from aioinfer.ray import MODEL_DEFAULTS, build_app, deployment_options
+from aioinfer.ray import (
+    INGRESS_DEFAULTS,
+    MODEL_DEFAULTS,
+    ReplicaDemand,
+    build_app,
+    deployment_options,
+    placement_problems,
+)
 from aioinfer.serving.repository import ModelConfig
 from tests.helpers import mlp_model
 from tests.serving.conftest import write_config, write_model
@@ -51,3 +58,42 @@ def test_build_app_refuses_what_it_cannot_deploy(tmp_path):
     write_config(tmp_path, "mlp", {"ray": "two"})
     with pytest.raises(RepositoryError, match="'ray' must be dict, got 'two'"):
         build_app(tmp_path)
+
+
+def test_a_replica_reserves_a_tenth_of_a_cpu_unless_its_config_says_otherwise():
+    assert deployment_options("m", ModelConfig())["ray_actor_options"] == {"num_cpus": 0.1}
+    config = ModelConfig(ray={"ray_actor_options": {"num_gpus": 1}})
+    actor = deployment_options("m", config, {"ray_actor_options": {"memory": 2**30}})
+    assert actor["ray_actor_options"] == {"num_cpus": 0.1, "num_gpus": 1, "memory": 2**30}
+    with pytest.raises(RepositoryError, match="'ray_actor_options' must be a mapping, got 2"):
+        deployment_options("m", ModelConfig(ray={"ray_actor_options": 2}))
+
+
+def test_two_models_of_two_replicas_fit_two_cpus_by_default():
+    demands = [
+        ReplicaDemand.of(f"model {name!r}", deployment_options(name, ModelConfig(), None, 2))
+        for name in ("a", "b")
+    ]
+    demands.append(ReplicaDemand.of("the ingress", INGRESS_DEFAULTS))
+    assert [d.resources for d in demands] == [{"CPU": 0.1}, {"CPU": 0.1}, {}]
+    assert placement_problems(demands, [{"CPU": 2.0, "memory": 2.0**33}]) == []
+
+
+def test_placement_problems_name_the_model_what_it_asks_and_what_the_cluster_has():
+    big = ReplicaDemand.of("model 'big'", {"num_replicas": 1, "ray_actor_options": {"num_cpus": 8}})
+    gpu = ReplicaDemand.of("model 'gpu'", {"ray_actor_options": {"num_cpus": 0, "num_gpus": 1}})
+    assert placement_problems([big, gpu], [{"CPU": 2.0}, {"CPU": 4.0}]) == [
+        "model 'big' asks for 8 CPUs per replica, more than any node of the cluster has "
+        "(the largest has 4 CPUs)",
+        "model 'gpu' asks for 1 GPU per replica, more than any node of the cluster has "
+        "(the largest has 0 GPUs)",
+    ]
+    # Each fits a node, all of them do not fit the cluster.
+    one = ReplicaDemand.of("model 'a'", {"num_replicas": 2, "ray_actor_options": {}})
+    autoscaled = {"autoscaling_config": {"min_replicas": 1, "initial_replicas": 3}}
+    three = ReplicaDemand.of("model 'b'", {**autoscaled, "ray_actor_options": {"num_cpus": 0.5}})
+    assert (one.replicas, one.resources, three.replicas) == (2, {"CPU": 1.0}, 3)
+    assert placement_problems([one, three], [{"CPU": 2.0}]) == [
+        "the replicas ask for 3.5 CPUs in all (model 'a': 2 x 1 CPU, model 'b': 3 x 0.5 "
+        "CPUs), and the cluster has 2 CPUs"
+    ]
