@@ -13,6 +13,7 @@ import copy
 import io
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -43,6 +44,16 @@ def _assert_mlp_results(results: ai.InferResults, x: np.ndarray = X) -> None:
 
 def _run(compiled: ai.CompiledModel, x: np.ndarray = X) -> ai.InferResults:
     return compiled.create_infer_request().infer_sync({"x": x})
+
+
+def _openvino() -> Any:
+    """The ``openvino`` module when it is installed (to run the same calls side by
+    side), else None."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    return openvino
 
 
 # -- export into a stream, import from it; read_model from file objects ---------------------
@@ -221,6 +232,63 @@ def test_set_property_refuses_bad_settings_and_keeps_none_of_them(
     assert core.get_property("PERFORMANCE_HINT") == "LATENCY"
     assert core.get_property("CPU", "NUM_STREAMS") == "AUTO"
     assert core.compile_model(MLP, "CPU").get_property("NUM_STREAMS") == 1
+
+
+def test_one_property_set_alone_as_a_pair_reads_back(tmp_path: Path) -> None:
+    """OpenVINO's property helpers make ``(name, value)`` pairs that ``set_property``
+    takes alone, for a device or for every device; the other settings stay."""
+    core = ai.Core()
+    core.set_property("CPU", ("NUM_STREAMS", "2"))
+    core.set_property("CPU", ("PERF_COUNT", "YES"))
+    core.set_property(("CACHE_DIR", str(tmp_path)))
+    read = {
+        "NUM_STREAMS": core.get_property("CPU", "NUM_STREAMS"),
+        "PERF_COUNT": core.get_property("CPU", "PERF_COUNT"),
+        "CACHE_DIR": core.get_property("CACHE_DIR"),
+        "CPU CACHE_DIR": core.get_property("CPU", "CACHE_DIR"),
+    }
+    assert read == {
+        "NUM_STREAMS": 2,
+        "PERF_COUNT": True,
+        "CACHE_DIR": str(tmp_path),
+        "CPU CACHE_DIR": str(tmp_path),
+    }
+    compiled = core.compile_model(MLP, "CPU")
+    assert compiled.get_property("NUM_STREAMS") == 2
+    assert compiled.get_property("PERF_COUNT") is True
+    assert len(list(tmp_path.iterdir())) == 1  # the cache was used
+    with pytest.raises(TypeError, match=r"\(name, value\) pair"):
+        core.set_property("CPU", ("NUM_STREAMS",))  # type: ignore[arg-type]
+    with pytest.raises(ai.UnknownPropertyError, match="NO_SUCH"):
+        core.set_property("CPU", ("NO_SUCH", 1))
+    assert core.get_property("CPU", "NUM_STREAMS") == 2
+    ov = _openvino()
+    if ov is not None:  # the same calls on OpenVINO read back the same values
+        ov_core = ov.Core()
+        ov_core.set_property("CPU", ("NUM_STREAMS", "2"))
+        ov_core.set_property("CPU", ("PERF_COUNT", "YES"))
+        ov_core.set_property(("CACHE_DIR", str(tmp_path / "ov")))
+        assert ov_core.get_property("CPU", "NUM_STREAMS") == read["NUM_STREAMS"]
+        assert ov_core.get_property("CPU", "PERF_COUNT") is read["PERF_COUNT"]
+        assert ov_core.get_property("CACHE_DIR") == str(tmp_path / "ov")
+
+
+def test_every_writable_property_reads_back_what_was_set() -> None:
+    core = ai.Core()
+    devices = core.get_available_devices()
+    for device in devices:
+        for name, declared in core.get_plugin(device).properties.items():
+            if declared.configurable:
+                value = core.get_property(device, name)
+                core.set_property(device, (name, value))
+                assert core.get_property(device, name) == value, (device, name)
+                core.set_property(device, {name: value})
+                assert core.get_property(device, name) == value, (device, name)
+    every = {n for d in devices for n, p in core.get_plugin(d).properties.items() if p.configurable}
+    for name in sorted(every):
+        value = core.get_property(name)
+        core.set_property((name, value))
+        assert core.get_property(name) == value, name
 
 
 def test_get_property_refuses_unknown_and_per_model_names() -> None:
