@@ -54,6 +54,27 @@ def _give_core(plugin: Plugin, core: Core) -> None:
         set_core(core)
 
 
+Settings = Mapping[str, Any] | tuple[str, Any]
+"""What :meth:`Core.set_property` takes: properties by name, or one ``(name, value)``."""
+
+
+def _as_settings(properties: Settings) -> Mapping[str, Any]:
+    """``properties`` as a mapping: one ``(name, value)`` pair becomes ``{name: value}``.
+
+    Raises:
+        TypeError: neither a mapping nor a pair.
+    """
+    if isinstance(properties, Mapping):
+        return properties
+    if isinstance(properties, tuple) and len(properties) == 2:
+        name, value = properties
+        return {property_name(name): value}
+    raise TypeError(
+        "set_property takes the properties as a mapping {name: value} or one (name, value) "
+        f"pair, not {type(properties).__name__}"
+    )
+
+
 def _load(target: str) -> Callable[[], Plugin]:
     module_name, _, attr = target.partition(":")
     module = __import__(module_name, fromlist=[attr])
@@ -169,22 +190,23 @@ class Core:
     # -- properties -----------------------------------------------------------------------
 
     @overload
-    def set_property(self, properties: Mapping[str, Any], /) -> None: ...
+    def set_property(self, properties: Settings, /) -> None: ...
 
     @overload
-    def set_property(self, device: str, properties: Mapping[str, Any], /) -> None: ...
+    def set_property(self, device: str, properties: Settings, /) -> None: ...
 
-    def set_property(
-        self, device: str | Mapping[str, Any], properties: Mapping[str, Any] | None = None, /
-    ) -> None:
+    def set_property(self, device: str | Settings, properties: Settings | None = None, /) -> None:
         """Set properties that every later :meth:`compile_model` of this Core uses.
 
         ``core.set_property({"CACHE_DIR": path})`` sets them for every device (each device
         gets the names it supports, a virtual device also those of its target);
         ``core.set_property("CPU", {"PERFORMANCE_HINT": "THROUGHPUT"})`` for one device,
-        over the former. The config given to ``compile_model`` wins over both. Models
-        compiled before keep their config; ``import_model`` uses the blob's config and its
-        own ``config`` argument only.
+        over the former. One property may be given alone as a ``(name, value)`` pair, as
+        OpenVINO's property helpers make them: ``core.set_property("CPU",
+        ("NUM_STREAMS", 2))``. The config given to ``compile_model`` wins over both; the
+        properties not named keep what was set before. :meth:`get_property` reads the
+        values back. Models compiled before keep their config; ``import_model`` uses the
+        blob's config and its own ``config`` argument only.
 
         Raises:
             UnknownDeviceError: no such device, or a device naming a target (``BATCH:CPU``).
@@ -201,12 +223,12 @@ class Core:
                     f"set_property takes a device name such as 'CPU', not {device!r}: set "
                     "the properties of each device named there"
                 )
-            key, given = device, properties
+            key, given = device, _as_settings(properties)
             declared = self.get_plugin(device).properties
         else:
             if properties is not None:
-                raise TypeError("set_property(properties) takes one mapping")
-            key, given, declared = "", device, self._every_device_properties()
+                raise TypeError("set_property(properties) takes one mapping or (name, value)")
+            key, given, declared = "", _as_settings(device), self._every_device_properties()
         names = {property_name(name) for name in given}
         parsed = parse_config(given, declared)
         with self._lock:

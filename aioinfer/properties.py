@@ -95,10 +95,11 @@ def integer(value: Any) -> int:
         raise ValueError("expected an integer") from None
 
 
-def _stateful(value: Any) -> str | dict[str, str]:
-    """``"AUTO"`` (any case) or a new dict {input name: output name}; None is {}."""
+def _stateful(value: Any) -> str | dict[str, str] | None:
+    """``"AUTO"`` (any case) or a new dict {input name: output name}; None (no state, the
+    default) stays None, so that the value read back is the value set."""
     if value is None:
-        return {}
+        return None
     if isinstance(value, str):
         if value.upper() == "AUTO":
             return "AUTO"

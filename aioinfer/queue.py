@@ -93,11 +93,11 @@ class RequestsQueue(QueueErrors):
         return bool(self._idle)
 
     async def get_idle_request_id(self) -> int:
-        self._check_open()
+        self._raise_pending()
         while not self._idle:
             self._idle_changed = self._idle_changed or loop_event()
             await self._idle_changed.wait()
-            self._check_open()
+            self._raise_pending()
         return self._idle[0]
 
     async def start_async(
@@ -161,8 +161,9 @@ class AsyncInferQueue:
     ``await queue.start_async(inputs, userdata)`` waits (without blocking the loop) for an
     idle request and starts it; the queue's callback ``fn(request, userdata)`` runs as each
     job completes (``request.results`` holds its outputs, ``request.error`` its exception
-    if it failed). An exception from a job or from the callback is re-raised by the next
-    ``start_async`` or ``wait_all`` — never swallowed.
+    if it failed). An exception from a job or from the callback is re-raised once, by the
+    next ``start_async``, ``wait_all`` or ``get_idle_request_id`` — never swallowed; the
+    request keeps it too (``await queue[id].wait()`` raises it until its next job).
 
     ``jobs=0`` uses the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``. Closing
     (``await queue.close()`` or leaving ``async with``) cancels the running jobs;
@@ -170,8 +171,8 @@ class AsyncInferQueue:
 
     The jobs run on the device's own queue engine when it has one (the OPENVINO device
     does: see its page), with these semantics; its requests then offer what a queue's
-    caller reads (``results``, ``error``, ``userdata``, ``state``, ``get_tensor``), not
-    ``infer``. Otherwise on a :class:`RequestsQueue`.
+    caller reads (``results``, ``error``, ``userdata``, ``state``, ``get_tensor``,
+    ``wait``, ``wait_for``), not ``infer``. Otherwise on a :class:`RequestsQueue`.
     """
 
     def __init__(self, compiled_model: CompiledModel, jobs: int = 0) -> None:
@@ -208,10 +209,12 @@ class AsyncInferQueue:
     async def get_idle_request_id(self) -> int:
         """The id of an idle request, waiting (without blocking the loop) until one is:
         the request the next ``start_async`` runs on, unless another task starts a job
-        first. ``queue[id]`` is the request.
+        first. ``queue[id]`` is the request (``await queue[id].wait_for(0)`` is True).
 
         Raises:
             RequestClosedError: the queue is closed.
+            Exception: the exception of an earlier job or callback, as ``start_async``
+                raises it (once), before or after waiting.
         """
         return await self._engine.get_idle_request_id()
 

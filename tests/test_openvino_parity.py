@@ -9,10 +9,12 @@ Numbers are compared with onnxruntime (float32: rtol 1e-5, atol 1e-6).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -20,6 +22,7 @@ import onnx
 import pytest
 
 import aioinfer as ai
+from aioinfer.testing.models import accumulator_model, scaled_model, two_input_model
 from tests.helpers import chain_model, mlp_model, reference_outputs
 
 pytestmark = pytest.mark.anyio
@@ -43,6 +46,16 @@ def _assert_mlp_results(results: ai.InferResults, x: np.ndarray = X) -> None:
 
 def _run(compiled: ai.CompiledModel, x: np.ndarray = X) -> ai.InferResults:
     return compiled.create_infer_request().infer_sync({"x": x})
+
+
+def _openvino() -> Any:
+    """The ``openvino`` module when it is installed (to run the same calls side by
+    side), else None."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    return openvino
 
 
 # -- export into a stream, import from it; read_model from file objects ---------------------
@@ -136,6 +149,129 @@ async def test_compiled_model_is_callable() -> None:
         await compiled({})
 
 
+def test_compact_compile_and_call_on_a_path(tmp_path: Path) -> None:
+    """``ov.compile_model(path)(inputs)``: here the call is awaited (in a script, under
+    ``anyio.run``); the default device (AUTO) chooses as OpenVINO's AUTO does."""
+    path = _saved(tmp_path)
+
+    async def compact() -> list[ai.InferResults]:
+        return [
+            await ai.compile_model(str(path))([X]),
+            await ai.compile_model(path)({"x": X}),
+            await ai.compile_model(path, "CPU")((X,)),
+        ]
+
+    for results in anyio.run(compact):
+        _assert_mlp_results(results)
+    ov = _openvino()
+    if ov is not None:
+        theirs = ov.compile_model(str(path))([X])
+        for got, want in zip(anyio.run(compact)[0].to_tuple(), theirs.to_tuple(), strict=True):
+            np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+# -- input forms: by position, scalars, a mix of both -------------------------------------------
+
+SCALED = scaled_model()
+SCALED_X = np.arange(6, dtype=np.float32).reshape(3, 2)
+OFFSET = np.array([0.5, -1.0], np.float32)
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        [SCALED_X, 2.0, OFFSET],
+        (SCALED_X, np.float32(2), OFFSET),
+        [SCALED_X, np.int32(2), OFFSET],
+        [SCALED_X, 2, OFFSET],
+        {0: SCALED_X, 1: np.array(2.0, np.float32), 2: OFFSET},
+        {"x": SCALED_X, "scale": np.array(2, np.int32), "offset": OFFSET},
+        {"x": SCALED_X, "scale": np.array(2.0), "offset": OFFSET},
+    ],
+    ids=["list", "tuple", "np.int32", "int", "0-d float32", "0-d int32", "0-d float64"],
+)
+async def test_inputs_by_position_and_scalars_as_openvino_takes_them(inputs: object) -> None:
+    compiled = ai.Core().compile_model(SCALED, "CPU")
+    results = await compiled.create_infer_request().infer(inputs)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(results["y"], SCALED_X * 2 + OFFSET)
+    ov = _openvino()
+    if ov is not None:
+        theirs = ov.Core().compile_model(ov.Core().read_model(SCALED.SerializeToString()))
+        np.testing.assert_array_equal(theirs.create_infer_request().infer(inputs)[0], results[0])
+
+
+async def test_a_string_is_not_the_inputs() -> None:
+    """OpenVINO refuses a string given as the inputs (TypeError "Incompatible inputs of
+    type" in its tests; on 2026.4.1 ValueError for a model of one input, RuntimeError for
+    one of several). Here InputTypeError, both a TypeError and a ValueError, where a
+    string was read as inputs by position, one per character."""
+    models = {"one input": MLP, "two inputs": two_input_model()}
+    for model in models.values():
+        compiled = ai.Core().compile_model(model, "CPU")
+        with pytest.raises(ai.InputTypeError, match="incompatible inputs of type str") as caught:
+            await compiled.create_infer_request().infer("some_input")  # type: ignore[arg-type]
+        assert isinstance(caught.value, TypeError) and isinstance(caught.value, ValueError)
+        with pytest.raises(ai.InputTypeError, match="incompatible inputs of type str"):
+            await compiled("some_input")  # type: ignore[arg-type]
+    ov = _openvino()
+    if ov is not None:  # its error depends on the model and its version: any refusal
+        core = ov.Core()
+        for model in models.values():
+            theirs = core.compile_model(core.read_model(model.SerializeToString()), "CPU")
+            with pytest.raises((TypeError, ValueError, RuntimeError)):
+                theirs.create_infer_request().infer("some_input")
+
+
+# -- variable state ----------------------------------------------------------------------------
+
+
+async def test_state_written_from_a_new_buffer_reads_back_as_on_openvino() -> None:
+    """``state.state = value`` then reading it back, on each side: the value written (a
+    copy of the buffer), the next step's start. OpenVINO takes an ``ov.Tensor`` and reads
+    back a live view of its state; aioinfer takes and gives numpy arrays, read-only."""
+    compiled = ai.Core().compile_model(
+        accumulator_model(width=3, rounds=1), "CPU", {"STATEFUL": {"past": "present"}}
+    )
+    request = compiled.create_infer_request()
+    (state,) = request.query_state()
+    buffer = np.full((2, 3), 5, np.int64)
+    state.state = buffer
+    buffer[:] = 100
+    ours = [state.state.copy()]
+    ours.append((await request.infer({"x": np.ones((2, 3), np.int64)}))["y"])
+    ours.append(state.state.copy())
+    await compiled.close()
+    ov = _openvino()
+    if ov is None:
+        pytest.skip("OpenVINO is not installed: nothing to compare with")
+    import openvino.opset13 as ops
+    from openvino.op.util import Variable, VariableInfo
+
+    # The same accumulator in float32: OpenVINO's CPU keeps no int64 state.
+    info = VariableInfo()
+    info.data_shape, info.data_type, info.variable_id = (
+        ov.PartialShape([2, 3]),
+        ov.Type.f32,
+        "past",
+    )
+    variable = Variable(info)
+    x = ops.parameter([2, 3], dtype=np.float32, name="x")
+    total = ops.add(ops.read_value(ops.constant(np.zeros((2, 3), np.float32)), variable), x)
+    model = ov.Model(
+        results=[ops.result(total)], sinks=[ops.assign(total, variable)], parameters=[x]
+    )
+    ov_request = ov.Core().compile_model(model, "CPU").create_infer_request()
+    (ov_state,) = ov_request.query_state()
+    buffer = np.full((2, 3), 5, np.float32)
+    ov_state.state = ov.Tensor(buffer)
+    buffer[:] = 100
+    theirs = [ov_state.state.data.copy()]
+    theirs.append(ov_request.infer({"x": np.ones((2, 3), np.float32)})[0])
+    theirs.append(ov_state.state.data.copy())
+    for got, want in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 # -- Core properties --------------------------------------------------------------------------
 
 
@@ -221,6 +357,63 @@ def test_set_property_refuses_bad_settings_and_keeps_none_of_them(
     assert core.get_property("PERFORMANCE_HINT") == "LATENCY"
     assert core.get_property("CPU", "NUM_STREAMS") == "AUTO"
     assert core.compile_model(MLP, "CPU").get_property("NUM_STREAMS") == 1
+
+
+def test_one_property_set_alone_as_a_pair_reads_back(tmp_path: Path) -> None:
+    """OpenVINO's property helpers make ``(name, value)`` pairs that ``set_property``
+    takes alone, for a device or for every device; the other settings stay."""
+    core = ai.Core()
+    core.set_property("CPU", ("NUM_STREAMS", "2"))
+    core.set_property("CPU", ("PERF_COUNT", "YES"))
+    core.set_property(("CACHE_DIR", str(tmp_path)))
+    read = {
+        "NUM_STREAMS": core.get_property("CPU", "NUM_STREAMS"),
+        "PERF_COUNT": core.get_property("CPU", "PERF_COUNT"),
+        "CACHE_DIR": core.get_property("CACHE_DIR"),
+        "CPU CACHE_DIR": core.get_property("CPU", "CACHE_DIR"),
+    }
+    assert read == {
+        "NUM_STREAMS": 2,
+        "PERF_COUNT": True,
+        "CACHE_DIR": str(tmp_path),
+        "CPU CACHE_DIR": str(tmp_path),
+    }
+    compiled = core.compile_model(MLP, "CPU")
+    assert compiled.get_property("NUM_STREAMS") == 2
+    assert compiled.get_property("PERF_COUNT") is True
+    assert len(list(tmp_path.iterdir())) == 1  # the cache was used
+    with pytest.raises(TypeError, match=r"\(name, value\) pair"):
+        core.set_property("CPU", ("NUM_STREAMS",))  # type: ignore[arg-type]
+    with pytest.raises(ai.UnknownPropertyError, match="NO_SUCH"):
+        core.set_property("CPU", ("NO_SUCH", 1))
+    assert core.get_property("CPU", "NUM_STREAMS") == 2
+    ov = _openvino()
+    if ov is not None:  # the same calls on OpenVINO read back the same values
+        ov_core = ov.Core()
+        ov_core.set_property("CPU", ("NUM_STREAMS", "2"))
+        ov_core.set_property("CPU", ("PERF_COUNT", "YES"))
+        ov_core.set_property(("CACHE_DIR", str(tmp_path / "ov")))
+        assert ov_core.get_property("CPU", "NUM_STREAMS") == read["NUM_STREAMS"]
+        assert ov_core.get_property("CPU", "PERF_COUNT") is read["PERF_COUNT"]
+        assert ov_core.get_property("CACHE_DIR") == str(tmp_path / "ov")
+
+
+def test_every_writable_property_reads_back_what_was_set() -> None:
+    core = ai.Core()
+    devices = core.get_available_devices()
+    for device in devices:
+        for name, declared in core.get_plugin(device).properties.items():
+            if declared.configurable:
+                value = core.get_property(device, name)
+                core.set_property(device, (name, value))
+                assert core.get_property(device, name) == value, (device, name)
+                core.set_property(device, {name: value})
+                assert core.get_property(device, name) == value, (device, name)
+    every = {n for d in devices for n, p in core.get_plugin(d).properties.items() if p.configurable}
+    for name in sorted(every):
+        value = core.get_property(name)
+        core.set_property((name, value))
+        assert core.get_property(name) == value, name
 
 
 def test_get_property_refuses_unknown_and_per_model_names() -> None:
@@ -419,3 +612,27 @@ async def test_get_idle_request_id_wakes_up_when_the_queue_closes() -> None:
         finally:
             gate.set()  # whatever happened: the job settles, close() returns
     assert len(outcome) == 1
+
+
+@pytest.mark.parametrize("jobs", [1, 4])
+async def test_queue_errors_reach_the_caller_as_in_openvinos_tests(jobs: int) -> None:
+    """OpenVINO's queue tests, awaited: an exception raised in the callback (a Python
+    one, or a lookup of an unknown tensor) comes out of ``start_async`` or ``wait_all``
+    with its type. OpenVINO raises it from every later call and does not run the callback
+    of a failed job; aioinfer raises one error per call, the others of the jobs ended by
+    then forgotten with it, and tells the callback of every job."""
+    compiled = ai.Core().compile_model(MLP, "CPU")
+    for callback, error, words in [
+        (lambda request, _: request + 21, TypeError, "unsupported operand"),
+        (lambda request, _: request.get_tensor("Unknown"), ai.UnknownInputError, "'Unknown'"),
+    ]:
+        queue = ai.AsyncInferQueue(compiled, jobs)
+        queue.set_callback(callback)
+        with pytest.raises(error, match=words):
+            for _ in range(6):
+                await queue.start_async({"x": X})
+            await queue.wait_all()
+        with contextlib.suppress(error):
+            await queue.wait_all()  # the jobs still running then failed too: one is raised
+        await queue.wait_all()  # each error was raised or forgotten with the one raised
+        await queue.close()

@@ -159,14 +159,29 @@ class SyncInferRequest(ABC):
         return self._results[port.index]
 
     def set_inputs(self, inputs: Inputs | None, *, share_inputs: bool = False) -> None:
-        """Set several inputs at once: a mapping by name/index/Port, or a list by position
-        (copied, or kept with ``share_inputs=True``: see :meth:`set_tensor`)."""
+        """Set several inputs at once: a mapping by name/index/Port, a list or tuple by
+        position, or one value for the first input (copied, or kept with
+        ``share_inputs=True``: see :meth:`set_tensor`).
+
+        Raises:
+            InputTypeError: ``inputs`` is a string or bytes (not a container of inputs),
+                or a value of the wrong element type.
+            UnknownInputError, InputShapeError: as :meth:`set_tensor` raises them; more
+                values by position than the model has inputs.
+        """
         if inputs is None:
             return
         if type(inputs) is dict or isinstance(inputs, Mapping):
             for key, value in inputs.items():
                 self.set_tensor(key, value, share_inputs=share_inputs)
             return
+        if isinstance(inputs, (str, bytes, bytearray)):
+            # A sequence, but of characters: never the inputs by position.
+            raise InputTypeError(
+                f"incompatible inputs of type {type(inputs).__name__}: give a dict from "
+                "input name, index or Port to value, a list or tuple of values by position, "
+                "or one array"
+            )
         if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
             inputs = [inputs]
         if len(inputs) > len(self._input_ports):
@@ -330,13 +345,14 @@ def check_input(port: Port, value: Any, check_batch: bool = True) -> np.ndarray:
     """``value`` as an array for ``port``, or a clear error naming the port.
 
     A numpy array must have the port's element type exactly; other array-likes (lists,
-    scalars) are converted when the conversion cannot change their kind. A sequence port
-    takes a list of such tensors, an optional port also takes None.
+    scalars: Python's, numpy's, and 0-d arrays, which is what ``np.array(2.0)`` makes) are
+    converted when the conversion cannot change their kind. A sequence port takes a list
+    of such tensors, an optional port also takes None.
     """
     if port.kind != "tensor":
         return _check_container(port, value)
     expected = port.dtype
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray) and value.ndim:
         array = value
         if expected.kind == "O" and array.dtype.kind == "U":
             array = array.astype(object)  # string tensors: numpy str accepted too

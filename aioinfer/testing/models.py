@@ -112,6 +112,24 @@ def reshape_model() -> onnx.ModelProto:
     )
 
 
+def scaled_model() -> onnx.ModelProto:
+    """``y = x * scale + offset``: ``x`` float32 ``["n", 2]``, ``scale`` a float32 scalar
+    (shape ``[]``), ``offset`` float32 ``[2]``: scalars beside arrays."""
+    return make_model(
+        [
+            oh.make_node("Mul", ["x", "scale"], ["scaled"], name="scale_node"),
+            oh.make_node("Add", ["scaled", "offset"], ["y"], name="offset_node"),
+        ],
+        [
+            tensor_info("x", np.float32, ["n", 2]),
+            tensor_info("scale", np.float32, []),
+            tensor_info("offset", np.float32, [2]),
+        ],
+        [tensor_info("y", np.float32, ["n", 2])],
+        name="scaled",
+    )
+
+
 def chain_model(steps: int, width: int = SIZE, seed: int = 0) -> onnx.ModelProto:
     """x -> (MatMul W, Tanh) * steps over ``["n", width]``: a plan of 2*steps small
     kernels, slow enough to cancel or disconnect half-way through."""

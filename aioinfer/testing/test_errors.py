@@ -26,6 +26,9 @@ def x(rows: int = 2) -> np.ndarray:
         ({"x": np.zeros((2, 5), np.float32)}, ai.InputShapeError, "dimension 1 is 5"),
         ([x(), x()], ai.InputError, "2 inputs given by position, the model has 1"),
         (None, ai.MissingInputError, "no value for input(s) 'x'"),
+        # A string is a sequence, but of characters: not inputs by position.
+        ("some_input", ai.InputTypeError, "incompatible inputs of type str"),
+        (b"\x00" * 32, ai.InputTypeError, "incompatible inputs of type bytes"),
     ],
 )
 async def test_bad_input_then_good_input(mlp, inputs, error, message):

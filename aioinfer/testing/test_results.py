@@ -9,7 +9,7 @@ import pytest
 import aioinfer as ai
 from aioinfer.plugin.executors import ThreadExecutor
 from aioinfer.properties import num_cores
-from aioinfer.testing.models import expected_outputs
+from aioinfer.testing.models import expected_outputs, scaled_model
 
 pytestmark = pytest.mark.anyio
 
@@ -51,6 +51,42 @@ async def test_input_forms_agree(mlp):
     preset = (await request.infer())["y"]
     for got in (by_name, by_index, by_port, by_position, preset):
         np.testing.assert_allclose(got, want, **TOL)
+
+
+async def test_scalars_beside_arrays_and_inputs_by_position(every_device):
+    core = ai.Core()
+    if "BATCH_TIMEOUT_MS" in core.get_plugin(every_device).properties:
+        pytest.skip("a batching device batches no scalar (rank-0) input")
+    compiled = core.compile_model(scaled_model(), every_device)
+    request = compiled.create_infer_request()
+    x = batch(3, 4)[:, :2]
+    offset = np.array([0.5, -1.0], np.float32)
+    want = x * np.float32(2) + offset
+    forms = [
+        [x, 2.0, offset],  # by position, a Python float for a float32 scalar
+        (x, np.float32(2), offset),  # a tuple, a numpy scalar
+        {"x": x, "scale": 2, "offset": [0.5, -1.0]},  # a Python int, a list
+        {0: x, 1: np.array(2.0), 2: offset},  # a 0-d array is a scalar too (float64)
+        {"scale": np.array(2, np.int32), "offset": offset, "x": x},  # an int 0-d array
+    ]
+    try:
+        for inputs in forms:
+            results = await request.infer(inputs)
+            np.testing.assert_allclose(results["y"], want, **TOL, err_msg=repr(inputs))
+        # Fewer values by position set the first inputs; the others keep theirs.
+        other = batch(2, 5)[:, :2]
+        results = await request.infer([other])
+        np.testing.assert_allclose(results["y"], other * np.float32(2) + offset, **TOL)
+        assert request.get_tensor("scale").shape == ()
+        # A scalar never converts across kinds, nor an array of another element type.
+        with pytest.raises(ai.InputTypeError, match="'scale'"):
+            await request.infer({"scale": "2"})
+        with pytest.raises(ai.InputTypeError, match="'x'"):
+            await request.infer({"x": x.astype(np.float64)})
+        with pytest.raises(ai.InputShapeError, match="'scale': expected rank 0"):
+            await request.infer({"scale": np.array([2.0], np.float32)})
+    finally:
+        await compiled.close()
 
 
 async def test_request_keeps_last_results_and_tensors(mlp):

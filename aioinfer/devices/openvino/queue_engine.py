@@ -101,7 +101,8 @@ class _Job:
 class QueueRequest:
     """A request of the OPENVINO queue, as ``queue[id]`` and the callback see it: the
     last job's ``results``, ``error`` and ``userdata``, its ``state``, its tensors and
-    profiling. Jobs are started through the queue only."""
+    profiling; ``wait()`` and ``wait_for()`` as on any request. Jobs are started through
+    the queue only."""
 
     def __init__(self, request: OpenVINOInferRequest, owner: OpenVINOQueue) -> None:
         self._request = request
@@ -113,6 +114,8 @@ class QueueRequest:
         """The userdata of the last job."""
         self.error: BaseException | None = None
         """How the last job ended: None on success, else its exception."""
+        self.callback_error: BaseException | None = None
+        """The exception the queue's callback raised for the last job, if it did."""
 
     @property
     def compiled_model(self) -> OpenVINOCompiledModel:
@@ -143,6 +146,32 @@ class QueueRequest:
             self._outputs = None
         return self._request.results
 
+    async def wait(self) -> InferResults | None:
+        """Wait until the running job (and its callback) ended; its results (None before
+        the first job).
+
+        Raises:
+            Exception: the last job's exception, else its callback's, until the next job.
+        """
+        while self.state is RequestState.BUSY:
+            await self._owner.wait_for_change()
+        if self.error is not None:
+            raise self.error
+        if self.callback_error is not None:
+            raise self.callback_error
+        return self.results
+
+    async def wait_for(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds; True when the request is not running a job
+        (a timeout cancels nothing).
+
+        Raises:
+            Exception: as :meth:`wait`, when the job ended.
+        """
+        with anyio.move_on_after(timeout):
+            await self.wait()
+        return self.state is not RequestState.BUSY
+
     def get_tensor(self, key: str | int | Port) -> np.ndarray:
         """An input of the running or last job, or an output of the last completed one."""
         self.results  # noqa: B018  (makes the last results)
@@ -156,6 +185,7 @@ class QueueRequest:
         """Show ``job``'s end (on the loop, in the order the jobs ended)."""
         self.userdata = job.userdata
         self.error = job.error
+        self.callback_error = None
         if job.outputs is not None:
             self._outputs = job.outputs
 
@@ -319,14 +349,17 @@ class OpenVINOQueue(QueueErrors):
         return bool(self._idle) and not self._waiting
 
     async def get_idle_request_id(self) -> int:
-        """As ``AsyncInferQueue.get_idle_request_id``."""
-        self._check_open()
+        """As ``AsyncInferQueue.get_idle_request_id``: a request idle on OpenVINO's side
+        is named once the loop has published its last job's end (its results, its
+        error, its callback)."""
+        self._raise_pending()
         while True:
             with self._lock:
-                if self._idle:
-                    return self._idle[0]
-            await self._wait_for_change()
-            self._check_open()
+                index = self._idle[0] if self._idle else -1
+            if index >= 0 and self.request_state(index) is RequestState.IDLE:
+                return index
+            await self.wait_for_change()
+            self._raise_pending()
 
     async def start_async(
         self, inputs: Inputs | None, userdata: Any, *, share_inputs: bool = False
@@ -349,7 +382,7 @@ class OpenVINOQueue(QueueErrors):
                 if len(self._waiting) < self._room:
                     index = -1
                     break
-            await self._wait_for_change()
+            await self.wait_for_change()
             self._check_open()
         if index >= 0:
             if not self._prepare(index, job):
@@ -379,7 +412,7 @@ class OpenVINOQueue(QueueErrors):
     async def wait_all(self) -> None:
         """As ``AsyncInferQueue.wait_all``."""
         while self._busy():
-            await self._wait_for_change()
+            await self.wait_for_change()
         self._raise_pending()
 
     async def close(self) -> None:
@@ -395,7 +428,7 @@ class OpenVINOQueue(QueueErrors):
                 sync.cancel()
         with anyio.CancelScope(shield=True):
             while self._busy():  # the cancelled jobs end through the failure watch
-                await self._wait_for_change()
+                await self.wait_for_change()
         _RUNNING.discard(self)  # every job ended
         self._stop_watch()
         if self._wake is not None:
@@ -573,6 +606,7 @@ class OpenVINOQueue(QueueErrors):
                         try:
                             await invoke_callback(callback, request, job.userdata, self._executor)  # type: ignore[arg-type]
                         except Exception as exc:
+                            request.callback_error = exc
                             self._errors.append(exc)
                     self._free(index)
         finally:
@@ -612,7 +646,8 @@ class OpenVINOQueue(QueueErrors):
             or bool(self._waiting)
         )
 
-    async def _wait_for_change(self) -> None:
+    async def wait_for_change(self) -> None:
+        """Wait until a job ended, a request became idle or the queue closed."""
         if self._changed is None:
             self._changed = loop_event()
         await self._changed.wait()
