@@ -33,6 +33,7 @@ import tritonclient.http as httpclient
 
 import aioinfer as ai
 from aioinfer.devices.ort.plugin import MULTI_STREAM_INLINE_S
+from aioinfer.devices.ort.session import SPIN_US
 from aioinfer.models import default_model_path
 from aioinfer.plugin.blob import dump, load
 from aioinfer.properties import num_cores
@@ -260,6 +261,61 @@ def _spinning(compiled: ai.CompiledModel) -> str:
     return str(options.get_session_config_entry("session.intra_op.allow_spinning"))
 
 
+def _spin_us(compiled: ai.CompiledModel) -> str:
+    options = compiled.session.get_session_options()  # type: ignore[attr-defined]
+    try:
+        return str(options.get_session_config_entry("session.intra_op.spin_duration_us"))
+    except RuntimeError:  # not set: onnxruntime's own spinning, if any
+        return ""
+
+
+def _thread_sleeps() -> int:
+    """How many times the threads of this process went to sleep so far (Linux)."""
+    total = 0
+    for status in Path(f"/proc/{os.getpid()}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += int(text.split("voluntary_ctxt_switches:")[1].split()[0])
+    return total
+
+
+@pytest.mark.skipif(
+    num_cores() < 2 or not Path("/proc/self/task").is_dir(), reason="Linux, 2 cores"
+)
+def test_intra_op_threads_stay_awake_through_a_run_and_sleep_after_it(core):
+    """Spinning off, onnxruntime's intra-op thread sleeps after each parallel section and
+    the next one must wake it (tens of microseconds each on a virtual machine: most of
+    what made ORT slower than onnxruntime's defaults). By default it stays awake
+    through a run, but does not spin on for milliseconds after it as onnxruntime's own
+    default does (the control: a session with onnxruntime's defaults)."""
+    model = chain_model(100, WIDTH)  # 200 kernels, most split between the threads
+    feed = {"x": rows(64)}
+    sessions = {
+        "default": core.compile_model(model, "ORT").session,  # type: ignore[attr-defined]
+        "off": core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": False}).session,  # type: ignore[attr-defined]
+    }
+    sessions["onnxruntime"] = ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    sleeps: dict[str, list[float]] = {name: [] for name in sessions}
+    after: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(3):  # alternating: load from other processes hits all alike
+        for name, session in sessions.items():
+            session.run(None, feed)
+            before = _thread_sleeps()
+            for _ in range(5):
+                session.run(None, feed)
+            sleeps[name].append((_thread_sleeps() - before) / 5)
+            cpu = time.process_time()
+            time.sleep(0.05)  # what the pool's threads burn once the runs stopped
+            after[name].append(time.process_time() - cpu)
+    default, off = statistics.median(sleeps["default"]), statistics.median(sleeps["off"])
+    assert default < off / 2, sleeps
+    assert statistics.median(after["default"]) < statistics.median(after["onnxruntime"]) / 4, after
+
+
 def test_hints_and_threads_become_session_options(core):
     model = mlp_model()
     cores = num_cores()
@@ -273,9 +329,12 @@ def test_hints_and_threads_become_session_options(core):
     explicit = core.compile_model(model, "ORT", {"NUM_STREAMS": 2, "INFERENCE_NUM_THREADS": 6})
     assert (explicit.get_property("NUM_STREAMS"), _intra(explicit)) == (2, 3)
     assert explicit.get_property("INFERENCE_NUM_THREADS") == 6
-    assert _spinning(latency) == "0"
-    spinning = core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": "YES"})
-    assert _spinning(spinning) == "1" and spinning.get_property("ORT_ALLOW_SPINNING") is True
+    # Spinning by default, for at most SPIN_US after the last work (see the next test).
+    assert (_spinning(latency), _spin_us(latency)) == ("1", str(SPIN_US))
+    assert latency.get_property("ORT_ALLOW_SPINNING") is True
+    still = core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": "NO"})
+    assert (_spinning(still), _spin_us(still)) == ("0", "")
+    assert still.get_property("ORT_ALLOW_SPINNING") is False
     assert latency.get_property("ORT_PROVIDERS") == ("CPUExecutionProvider",)
     assert latency.get_property("DEVICE_NAME") == "ORT"
     assert latency.get_property("NETWORK_NAME") == "mlp"
