@@ -21,11 +21,11 @@
     threads as the device has streams; with the CPU time per inference of the event
     loop's thread and of the process on each side.
 (3) Event-loop lag (1 ms sleeps, p50/p99) while 4 requests compute, on ORT (spinning
-    off and on, one intra-op thread, compute threads at a lower priority) and on the
-    CPU device.
+    200 us, the default, and off, one intra-op thread, compute threads at a lower
+    priority) and on the CPU device.
 (4) Cancellation: from the cancel to the return of the awaiting task, at a random point
     of a run, against the full run, one kernel's time (PERF_COUNT) and the thread hop.
-(5) onnxruntime's intra-op spinning off (the default) and on: latency, and the CPU time
+(5) onnxruntime's intra-op spinning off and on (the default): latency, and the CPU time
     each inference costs the process when inferences arrive 1 ms apart.
 (6) aioinfer's own time per call: ``await request.infer()``, ``infer_sync`` and
     ``session.run`` on a one-Relu model, fastest of 30 interleaved blocks (robust to
@@ -40,6 +40,7 @@ of a side; a ratio is the median over rounds of the ratio of one round's blocks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import random
@@ -118,8 +119,9 @@ def session_like(
     used = compiled.session.get_session_options()  # type: ignore[attr-defined]
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or used.intra_op_num_threads
-    key = "session.intra_op.allow_spinning"
-    options.add_session_config_entry(key, used.get_session_config_entry(key))
+    for key in ("session.intra_op.allow_spinning", "session.intra_op.spin_duration_us"):
+        with contextlib.suppress(RuntimeError):  # not set on the compiled model's session
+            options.add_session_config_entry(key, used.get_session_config_entry(key))
     return ort.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
@@ -397,7 +399,7 @@ async def loop_lag(core: ai.Core, rounds: int, seconds: float) -> None:
     model, feed = models.cnn(), {"x": _rand(8, 3, 64, 64)}
     sides = {
         "ORT": core.compile_model(model, "ORT"),
-        "ORT, spinning on": core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": True}),
+        "ORT, spinning off": core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": False}),
         "ORT, 1 thread": core.compile_model(model, "ORT", {"INFERENCE_NUM_THREADS": 1}),
         "ORT, ORT_THREAD_NICE=10": core.compile_model(model, "ORT", {"ORT_THREAD_NICE": 10}),
         "CPU": core.compile_model(model, "CPU"),

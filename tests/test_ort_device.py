@@ -238,6 +238,60 @@ async def test_cancel_stops_only_that_request(core):
     assert (await stopped.infer({"x": rows(1)}))["y"].shape == (1, WIDTH)
 
 
+def conv_model(layers: int = 12, channels: int = 64, size: int = 56) -> onnx.ModelProto:
+    """(Conv 3x3 + Relu) x ``layers`` on ``channels`` x ``size`` x ``size``: a run of
+    tens of milliseconds whose kernels, each split between the intra-op threads, take a
+    few percent of it (ResNet's middle layers)."""
+    rng = np.random.default_rng(4)
+    weights, nodes, last = {}, [], "x"
+    for i in range(layers):
+        weights[f"w{i}"] = (rng.standard_normal((channels, channels, 3, 3)) / 24).astype(np.float32)
+        nodes.append(oh.make_node("Conv", [last, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        last = "y" if i == layers - 1 else f"r{i}"
+        nodes.append(oh.make_node("Relu", [f"c{i}"], [last]))
+    shape = [1, channels, size, size]
+    return make_model(
+        nodes,
+        [tensor_info("x", np.float32, shape)],
+        [tensor_info("y", np.float32, shape)],
+        weights,
+        name="convs",
+    )
+
+
+@pytest.mark.anyio
+async def test_a_cancel_mid_run_returns_within_a_kernel_or_so(core):
+    """Cancelled 20-60% into a run of kernels split between the (spinning) intra-op
+    threads, the awaiting task gets control back long before the run would have ended:
+    onnxruntime sees the terminate flag at the next kernel. The control is the run's own
+    duration, measured alongside."""
+    compiled = core.compile_model(conv_model(), "ORT")
+    request = compiled.create_infer_request()
+    feed = {"x": np.random.default_rng(5).standard_normal((1, 64, 56, 56)).astype(np.float32)}
+    await request.infer(feed)
+    fractions = []
+    for trial in range(6):
+        start = time.perf_counter()
+        await request.infer(feed)
+        full = time.perf_counter() - start
+        cancelled_at = 0.0
+        with anyio.CancelScope() as scope:
+
+            async def cancel_later(after: float = full * (0.2 + 0.08 * trial)) -> None:
+                nonlocal cancelled_at
+                await anyio.sleep(after)
+                cancelled_at = time.perf_counter()
+                scope.cancel()
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(cancel_later)
+                await request.infer(feed)
+        if cancelled_at and isinstance(request.error, ai.InferCancelledError):
+            fractions.append((time.perf_counter() - cancelled_at) / full)
+    assert len(fractions) >= 3, fractions  # most cancels land before the run ends
+    assert statistics.median(fractions) < 0.25, fractions
+
+
 def test_a_cancel_before_the_run_stops_it_at_the_first_kernel(core):
     compiled = core.compile_model(long_model(), "ORT")
     request = compiled.create_infer_request()
