@@ -189,9 +189,15 @@ async def latency(core: ai.Core, rounds: int, seconds: float, device_name: str =
     ratios, ratios_apart, ratios_best, ratios_default = [], [], [], []
     for name, model, feed in latency_set():
         compiled = core.compile_model(model, device_name, {"PERFORMANCE_HINT": "LATENCY"})
+        # AUTO: the compiled model it chose, whose session the direct columns copy.
+        engine = getattr(compiled, "target", compiled)
+        if not hasattr(engine, "session"):
+            print(f"| {name} | {device_name} chose {engine.get_property('DEVICE_NAME')} |")
+            await compiled.close()
+            continue
         request = compiled.create_infer_request()
-        session = compiled.session  # type: ignore[attr-defined]
-        one_thread = session_like(compiled, model, threads=1)
+        session = engine.session
+        one_thread = session_like(engine, model, threads=1)
         defaults = default_session(model)
 
         async def default(session: ort.InferenceSession = defaults, feed: Feed = feed) -> None:
