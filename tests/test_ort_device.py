@@ -323,48 +323,66 @@ def _spin_us(compiled: ai.CompiledModel) -> str:
         return ""
 
 
-def _thread_sleeps() -> int:
-    """How many times the threads of this process went to sleep so far (Linux)."""
-    total = 0
-    for status in Path(f"/proc/{os.getpid()}/task").glob("*/status"):
+_TASKS = Path(f"/proc/{os.getpid()}/task")
+
+
+def _threads() -> set[str]:
+    """The ids of this process's threads (Linux)."""
+    return {task.name for task in _TASKS.iterdir()}
+
+
+def _sleeps_and_cpu(threads: set[str]) -> tuple[int, int]:
+    """How many times ``threads`` went to sleep so far, and their CPU time (ns)."""
+    sleeps = cpu = 0
+    for thread in threads:
         try:
-            text = status.read_text()
+            status = (_TASKS / thread / "status").read_text()
+            schedstat = (_TASKS / thread / "schedstat").read_text()
         except OSError:  # the thread ended meanwhile
             continue
-        total += int(text.split("voluntary_ctxt_switches:")[1].split()[0])
-    return total
+        sleeps += int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+        cpu += int(schedstat.split()[0])
+    return sleeps, cpu
 
 
 @pytest.mark.skipif(
-    num_cores() < 2 or not Path("/proc/self/task").is_dir(), reason="Linux, 2 cores"
+    num_cores() < 2 or not _TASKS.is_dir(),
+    reason="Linux, 2 cores",
 )
 def test_intra_op_threads_stay_awake_through_a_run_and_sleep_after_it(core):
     """Spinning off, onnxruntime's intra-op thread sleeps after each parallel section and
     the next one must wake it (tens of microseconds each on a virtual machine: most of
     what made ORT slower than onnxruntime's defaults). By default it stays awake
     through a run, but does not spin on for milliseconds after it as onnxruntime's own
-    default does (the control: a session with onnxruntime's defaults)."""
+    default does (the control: a session with onnxruntime's defaults). Counted on each
+    session's own pool threads (those its creation started)."""
     model = chain_model(100, WIDTH)  # 200 kernels, most split between the threads
     feed = {"x": rows(64)}
-    sessions = {
-        "default": core.compile_model(model, "ORT").session,  # type: ignore[attr-defined]
-        "off": core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": False}).session,  # type: ignore[attr-defined]
+    makers = {
+        "default": lambda: core.compile_model(model, "ORT").session,
+        "off": lambda: core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": False}).session,
+        "onnxruntime": lambda: ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        ),
     }
-    sessions["onnxruntime"] = ort.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    sessions, pools = {}, {}
+    for name, make in makers.items():
+        before = _threads()
+        sessions[name] = make()
+        pools[name] = _threads() - before
+        assert pools[name], f"{name}: no intra-op pool thread"
     sleeps: dict[str, list[float]] = {name: [] for name in sessions}
     after: dict[str, list[float]] = {name: [] for name in sessions}
     for _ in range(3):  # alternating: load from other processes hits all alike
         for name, session in sessions.items():
             session.run(None, feed)
-            before = _thread_sleeps()
+            slept, _ = _sleeps_and_cpu(pools[name])
             for _ in range(5):
                 session.run(None, feed)
-            sleeps[name].append((_thread_sleeps() - before) / 5)
-            cpu = time.process_time()
+            ended, cpu = _sleeps_and_cpu(pools[name])
+            sleeps[name].append((ended - slept) / 5)
             time.sleep(0.05)  # what the pool's threads burn once the runs stopped
-            after[name].append(time.process_time() - cpu)
+            after[name].append(_sleeps_and_cpu(pools[name])[1] - cpu)
     default, off = statistics.median(sleeps["default"]), statistics.median(sleeps["off"])
     assert default < off / 2, sleeps
     assert statistics.median(after["default"]) < statistics.median(after["onnxruntime"]) / 4, after
