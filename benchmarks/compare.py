@@ -1,7 +1,11 @@
 """aioinfer vs onnxruntime vs onnx.reference on real model families, in one process.
 
     python -m benchmarks.compare [--models mlp,bert,...] [--blocks 5] [--runs 10]
+                                 [--device CPU|ORT|AUTO|...]
                                  [--reference-budget 20] [--output table.md]
+
+``--device`` (default ``CPU``) is the device aioinfer compiles for; ``AUTO`` is what
+``compile_model(model)`` without a device does.
 
 Latency: for each model, aioinfer (``PERFORMANCE_HINT=LATENCY``, ``infer_sync``) and
 onnxruntime (CPU, 2 intra-op threads, default spinning) run alternately in ``--blocks``
@@ -68,10 +72,12 @@ def feeds_for(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {model.graph.input[0].name: image}
 
 
-def aioinfer_runner(model: onnx.ModelProto) -> Callable[[Mapping[str, np.ndarray]], list]:
+def aioinfer_runner(
+    model: onnx.ModelProto, device: str = "CPU"
+) -> Callable[[Mapping[str, np.ndarray]], list]:
     import aioinfer as ai
 
-    compiled = ai.Core().compile_model(model, "CPU", {"PERFORMANCE_HINT": "LATENCY"})
+    compiled = ai.Core().compile_model(model, device, {"PERFORMANCE_HINT": "LATENCY"})
     request = compiled.create_infer_request()
     return lambda feeds: list(request.infer_sync(dict(feeds)).to_tuple())
 
@@ -159,13 +165,15 @@ class Row:
     onnxruntime_mb: float | None = None
 
 
-def measure(name: str, blocks: int, runs: int, warmup: int, budget: float) -> Row:
-    """Latencies of one model: aioinfer and onnxruntime alternating in blocks, then the
-    time-boxed reference."""
+def measure(
+    name: str, blocks: int, runs: int, warmup: int, budget: float, device: str = "CPU"
+) -> Row:
+    """Latencies of one model: aioinfer on ``device`` and onnxruntime alternating in
+    blocks, then the time-boxed reference."""
     build, title = MODELS[name]
     model = build()
     feeds = feeds_for(name, model)
-    ours = aioinfer_runner(model)
+    ours = aioinfer_runner(model, device)
     theirs = onnxruntime_runner(model)
     times: dict[str, list[float]] = {"aioinfer": [], "onnxruntime": []}
     for _ in range(blocks):
@@ -312,6 +320,9 @@ def main(argv: list[str] | None = None) -> None:
         default=3,
         help=f"untimed runs per block (for at least {WARMUP_SECONDS} s)",
     )
+    parser.add_argument(
+        "--device", default="CPU", help="aioinfer's device (AUTO: compile_model(model))"
+    )
     parser.add_argument("--reference-budget", type=float, default=20.0, help="seconds")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory runs")
     parser.add_argument("--output", help="also write the table (markdown) to this file")
@@ -324,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     rows = []
     for name in args.models.split(","):
-        row = measure(name, args.blocks, args.runs, args.warmup, args.reference_budget)
+        row = measure(name, args.blocks, args.runs, args.warmup, args.reference_budget, args.device)
         if not args.no_memory:
             row.aioinfer_mb = peak_memory("aioinfer", name)
             row.onnxruntime_mb = peak_memory("onnxruntime", name)
@@ -334,7 +345,9 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
             flush=True,
         )
-    text = f"Machine: {machine()}\n\n{table(rows, args.reference_budget)}\n"
+    text = (
+        f"Machine: {machine()}; aioinfer on {args.device}\n\n{table(rows, args.reference_budget)}\n"
+    )
     print(text)
     if args.output:
         with open(args.output, "w") as out:

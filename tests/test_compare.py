@@ -30,6 +30,13 @@ def test_command_prints_machine_and_table(capsys: pytest.CaptureFixture[str]) ->
     assert "| 2-layer LSTM" in out and "| skipped |" in out
 
 
+def test_the_device_is_chosen_and_named(capsys: pytest.CaptureFixture[str]) -> None:
+    args = "--models lstm --blocks 1 --runs 1 --warmup 0 --reference-budget 0 --no-memory"
+    compare.main([*args.split(), "--device", "ORT"])
+    out = capsys.readouterr().out
+    assert out.startswith("Machine: ") and "; aioinfer on ORT" in out.splitlines()[0]
+
+
 def test_memory_probe_reports_growth() -> None:
     peak = compare.memory_probe("aioinfer", "lstm")
     # VmHWM minus the RSS noted before: pages the allocator returned between the two

@@ -33,6 +33,7 @@ import tritonclient.http as httpclient
 
 import aioinfer as ai
 from aioinfer.devices.ort.plugin import MULTI_STREAM_INLINE_S
+from aioinfer.devices.ort.session import SPIN_US
 from aioinfer.models import default_model_path
 from aioinfer.plugin.blob import dump, load
 from aioinfer.properties import num_cores
@@ -265,6 +266,60 @@ async def test_cancel_stops_only_that_request(core):
     assert (await stopped.infer({"x": rows(1)}))["y"].shape == (1, WIDTH)
 
 
+def conv_model(layers: int = 12, channels: int = 64, size: int = 56) -> onnx.ModelProto:
+    """(Conv 3x3 + Relu) x ``layers`` on ``channels`` x ``size`` x ``size``: a run of
+    tens of milliseconds whose kernels, each split between the intra-op threads, take a
+    few percent of it (ResNet's middle layers)."""
+    rng = np.random.default_rng(4)
+    weights, nodes, last = {}, [], "x"
+    for i in range(layers):
+        weights[f"w{i}"] = (rng.standard_normal((channels, channels, 3, 3)) / 24).astype(np.float32)
+        nodes.append(oh.make_node("Conv", [last, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        last = "y" if i == layers - 1 else f"r{i}"
+        nodes.append(oh.make_node("Relu", [f"c{i}"], [last]))
+    shape = [1, channels, size, size]
+    return make_model(
+        nodes,
+        [tensor_info("x", np.float32, shape)],
+        [tensor_info("y", np.float32, shape)],
+        weights,
+        name="convs",
+    )
+
+
+@pytest.mark.anyio
+async def test_a_cancel_mid_run_returns_within_a_kernel_or_so(core):
+    """Cancelled 20-60% into a run of kernels split between the (spinning) intra-op
+    threads, the awaiting task gets control back long before the run would have ended:
+    onnxruntime sees the terminate flag at the next kernel. The control is the run's own
+    duration, measured alongside."""
+    compiled = core.compile_model(conv_model(), "ORT")
+    request = compiled.create_infer_request()
+    feed = {"x": np.random.default_rng(5).standard_normal((1, 64, 56, 56)).astype(np.float32)}
+    await request.infer(feed)
+    fractions = []
+    for trial in range(6):
+        start = time.perf_counter()
+        await request.infer(feed)
+        full = time.perf_counter() - start
+        cancelled_at = 0.0
+        with anyio.CancelScope() as scope:
+
+            async def cancel_later(after: float = full * (0.2 + 0.08 * trial)) -> None:
+                nonlocal cancelled_at
+                await anyio.sleep(after)
+                cancelled_at = time.perf_counter()
+                scope.cancel()
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(cancel_later)
+                await request.infer(feed)
+        if cancelled_at and isinstance(request.error, ai.InferCancelledError):
+            fractions.append((time.perf_counter() - cancelled_at) / full)
+    assert len(fractions) >= 3, fractions  # most cancels land before the run ends
+    assert statistics.median(fractions) < 0.25, fractions
+
+
 def test_a_cancel_before_the_run_stops_it_at_the_first_kernel(core):
     compiled = core.compile_model(long_model(), "ORT")
     request = compiled.create_infer_request()
@@ -288,6 +343,79 @@ def _spinning(compiled: ai.CompiledModel) -> str:
     return str(options.get_session_config_entry("session.intra_op.allow_spinning"))
 
 
+def _spin_us(compiled: ai.CompiledModel) -> str:
+    options = compiled.session.get_session_options()  # type: ignore[attr-defined]
+    try:
+        return str(options.get_session_config_entry("session.intra_op.spin_duration_us"))
+    except RuntimeError:  # not set: onnxruntime's own spinning, if any
+        return ""
+
+
+_TASKS = Path(f"/proc/{os.getpid()}/task")
+
+
+def _threads() -> set[str]:
+    """The ids of this process's threads (Linux)."""
+    return {task.name for task in _TASKS.iterdir()}
+
+
+def _sleeps_and_cpu(threads: set[str]) -> tuple[int, int]:
+    """How many times ``threads`` went to sleep so far, and their CPU time (ns)."""
+    sleeps = cpu = 0
+    for thread in threads:
+        try:
+            status = (_TASKS / thread / "status").read_text()
+            schedstat = (_TASKS / thread / "schedstat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        sleeps += int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+        cpu += int(schedstat.split()[0])
+    return sleeps, cpu
+
+
+@pytest.mark.skipif(
+    num_cores() < 2 or not _TASKS.is_dir(),
+    reason="Linux, 2 cores",
+)
+def test_intra_op_threads_stay_awake_through_a_run_and_sleep_after_it(core):
+    """Spinning off, onnxruntime's intra-op thread sleeps after each parallel section and
+    the next one must wake it (tens of microseconds each on a virtual machine: most of
+    what made ORT slower than onnxruntime's defaults). By default it stays awake
+    through a run, but does not spin on for milliseconds after it as onnxruntime's own
+    default does (the control: a session with onnxruntime's defaults). Counted on each
+    session's own pool threads (those its creation started)."""
+    model = chain_model(100, WIDTH)  # 200 kernels, most split between the threads
+    feed = {"x": rows(64)}
+    makers = {
+        "default": lambda: core.compile_model(model, "ORT").session,
+        "off": lambda: core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": False}).session,
+        "onnxruntime": lambda: ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        ),
+    }
+    sessions, pools = {}, {}
+    for name, make in makers.items():
+        before = _threads()
+        sessions[name] = make()
+        pools[name] = _threads() - before
+        assert pools[name], f"{name}: no intra-op pool thread"
+    sleeps: dict[str, list[float]] = {name: [] for name in sessions}
+    after: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(3):  # alternating: load from other processes hits all alike
+        for name, session in sessions.items():
+            session.run(None, feed)
+            slept, _ = _sleeps_and_cpu(pools[name])
+            for _ in range(5):
+                session.run(None, feed)
+            ended, cpu = _sleeps_and_cpu(pools[name])
+            sleeps[name].append((ended - slept) / 5)
+            time.sleep(0.05)  # what the pool's threads burn once the runs stopped
+            after[name].append(_sleeps_and_cpu(pools[name])[1] - cpu)
+    default, off = statistics.median(sleeps["default"]), statistics.median(sleeps["off"])
+    assert default < off / 2, sleeps
+    assert statistics.median(after["default"]) < statistics.median(after["onnxruntime"]) / 4, after
+
+
 def test_hints_and_threads_become_session_options(core):
     model = mlp_model()
     cores = num_cores()
@@ -301,9 +429,12 @@ def test_hints_and_threads_become_session_options(core):
     explicit = core.compile_model(model, "ORT", {"NUM_STREAMS": 2, "INFERENCE_NUM_THREADS": 6})
     assert (explicit.get_property("NUM_STREAMS"), _intra(explicit)) == (2, 3)
     assert explicit.get_property("INFERENCE_NUM_THREADS") == 6
-    assert _spinning(latency) == "0"
-    spinning = core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": "YES"})
-    assert _spinning(spinning) == "1" and spinning.get_property("ORT_ALLOW_SPINNING") is True
+    # Spinning by default, for at most SPIN_US after the last work (see the next test).
+    assert (_spinning(latency), _spin_us(latency)) == ("1", str(SPIN_US))
+    assert latency.get_property("ORT_ALLOW_SPINNING") is True
+    still = core.compile_model(model, "ORT", {"ORT_ALLOW_SPINNING": "NO"})
+    assert (_spinning(still), _spin_us(still)) == ("0", "")
+    assert still.get_property("ORT_ALLOW_SPINNING") is False
     assert latency.get_property("ORT_PROVIDERS") == ("CPUExecutionProvider",)
     assert latency.get_property("DEVICE_NAME") == "ORT"
     assert latency.get_property("NETWORK_NAME") == "mlp"

@@ -62,3 +62,12 @@ def test_every_case_builds_inputs_its_model_declares() -> None:
         initializers = {i.name for i in graph.initializer}
         declared = {i.name for i in graph.input if i.name not in initializers}
         assert set(case.feeds(np.random.default_rng(0))) == declared, case.name
+
+
+def test_measure_on_another_device_and_the_worst_ratio(tmp_path: Path) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(), path)
+    row = real_models.measure(_case(), path, blocks=1, runs=2, warmup=1, device="ORT")
+    assert row.agrees and row.sync_ms > 0 and row.async_ms > 0
+    text = real_models.table([row])
+    assert f"| worst | | | | | | {row.ratio:.2f} (mlp) |" in text

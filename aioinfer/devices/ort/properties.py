@@ -38,9 +38,13 @@ ORT_PROVIDERS = Property(
 )
 ORT_ALLOW_SPINNING = Property(
     "ORT_ALLOW_SPINNING",
-    "ORT device: let onnxruntime's idle intra-op threads spin (off by default: "
-    "spinning threads take cores from the event loop and other streams).",
-    default=False,
+    "ORT device: onnxruntime's idle intra-op threads spin for up to 200 us before they "
+    "sleep, so that the parallel sections of a run and back-to-back runs find them "
+    "awake (on by default; onnxruntime's own default spins for milliseconds after the "
+    "last run, holding cores the event loop needs). Off: they sleep after every "
+    "parallel section, and waking them for the next costs a run of many kernels much "
+    "of its speed on a virtual machine.",
+    default=True,
     parse=yes_no,
     mutable=True,
 )

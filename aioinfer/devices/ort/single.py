@@ -1,9 +1,9 @@
 """Short runs on one intra-op thread.
 
 With one stream (the LATENCY hint) a session gets every core as intra-op threads, and
-splits each kernel between them. On a short run that costs more than it saves: the
-other threads must be woken for each kernel (spinning is off by default), and the
-kernels of a small model are too small to split well. On 2 cores of an AMD EPYC the
+splits each kernel between them. On a short run that can cost more than it saves: the
+other threads must be woken for the run (and for each kernel with spinning off), and
+the kernels of a small model are too small to split well. On 2 cores of an AMD EPYC the
 bundled tiny CNN ran in 22 us on a one-thread session against 29-31 us on a two-thread
 one, a small LSTM in 144 against 167-173 us; a 64x64 CNN was 10-15% faster on two.
 
