@@ -384,19 +384,30 @@ async def test_an_lstm_state_with_an_unnamed_batch_is_sized_from_x(core: ai.Core
     np.testing.assert_allclose(states["c"], last["c"], rtol=RTOL, atol=ATOL)
 
 
-def running_sum_model(state: Dims) -> onnx.ModelProto:
-    """``total = state + x`` (``x [2, 4]``): nothing tells the size of an unnamed
-    dimension of ``state``."""
+def running_sum_model(state: Dims, x: Dims = ("n", 4)) -> onnx.ModelProto:
+    """``total = state + x``: no node tells the size of an unnamed dimension of
+    ``state`` (only ``x``'s leading batch can, when it has one)."""
     return make_model(
         [oh.make_node("Add", ["state", "x"], ["state_out"]), oh.make_node("Neg", ["x"], ["y"])],
-        [tensor_info("x", np.float32, ["n", 4]), tensor_info("state", np.float32, state)],
-        [tensor_info("y", np.float32, ["n", 4]), tensor_info("state_out", np.float32, state)],
+        [tensor_info("x", np.float32, list(x)), tensor_info("state", np.float32, state)],
+        [tensor_info("y", np.float32, list(x)), tensor_info("state_out", np.float32, state)],
     )
 
 
 @pytest.mark.anyio
-async def test_a_state_nothing_sizes_is_refused_until_given(core: ai.Core) -> None:
+async def test_a_state_with_one_unknown_dimension_takes_the_inputs_batch(core: ai.Core) -> None:
     compiled = core.compile_model(running_sum_model(["?", 4]), "CPU", {"STATEFUL": "auto"})
+    request = compiled.create_infer_request()
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    await request.infer({"x": x})  # from zeros [2, 4]: x's batch
+    await request.infer({"x": x})
+    np.testing.assert_array_equal(request.query_state()[0].state, 2 * x)
+
+
+@pytest.mark.anyio
+async def test_a_state_nothing_sizes_is_refused_until_given(core: ai.Core) -> None:
+    # x's batch is static: no input has a batch to size the state from.
+    compiled = core.compile_model(running_sum_model(["?", 4], [2, 4]), "CPU", {"STATEFUL": "auto"})
     assert compiled.get_property("STATEFUL") == {"state": "state_out"}
     request = compiled.create_infer_request()
     x = np.ones((2, 4), np.float32)

@@ -28,8 +28,11 @@ batch of that node's ``X`` (a static size, the name of an input's dimension, or
 with one unknown dimension left takes the batch of the regular inputs, when they have
 one: every input whose first dimension is not static leads with the same dimension
 (silero VAD: ``state [2, ?, 128]`` beside ``input [?, samples]``, sized as the
-``[2, batch, 128]`` zeros its users feed). Two unknown dimensions, or inputs that lead
-with different ones, stay unknown: the state must be set before the first step.
+``[2, batch, 128]`` zeros its users feed). Two unknown dimensions, inputs that lead
+with different ones, or a state the graph ties to a batch it cannot size (an RNN's
+initial state whose ``X`` comes out of a run-time ``Reshape``: its batch is ``X``'s
+second axis, not the inputs' first) stay unknown: the state must be set before the
+first step.
 """
 
 from __future__ import annotations
@@ -288,15 +291,17 @@ def state_shapes(model: ir.Model, states: list[str]) -> dict[str, list[Dim]]:
     }
     given |= {name for name, (owner, _) in owners.items() if owner not in shapes}
     sized: dict[str, list[Dim]] = {}
+    tied: set[str] = set()  # states the graph ties to a batch, sized by it or not at all
     for state_dim, batch in _batch_dims(copy):
         owner = owners.get(state_dim) if isinstance(state_dim, str) else None
         if owner is None or owner[0] not in unsized:
             continue
+        tied.add(owner[0])
         if isinstance(batch, int) or batch in given:
             sized.setdefault(owner[0], unsized[owner[0]])[owner[1]] = batch
     batch = _leading_batch(feeds, shapes)
     for name, dims in unsized.items():
-        if batch is not None and dims.count(None) == 1:
+        if batch is not None and name not in tied and dims.count(None) == 1:
             dims[dims.index(None)] = batch
             sized[name] = dims
     return sized
