@@ -5,14 +5,16 @@ every node of its body on every iteration; the fusion passes turn its bookkeepin
 into one node each:
 
 - ``SliceAssign(data, value, start, end)`` with ``axis`` (see
-  :mod:`aioinfer.transforms.fuse_slice_assign`): a copy of ``data`` with
+  :mod:`aioinfer.devices.cpu.passes.fuse_slice_assign`): a copy of ``data`` with
   ``value`` (unsqueezed at ``axis``, broadcast) written into ``data[.., start:min(end,
   len), ..]`` along ``axis`` — paddle2onnx's tensor-array write, sixteen nodes.
-- ``GRUGates(gx, gh, h)`` with ``hidden_size`` (see :mod:`aioinfer.transforms.fuse_gru_cell`):
-  the gates of a GRU cell from its two projections (reset, update, candidate thirds of
-  the last axis): ``(h - c) * z + c`` with ``c = tanh(gx2 + r * gh2)``, twelve nodes.
-- ``CastAdd(x)`` with ``offset`` and ``to`` (see :mod:`aioinfer.transforms.fuse_counters`):
-  ``cast(float32(x) + offset, to)``, a counter's ``i + 1`` as paddle2onnx writes it.
+- ``GRUGates(gx, gh, h)`` with ``hidden_size`` (see
+  :mod:`aioinfer.devices.cpu.passes.fuse_gru_cell`): the gates of a GRU cell from its two
+  projections (reset, update, candidate thirds of the last axis): ``(h - c) * z + c``
+  with ``c = tanh(gx2 + r * gh2)``, twelve nodes.
+- ``CastAdd(x)`` with ``offset`` and ``to`` (see
+  :mod:`aioinfer.devices.cpu.passes.fuse_counters`): ``cast(float32(x) + offset, to)``, a
+  counter's ``i + 1`` as paddle2onnx writes it.
 """
 
 from __future__ import annotations

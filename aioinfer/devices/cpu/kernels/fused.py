@@ -133,7 +133,7 @@ def _hard_swish(y: np.ndarray) -> None:
 def _six_hard_swish(y: np.ndarray) -> None:
     """``6 * HardSwish(y)`` = ``y * (clip(y, -3, 3) + 3)``: a HardSwish whose 1/6 the
     weights of the convolutions reading it took (see
-    :mod:`aioinfer.transforms.fold_hardswish_scale`), one pass fewer."""
+    :mod:`aioinfer.devices.cpu.passes.fold_hardswish_scale`), one pass fewer."""
     gate = np.clip(y, -3.0, 3.0)
     gate += 3.0
     y *= gate
@@ -694,7 +694,7 @@ def _one_hot_matmul(planned: bool) -> Kernel:
 @_fused(ops.ONE_HOT_MATMUL)
 def one_hot_matmul(spec: NodeSpec) -> Kernel:
     """``MatMul(one_hot(indices), W) (+ bias)`` as a row lookup (see
-    :mod:`aioinfer.transforms.fold_one_hot`): row ``i`` of ``table`` for each index
+    :mod:`aioinfer.devices.cpu.passes.fold_one_hot`): row ``i`` of ``table`` for each index
     ``i`` in ``[0, K)``, its last row (row ``K``) for the others."""
     return _one_hot_matmul(planned=False)
 

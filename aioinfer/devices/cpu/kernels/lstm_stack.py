@@ -2,7 +2,7 @@
 
 Exporters write a multi-layer LSTM as one ``LSTM`` node per layer, each reading the
 previous one's ``Y`` through a ``Squeeze`` of its direction axis
-(:mod:`aioinfer.transforms.fuse_lstm_stack` finds them). Run one after the other, each
+(:mod:`aioinfer.devices.cpu.passes.fuse_lstm_stack` finds them). Run one after the other, each
 layer pays its ten numpy calls per time step, and on small layers those calls are the
 whole cost: onnxruntime runs a step of a 50-unit layer in about a microsecond, a numpy
 call alone costs half of one.

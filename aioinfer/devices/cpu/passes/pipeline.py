@@ -1,4 +1,5 @@
-"""The order in which passes run when a model is compiled."""
+"""The order in which the CPU device's passes (and the shared ones) run when a model is
+compiled."""
 
 from __future__ import annotations
 
@@ -7,26 +8,26 @@ from collections.abc import Mapping
 import onnx_ir as ir
 from onnx_ir.passes import common
 
+from aioinfer.devices.cpu.passes.fold_hardswish_scale import FoldHardSwishScalePass
+from aioinfer.devices.cpu.passes.fold_one_hot import FoldOneHotMatMulPass
+from aioinfer.devices.cpu.passes.fold_transpose import FoldTransposePass
+from aioinfer.devices.cpu.passes.fuse_activation import FuseActivationPass
+from aioinfer.devices.cpu.passes.fuse_attention import FuseAttentionPass
+from aioinfer.devices.cpu.passes.fuse_counters import FuseCountersPass
+from aioinfer.devices.cpu.passes.fuse_gelu import FuseGeluPass
+from aioinfer.devices.cpu.passes.fuse_gru_cell import FuseGRUGatesPass
+from aioinfer.devices.cpu.passes.fuse_layernorm import FuseLayerNormPass
+from aioinfer.devices.cpu.passes.fuse_lstm_stack import FuseLSTMStackPass
+from aioinfer.devices.cpu.passes.fuse_slice_assign import FuseSliceAssignPass
+from aioinfer.devices.cpu.passes.matmul_add import FuseMatMulAddPass
+from aioinfer.devices.cpu.passes.prepack_weights import PrepackWeightsPass
 from aioinfer.transforms.constant_folding import ConstantFoldingPass, Evaluator
 from aioinfer.transforms.eliminate_noops import EliminateNoOpsPass
 from aioinfer.transforms.fold_batchnorm import FoldBatchNormPass
-from aioinfer.transforms.fold_hardswish_scale import FoldHardSwishScalePass
-from aioinfer.transforms.fold_one_hot import FoldOneHotMatMulPass
 from aioinfer.transforms.fold_qdq import FoldQuantizedWeightsPass
 from aioinfer.transforms.fold_shapes import FoldShapesPass
-from aioinfer.transforms.fold_transpose import FoldTransposePass
-from aioinfer.transforms.fuse_activation import FuseActivationPass
-from aioinfer.transforms.fuse_attention import FuseAttentionPass
-from aioinfer.transforms.fuse_counters import FuseCountersPass
-from aioinfer.transforms.fuse_gelu import FuseGeluPass
-from aioinfer.transforms.fuse_gru_cell import FuseGRUGatesPass
-from aioinfer.transforms.fuse_layernorm import FuseLayerNormPass
-from aioinfer.transforms.fuse_lstm_stack import FuseLSTMStackPass
-from aioinfer.transforms.fuse_slice_assign import FuseSliceAssignPass
 from aioinfer.transforms.loop_invariants import HoistLoopInvariantsPass, LoopInvariantsPass
 from aioinfer.transforms.make_stateful import MakeStatefulPass, SizeStatesPass
-from aioinfer.transforms.matmul_add import FuseMatMulAddPass
-from aioinfer.transforms.prepack_weights import PrepackWeightsPass
 from aioinfer.transforms.subgraphs import SubgraphsPass
 
 
