@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import aioinfer.transforms
 
 SHARED = Path(aioinfer.transforms.__file__).parent
@@ -34,3 +36,18 @@ def test_the_shared_passes_import_no_device() -> None:
 def test_only_the_rewrite_base_names_the_aioinfer_domain() -> None:
     naming = {p.name for p in SHARED.glob("*.py") if "AIOINFER_DOMAIN" in _names(p)}
     assert naming == {"rewrite.py"}
+
+
+def test_the_former_path_of_the_cpu_pipeline_still_gives_it_and_warns() -> None:
+    from aioinfer.devices.cpu.passes.pipeline import compile_passes
+
+    with pytest.warns(DeprecationWarning, match=r"aioinfer\.devices\.cpu\.passes\.pipeline"):
+        from aioinfer.transforms.pipelines import compile_passes as former
+    assert former is compile_passes
+
+
+def test_the_former_pipeline_module_names_what_it_lacks() -> None:
+    import aioinfer.transforms.pipelines as former
+
+    with pytest.raises(AttributeError, match="folding_passes"):
+        former.folding_passes  # noqa: B018
