@@ -19,7 +19,7 @@ from typing import Any, Generic, Protocol, TypeGuard, TypeVar
 
 import onnx_ir as ir
 
-from aioinfer.transforms.rewrite import AIOINFER_DOMAIN, is_op
+from aioinfer.transforms.rewrite import AIOINFER_DOMAIN, is_op, producer
 
 DOMAIN = AIOINFER_DOMAIN
 """The domain of the operators below."""
@@ -41,8 +41,9 @@ class Attribute(Generic[T]):
     default: T | None = None
 
     def __call__(self, value: T) -> ir.Attr:
-        """The IR attribute of this name and type holding ``value``."""
-        return ir.Attr(self.name, self.type, value)
+        """The IR attribute of this name and type holding ``value`` (an enum member's
+        value, a plain string, for :class:`Activation`)."""
+        return ir.Attr(self.name, self.type, value.value if isinstance(value, enum.Enum) else value)
 
     def of(self, node: ir.Node) -> ir.Attr | None:
         """The attribute as ``node`` sets it, None when it does not."""
@@ -90,6 +91,11 @@ class Op:
     def matches(self, node: ir.Node | None) -> TypeGuard[ir.Node]:
         """Whether ``node`` is of this operator."""
         return is_op(node, self.name, domain=DOMAIN)
+
+    def producer(self, value: ir.Value | None) -> ir.Node | None:
+        """The node of this operator that produced ``value`` in the graph being
+        rewritten, else None (see :func:`aioinfer.transforms.rewrite.producer`)."""
+        return producer(value, self.name, domain=DOMAIN)
 
 
 class Activation(enum.StrEnum):

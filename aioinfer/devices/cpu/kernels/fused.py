@@ -1,5 +1,6 @@
-"""Fused kernels: aioinfer's own operators (domain ``ai.aioinfer``) that the fusion passes
-put in place of several ONNX nodes (see :mod:`aioinfer.transforms`).
+"""Fused kernels: the CPU device's own operators (domain ``ai.aioinfer``, declared in
+:mod:`aioinfer.devices.cpu.ops`) that its fusion passes (:mod:`aioinfer.devices.cpu.passes`)
+put in place of several ONNX nodes.
 
 - ``FusedConv(X, W, B?, Z?)``: Conv attributes, then ``+ Z`` (a residual) and an
   activation, in place on the convolution's output.
