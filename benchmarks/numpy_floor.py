@@ -182,7 +182,7 @@ def _recurrent(x: tuple[int, ...], y: tuple[int, ...], gates: int, stacked: bool
 
 def stacked(found: list[Product]) -> list[bool]:
     """Per product, whether it is a forward LSTM layer right after another over the same
-    steps and batch (a stack :mod:`aioinfer.transforms.fuse_lstm_stack` fuses)."""
+    steps and batch (a stack :mod:`aioinfer.devices.cpu.passes.fuse_lstm_stack` fuses)."""
     flags = []
     below: Product | None = None
     for product in found:

@@ -1,1 +1,4 @@
-"""Passes over the IR: ours, one per module; :mod:`.pipelines` orders them with onnx-ir's."""
+"""Passes over the IR that any device's compiler may run (folding, no-op elimination,
+subgraphs, loop invariants, make-stateful), one per module, and :mod:`.rewrite`, what
+passes share. A device's own passes live with it (the CPU's in
+:mod:`aioinfer.devices.cpu.passes`)."""

@@ -10,9 +10,9 @@ import onnx_ir as ir
 
 import aioinfer as ai
 from aioinfer.devices.cpu.compiler import evaluate_node
+from aioinfer.devices.cpu.passes.fuse_activation import FuseActivationPass
 from aioinfer.transforms.constant_folding import ConstantFoldingPass
 from aioinfer.transforms.fold_batchnorm import FoldBatchNormPass
-from aioinfer.transforms.fuse_activation import FuseActivationPass
 from aioinfer.transforms.subgraphs import SubgraphsPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import assert_close, run_compiled, run_reference

@@ -15,6 +15,7 @@ from aioinfer.devices.cpu.compiler import evaluate_node, lower
 from aioinfer.devices.cpu.inline import CPU_INLINE_RUN_US, cpu_run_times
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
 from aioinfer.devices.cpu.kernels.registry import find_kernel
+from aioinfer.devices.cpu.passes.pipeline import compile_passes
 from aioinfer.devices.cpu.request import CPUInferRequest
 from aioinfer.errors import (
     AioinferError,
@@ -52,7 +53,6 @@ from aioinfer.properties import (
     num_cores,
 )
 from aioinfer.transforms.make_stateful import stateful_pairs, variable_shapes
-from aioinfer.transforms.pipelines import compile_passes
 
 ACTIVATION_MEMORY_BYTES = Property(
     "ACTIVATION_MEMORY_BYTES",

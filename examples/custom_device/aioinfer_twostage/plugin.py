@@ -20,6 +20,7 @@ import onnx_ir as ir
 
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
 from aioinfer.devices.cpu.kernels.parallel import set_intra_op_threads
+from aioinfer.devices.cpu.passes.pipeline import compile_passes
 from aioinfer.devices.cpu.plugin import CPUPlugin
 from aioinfer.model import Model, Port
 from aioinfer.plugin import CompiledModel, Executor, Plugin, SyncInferRequest, ThreadExecutor
@@ -40,7 +41,6 @@ from aioinfer.properties import (
     declare,
     num_cores,
 )
-from aioinfer.transforms.pipelines import compile_passes
 from aioinfer_twostage.request import TwoStageInferRequest
 
 

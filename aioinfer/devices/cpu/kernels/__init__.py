@@ -8,6 +8,7 @@ from aioinfer.devices.cpu.kernels import (  # noqa: F401  (import registers the 
     attention,
     controlflow,
     conv,
+    conv_transpose,
     decoding,
     detection,
     elementwise,

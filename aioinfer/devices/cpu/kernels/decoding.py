@@ -5,14 +5,16 @@ every node of its body on every iteration; the fusion passes turn its bookkeepin
 into one node each:
 
 - ``SliceAssign(data, value, start, end)`` with ``axis`` (see
-  :mod:`aioinfer.transforms.fuse_slice_assign`): a copy of ``data`` with
+  :mod:`aioinfer.devices.cpu.passes.fuse_slice_assign`): a copy of ``data`` with
   ``value`` (unsqueezed at ``axis``, broadcast) written into ``data[.., start:min(end,
   len), ..]`` along ``axis`` — paddle2onnx's tensor-array write, sixteen nodes.
-- ``GRUGates(gx, gh, h)`` with ``hidden_size`` (see :mod:`aioinfer.transforms.fuse_gru_cell`):
-  the gates of a GRU cell from its two projections (reset, update, candidate thirds of
-  the last axis): ``(h - c) * z + c`` with ``c = tanh(gx2 + r * gh2)``, twelve nodes.
-- ``CastAdd(x)`` with ``offset`` and ``to`` (see :mod:`aioinfer.transforms.fuse_counters`):
-  ``cast(float32(x) + offset, to)``, a counter's ``i + 1`` as paddle2onnx writes it.
+- ``GRUGates(gx, gh, h)`` with ``hidden_size`` (see
+  :mod:`aioinfer.devices.cpu.passes.fuse_gru_cell`): the gates of a GRU cell from its two
+  projections (reset, update, candidate thirds of the last axis): ``(h - c) * z + c``
+  with ``c = tanh(gx2 + r * gh2)``, twelve nodes.
+- ``CastAdd(x)`` with ``offset`` and ``to`` (see
+  :mod:`aioinfer.devices.cpu.passes.fuse_counters`): ``cast(float32(x) + offset, to)``, a
+  counter's ``i + 1`` as paddle2onnx writes it.
 """
 
 from __future__ import annotations
@@ -22,12 +24,9 @@ from typing import Any
 import numpy as np
 import onnx
 
+from aioinfer.devices.cpu import ops
 from aioinfer.devices.cpu.kernels.activations import sigmoid
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
-from aioinfer.transforms.fuse_counters import CAST_ADD
-from aioinfer.transforms.fuse_gru_cell import GRU_GATES
-from aioinfer.transforms.fuse_slice_assign import SLICE_ASSIGN
-from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 
 
 def _bound(value: np.ndarray, name: str) -> int:
@@ -36,14 +35,14 @@ def _bound(value: np.ndarray, name: str) -> int:
     return int(value.reshape(-1)[0])
 
 
-@kernel(SLICE_ASSIGN, domain=AIOINFER_DOMAIN, execution_type="fused")
+@kernel(ops.SLICE_ASSIGN.name, domain=ops.DOMAIN, execution_type="fused")
 def _slice_assign(spec: NodeSpec) -> Kernel:
     """What the ScatterElements of the unfused pattern computes: it writes at the indices
     ``Range(start, m)`` (``m = min(end, len)``) updates shaped like ``Slice(data, start,
     m)``; where those two counts differ (a negative start whose range does not match its
     slice) ScatterElements fails, and so does this kernel. A start at or past the end
     writes nothing."""
-    axis = int(spec.attr("axis"))
+    axis = int(ops.SLICE_AXIS.read(spec))
 
     def run(data: np.ndarray, value: np.ndarray, start: np.ndarray, end: np.ndarray) -> Any:
         length = data.shape[axis]
@@ -65,11 +64,11 @@ def _slice_assign(spec: NodeSpec) -> Kernel:
     return run
 
 
-@kernel(GRU_GATES, domain=AIOINFER_DOMAIN, execution_type="fused")
+@kernel(ops.GRU_GATES.name, domain=ops.DOMAIN, execution_type="fused")
 def _gru_gates(spec: NodeSpec) -> Kernel:
     """The same element-wise operations as the unfused nodes, in the same order (the
     same float results), broadcasting as they do; both sigmoids over one contiguous sum."""
-    hidden = int(spec.attr("hidden_size"))
+    hidden = int(ops.HIDDEN_SIZE.read(spec))
     gates = 2 * hidden
 
     def run(gx: np.ndarray, gh: np.ndarray, h: np.ndarray) -> Any:
@@ -91,11 +90,11 @@ def _gru_gates(spec: NodeSpec) -> Kernel:
     return run
 
 
-@kernel(CAST_ADD, domain=AIOINFER_DOMAIN, execution_type="fused")
+@kernel(ops.CAST_ADD.name, domain=ops.DOMAIN, execution_type="fused")
 def _cast_add(spec: NodeSpec) -> Kernel:
     """The Cast kernels' conversions around the Add kernel's float32 addition."""
-    offset = np.float32(spec.attr("offset"))
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(spec.attr("to"))))
+    offset = np.float32(ops.OFFSET.read(spec))
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(ops.TO.read(spec))))
 
     def run(x: np.ndarray) -> Any:
         return (np.add(x.astype(np.float32), offset).astype(dtype),)

@@ -1,5 +1,6 @@
-"""Fused kernels: aioinfer's own operators (domain ``ai.aioinfer``) that the fusion passes
-put in place of several ONNX nodes (see :mod:`aioinfer.transforms`).
+"""Fused kernels: the CPU device's own operators (domain ``ai.aioinfer``, declared in
+:mod:`aioinfer.devices.cpu.ops`) that its fusion passes (:mod:`aioinfer.devices.cpu.passes`)
+put in place of several ONNX nodes.
 
 - ``FusedConv(X, W, B?, Z?)``: Conv attributes, then ``+ Z`` (a residual) and an
   activation, in place on the convolution's output.
@@ -33,6 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from aioinfer.devices.cpu import ops
 from aioinfer.devices.cpu.kernels.activations import (
     gelu32_chunk,
     gelu_approximate,
@@ -59,7 +61,6 @@ from aioinfer.devices.cpu.kernels.registry import (
     kernel,
     out_kernel,
 )
-from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 
 InPlace = Callable[[np.ndarray], object]
 """An activation applied in place to a float array (what it returns is ignored)."""
@@ -133,7 +134,7 @@ def _hard_swish(y: np.ndarray) -> None:
 def _six_hard_swish(y: np.ndarray) -> None:
     """``6 * HardSwish(y)`` = ``y * (clip(y, -3, 3) + 3)``: a HardSwish whose 1/6 the
     weights of the convolutions reading it took (see
-    :mod:`aioinfer.transforms.fold_hardswish_scale`), one pass fewer."""
+    :mod:`aioinfer.devices.cpu.passes.fold_hardswish_scale`), one pass fewer."""
     gate = np.clip(y, -3.0, 3.0)
     gate += 3.0
     y *= gate
@@ -205,37 +206,37 @@ def activation(spec: NodeSpec) -> InPlace | None:
     Raises:
         ValueError: an unknown activation, or wrong parameters for it.
     """
-    name = spec.attr("activation", "")
-    params = [float(p) for p in spec.attr("activation_params", [])]
+    name = ops.ACTIVATION.read(spec)
+    params = [float(p) for p in ops.ACTIVATION_PARAMS.read(spec)]
     if not name:
         return None
-    if name == "Relu":
+    if name == ops.Activation.RELU:
         return _relu
-    if name == "Sigmoid":
+    if name == ops.Activation.SIGMOID:
         return _sigmoid
-    if name == "Tanh":
+    if name == ops.Activation.TANH:
         return _tanh
-    if name == "Gelu":
+    if name == ops.Activation.GELU:
         return _gelu
-    if name == "GeluTanh":
+    if name == ops.Activation.GELU_TANH:
         return _gelu_tanh
-    if name == "LeakyRelu" and len(params) == 1:
+    if name == ops.Activation.LEAKY_RELU and len(params) == 1:
         alpha = params[0]
         return lambda y: leaky_relu(y, alpha, out=y)
-    if name == "LeakyRelu" and len(params) == 2 and 0 <= params[0] <= 1:
+    if name == ops.Activation.LEAKY_RELU and len(params) == 2 and 0 <= params[0] <= 1:
         alpha, floor = params
         return lambda y: _floored_leaky_relu(y, alpha, floor)
-    if name == "Clip" and len(params) == 2:
+    if name == ops.Activation.CLIP and len(params) == 2:
         low, high = params
         return lambda y: np.clip(y, low, high, out=y)  # both bounds: numpy's fast loop
-    if name == "HardSigmoid" and len(params) == 2:
+    if name == ops.Activation.HARD_SIGMOID and len(params) == 2:
         alpha, beta = params
         return lambda y: _hard_sigmoid(y, alpha, beta)
-    if name == "HardSwish" and not params:
+    if name == ops.Activation.HARD_SWISH and not params:
         return _hard_swish
-    if name == "HardSwish" and params == [6.0]:
+    if name == ops.Activation.HARD_SWISH and params == [ops.HARD_SWISH_SCALE]:
         return _six_hard_swish
-    if name == "Swish" and not params:
+    if name == ops.Activation.SWISH and not params:
         return _swish
     raise ValueError(f"{spec.op_type}: unsupported activation {name!r} with parameters {params}")
 
@@ -309,8 +310,8 @@ def _finish(
     return (y,)
 
 
-def _fused(op_type: str) -> Callable[[KernelFactory], KernelFactory]:
-    return kernel(op_type, since=1, domain=AIOINFER_DOMAIN, execution_type="fused")
+def _fused(op: ops.Op) -> Callable[[KernelFactory], KernelFactory]:
+    return kernel(op.name, since=1, domain=ops.DOMAIN, execution_type="fused")
 
 
 # -- FusedConv --------------------------------------------------------------------------
@@ -318,11 +319,11 @@ def _fused(op_type: str) -> Callable[[KernelFactory], KernelFactory]:
 
 def _clip_bounds(spec: NodeSpec) -> tuple[float, float] | None:
     """The bounds of the node's activation when it is a clip (Relu, Clip), else None."""
-    name = spec.attr("activation", "")
-    params = [float(p) for p in spec.attr("activation_params", [])]
-    if name == "Relu":
+    name = ops.ACTIVATION.read(spec)
+    params = [float(p) for p in ops.ACTIVATION_PARAMS.read(spec)]
+    if name == ops.Activation.RELU:
         return (0.0, math.inf)
-    if name == "Clip" and len(params) == 2:
+    if name == ops.Activation.CLIP and len(params) == 2:
         return (params[0], params[1])
     return None
 
@@ -355,7 +356,7 @@ def _fused_conv(spec: NodeSpec, planned: bool) -> Kernel:
     return lambda *inputs: run(None, *inputs)
 
 
-@_fused("FusedConv")
+@_fused(ops.FUSED_CONV)
 def fused_conv(spec: NodeSpec) -> Kernel:
     """Conv, plus a residual ``Z`` and an activation."""
     return _fused_conv(spec, planned=False)
@@ -398,7 +399,7 @@ def _fused_gemm(spec: NodeSpec, planned: bool) -> Kernel:
     return lambda *inputs: run(None, *inputs)
 
 
-@_fused("FusedGemm")
+@_fused(ops.FUSED_GEMM)
 def fused_gemm(spec: NodeSpec) -> Kernel:
     """Gemm (2-D, float), plus an activation."""
     return _fused_gemm(spec, planned=False)
@@ -415,9 +416,9 @@ def _last_two_swapped(x: np.ndarray) -> np.ndarray:
 
 
 def _fused_matmul(spec: NodeSpec, planned: bool) -> Kernel:
-    alpha = float(spec.attr("alpha", 1.0))
-    trans_a = bool(spec.attr("transA", 0))
-    trans_b = bool(spec.attr("transB", 0))
+    alpha = float(ops.ALPHA.read(spec))
+    trans_a = bool(ops.TRANS_A.read(spec))
+    trans_b = bool(ops.TRANS_B.read(spec))
     act = activation(spec)
 
     def run(
@@ -437,7 +438,7 @@ def _fused_matmul(spec: NodeSpec, planned: bool) -> Kernel:
     return lambda *inputs: run(None, *inputs)
 
 
-@_fused("FusedMatMul")
+@_fused(ops.FUSED_MATMUL)
 def fused_matmul(spec: NodeSpec) -> Kernel:
     """MatMul with folded transposes, a scale, a bias and an activation."""
     return _fused_matmul(spec, planned=False)
@@ -458,7 +459,7 @@ def _softmax_last(scores: np.ndarray) -> None:
 
 
 def _attention(spec: NodeSpec, planned: bool) -> Kernel:
-    scale = float(spec.attr("scale", 1.0))
+    scale = float(ops.SCALE.read(spec))
 
     def scores_of(q: np.ndarray, kt: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         scores = np.matmul(q, kt)
@@ -512,7 +513,7 @@ def _attention(spec: NodeSpec, planned: bool) -> Kernel:
     return lambda *inputs: run(None, *inputs)
 
 
-@_fused("Attention")
+@_fused(ops.ATTENTION)
 def attention(spec: NodeSpec) -> Kernel:
     """Scaled dot-product attention with an optional additive mask."""
     return _attention(spec, planned=False)
@@ -528,8 +529,8 @@ def attention_into(spec: NodeSpec) -> OutKernel:
 
 
 def _layer_norm(spec: NodeSpec, planned: bool) -> Kernel:
-    axis = int(spec.attr("axis", -1))
-    epsilon = float(spec.attr("epsilon", 1e-5))
+    axis = int(ops.AXIS.read(spec))
+    epsilon = float(ops.EPSILON.read(spec))
     last = axis in (-1, 1)  # for a 2-D input: normalised over its last axis
 
     def run(
@@ -601,7 +602,7 @@ def _layer_norm(spec: NodeSpec, planned: bool) -> Kernel:
     return lambda *inputs: run(None, *inputs)
 
 
-@_fused("LayerNormalization")
+@_fused(ops.LAYER_NORMALIZATION)
 def layer_normalization(spec: NodeSpec) -> Kernel:
     """LayerNormalization (a fused decomposed pattern): only the normalised output."""
     return _layer_norm(spec, planned=False)
@@ -653,7 +654,7 @@ def _gelu_kernel(spec: NodeSpec, planned: bool) -> Kernel:
     return lambda x: run(None, x)
 
 
-@_fused("Gelu")
+@_fused(ops.GELU)
 def gelu(spec: NodeSpec) -> Kernel:
     """GELU with the exact (erf) definition, or with ``approximate="tanh"`` its tanh
     approximation."""
@@ -691,10 +692,10 @@ def _one_hot_matmul(planned: bool) -> Kernel:
     return lambda indices, table: run(None, indices, table)
 
 
-@_fused("OneHotMatMul")
+@_fused(ops.ONE_HOT_MATMUL)
 def one_hot_matmul(spec: NodeSpec) -> Kernel:
     """``MatMul(one_hot(indices), W) (+ bias)`` as a row lookup (see
-    :mod:`aioinfer.transforms.fold_one_hot`): row ``i`` of ``table`` for each index
+    :mod:`aioinfer.devices.cpu.passes.fold_one_hot`): row ``i`` of ``table`` for each index
     ``i`` in ``[0, K)``, its last row (row ``K``) for the others."""
     return _one_hot_matmul(planned=False)
 

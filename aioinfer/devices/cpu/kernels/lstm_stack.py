@@ -2,7 +2,7 @@
 
 Exporters write a multi-layer LSTM as one ``LSTM`` node per layer, each reading the
 previous one's ``Y`` through a ``Squeeze`` of its direction axis
-(:mod:`aioinfer.transforms.fuse_lstm_stack` finds them). Run one after the other, each
+(:mod:`aioinfer.devices.cpu.passes.fuse_lstm_stack` finds them). Run one after the other, each
 layer pays its ten numpy calls per time step, and on small layers those calls are the
 whole cost: onnxruntime runs a step of a 50-unit layer in about a microsecond, a numpy
 call alone costs half of one.
@@ -36,13 +36,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aioinfer.devices.cpu import ops
 from aioinfer.devices.cpu.kernels.conv import compute_dtype
 from aioinfer.devices.cpu.kernels.gru_fast import project_steps
 from aioinfer.devices.cpu.kernels.lstm_loop import lstm_loop
 from aioinfer.devices.cpu.kernels.recurrent import lstm, lstm_fast_weights
 from aioinfer.devices.cpu.kernels.registry import Kernel, NodeSpec, kernel
 from aioinfer.devices.cpu.plan import current_cancel_token
-from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 
 LAYER_INPUTS = 5
 """W, R, B, initial_h, initial_c."""
@@ -184,16 +184,16 @@ def _layer_spec(spec: NodeSpec, k: int, hidden: int, name: str) -> NodeSpec:
 
 
 def _layer_names(spec: NodeSpec) -> list[str]:
-    hiddens = spec.attr("hidden_sizes")
-    names = [str(n) for n in spec.attr("layer_names", [])]
+    hiddens = ops.HIDDEN_SIZES.read(spec)
+    names = [str(n) for n in ops.LAYER_NAMES.read(spec)]
     return names if len(names) == len(hiddens) else [f"layer {k + 1}" for k in range(len(hiddens))]
 
 
-@kernel("LSTMStack", since=1, domain=AIOINFER_DOMAIN, execution_type="fused")
+@kernel(ops.LSTM_STACK.name, since=1, domain=ops.DOMAIN, execution_type="fused")
 def lstm_stack(spec: NodeSpec) -> Kernel:
     """The LSTM layers of the node, as one wavefront when their weights are constant and
     the wave pays (see the module's docstring), else one after the other."""
-    hiddens = [int(h) for h in spec.attr("hidden_sizes")]
+    hiddens = [int(h) for h in ops.HIDDEN_SIZES.read(spec)]
     layers = len(hiddens)
     names = _layer_names(spec)
     runs = [lstm(_layer_spec(spec, k, hidden, names[k])) for k, hidden in enumerate(hiddens)]

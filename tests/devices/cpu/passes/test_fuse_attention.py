@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx.helper as oh
 
-from aioinfer.transforms.fuse_attention import FuseAttentionPass
+from aioinfer.devices.cpu.passes.fuse_attention import FuseAttentionPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import (
     applied,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     constant,
     initializer,
@@ -91,12 +91,9 @@ class FuseLayerNormPass(RewritePass):
                 return False
             dtype = x.dtype.numpy() if x is not None and x.dtype is not None else np.float32
             scale = initializer(graph, f"{node.name or 'layernorm'}.scale", np.ones(width, dtype))
-        fused = ir.Node(
-            AIOINFER_DOMAIN,
-            "LayerNormalization",
+        fused = ops.LAYER_NORMALIZATION.node(
             [x, scale, beta[0]] if beta[0] is not None else [x, scale],
-            [ir.AttrInt64("axis", -1), ir.AttrFloat32("epsilon", float(epsilon))],
-            num_outputs=1,
+            [ops.AXIS(-1), ops.EPSILON(float(epsilon))],
             name=node.name,
         )
         replace(graph, [n for n in matched if n is not None], fused, out)

@@ -8,8 +8,8 @@ import numpy as np
 import onnx.helper as oh
 import onnx.numpy_helper as onh
 
-from aioinfer.transforms.fuse_activation import FuseActivationPass
-from aioinfer.transforms.fuse_gelu import FuseGeluPass
+from aioinfer.devices.cpu.passes.fuse_activation import FuseActivationPass
+from aioinfer.devices.cpu.passes.fuse_gelu import FuseGeluPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import (
     applied,

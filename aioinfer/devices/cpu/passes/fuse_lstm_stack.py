@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     constant,
     input_at,
@@ -28,7 +28,6 @@ from aioinfer.transforms.rewrite import (
     stand_for,
 )
 
-STACK = "LSTMStack"
 _DEFAULT_ACTIVATIONS = ["sigmoid", "tanh", "tanh"]
 _STATE_INPUTS = (5, 6)  # initial_h, initial_c
 
@@ -88,12 +87,12 @@ class FuseLSTMStackPass(RewritePass):
             return False
         hidden, input_size = sizes
         y = squeeze.inputs[0]
-        below = producer(y, "LSTM") or producer(y, STACK, domain=AIOINFER_DOMAIN)
+        below = producer(y, "LSTM") or ops.LSTM_STACK.producer(y)
         if below is None or y is not below.outputs[0]:
             return False
         if only_use(y) is not squeeze or not _squeezes_direction(squeeze):
             return False
-        if is_op(below, STACK, domain=AIOINFER_DOMAIN):
+        if ops.LSTM_STACK.matches(below):
             inputs: list[ir.Value | None] = list(below.inputs)
             kept: list[ir.Value | None] = list(below.outputs[1:])
             hiddens = list(below.attributes.get_ints("hidden_sizes", []))
@@ -107,13 +106,11 @@ class FuseLSTMStackPass(RewritePass):
             hiddens, names = [below_sizes[0]], [below.name or ""]
         if input_size != hiddens[-1]:
             return False
-        fused = ir.Node(
-            AIOINFER_DOMAIN,
-            STACK,
+        fused = ops.LSTM_STACK.node(
             [*inputs, *_layer_inputs(node)],
             [
-                ir.AttrInt64s("hidden_sizes", [*hiddens, hidden]),
-                ir.AttrStrings("layer_names", [*names, node.name or ""]),
+                ops.HIDDEN_SIZES([*hiddens, hidden]),
+                ops.LAYER_NAMES([*names, node.name or ""]),
             ],
             num_outputs=2 + len(kept) + 1,
             name=node.name,

@@ -25,15 +25,18 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from aioinfer.transforms.rewrite import AIOINFER_DOMAIN, is_op
+from aioinfer.devices.cpu import ops
+from aioinfer.transforms.rewrite import is_op
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)
 
 
 def _product(node: ir.Node) -> bool:
     """Whether ``node`` is a matrix product whose input 1 is its right operand ``B``."""
-    return is_op(node, "MatMul", "Gemm") or is_op(
-        node, "FusedGemm", "FusedMatMul", domain=AIOINFER_DOMAIN
+    return (
+        is_op(node, "MatMul", "Gemm")
+        or ops.FUSED_GEMM.matches(node)
+        or ops.FUSED_MATMUL.matches(node)
     )
 
 
@@ -42,13 +45,13 @@ def _reads_transposed(node: ir.Node, index: int, rank: int) -> bool:
     ``transB=1`` (and clearing the flag after swapping the last two axes is exact)."""
     if index != 1:
         return False
-    if is_op(node, "Gemm") or is_op(node, "FusedGemm", domain=AIOINFER_DOMAIN):
+    if is_op(node, "Gemm") or ops.FUSED_GEMM.matches(node):
         fits = rank == 2  # another rank is an error the kernel reports at run time
-    elif is_op(node, "FusedMatMul", domain=AIOINFER_DOMAIN):
+    elif ops.FUSED_MATMUL.matches(node):
         fits = rank >= 2
     else:
         return False
-    flag = node.attributes.get("transB")
+    flag = ops.TRANS_B.of(node)  # Gemm's transB too
     return fits and flag is not None and flag.as_int() == 1
 
 
@@ -71,7 +74,7 @@ class PrepackWeightsPass(ir.passes.InPlacePass):
             if all(_reads_transposed(node, index, array.ndim) for node, index in uses):
                 packed = np.ascontiguousarray(np.swapaxes(array, -1, -2))
                 for node, _ in uses:
-                    node.attributes["transB"] = ir.AttrInt64("transB", 0)
+                    node.attributes[ops.TRANS_B.name] = ops.TRANS_B(0)
             elif not array.flags.c_contiguous:
                 packed = np.ascontiguousarray(array)
             else:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     is_op,
     only_use,
@@ -68,13 +68,6 @@ class FuseAttentionPass(RewritePass):
             return False
         q, kt = product.inputs
         inputs = [q, kt, out.inputs[1]] + ([mask] if mask is not None else [])
-        fused = ir.Node(
-            AIOINFER_DOMAIN,
-            "Attention",
-            inputs,
-            [ir.AttrFloat32("scale", scale)],
-            num_outputs=1,
-            name=node.name,
-        )
+        fused = ops.ATTENTION.node(inputs, [ops.SCALE(scale)], name=node.name)
         replace(graph, [product, *reversed(matched), node, out], fused, out.outputs[0])
         return True

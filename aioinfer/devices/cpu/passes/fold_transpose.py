@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     is_op,
     producer,
@@ -37,22 +37,23 @@ class FoldTransposePass(RewritePass):
     """Transposes of the last two axes feeding MatMul/FusedMatMul/Gemm become flags."""
 
     def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
-        fused = is_op(node, "FusedMatMul", domain=AIOINFER_DOMAIN)
+        fused = ops.FUSED_MATMUL.matches(node)
         if not (is_op(node, "MatMul", "Gemm") or fused):
             return False
-        for index, flag in ((0, "transA"), (1, "transB")):
+        for index, flag in ((0, ops.TRANS_A), (1, ops.TRANS_B)):
             operand = node.inputs[index]
             transpose = producer(operand, "Transpose")
             if transpose is None or not single_use(operand) or not _swaps_last_two(transpose):
                 continue
             inputs = list(node.inputs)
             inputs[index] = transpose.inputs[0]
-            attrs = {name: attr for name, attr in node.attributes.items() if name not in (flag,)}
-            attrs[flag] = ir.AttrInt64(flag, 1 - _flag(node, flag))
-            domain = "" if node.op_type == "Gemm" else AIOINFER_DOMAIN
-            op_type = "Gemm" if node.op_type == "Gemm" else "FusedMatMul"
-            folded = ir.Node(
-                domain, op_type, inputs, list(attrs.values()), num_outputs=1, name=node.name
+            # Gemm's transA/transB are FusedMatMul's: the same names, the same meaning.
+            attrs = {name: attr for name, attr in node.attributes.items() if name != flag.name}
+            attrs[flag.name] = flag(1 - _flag(node, flag.name))
+            folded = (
+                ir.Node("", "Gemm", inputs, list(attrs.values()), num_outputs=1, name=node.name)
+                if node.op_type == "Gemm"
+                else ops.FUSED_MATMUL.node(inputs, attrs.values(), name=node.name)
             )
             replace(graph, [transpose, node], folded, node.outputs[0])
             return True

@@ -25,8 +25,8 @@ from typing import TypeGuard
 
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     fed_by,
     input_at,
@@ -37,7 +37,6 @@ from aioinfer.transforms.rewrite import (
     replace,
 )
 
-SLICE_ASSIGN = "SliceAssign"
 """The fused operator: ``SliceAssign(data, value, start, end)`` with an ``axis``."""
 
 
@@ -92,13 +91,8 @@ class FuseSliceAssignPass(RewritePass):
         if matched is None:
             return False
         nodes, value, start, end = matched
-        fused = ir.Node(
-            AIOINFER_DOMAIN,
-            SLICE_ASSIGN,
-            [arr, value, start, end],
-            [ir.AttrInt64("axis", axis)],
-            num_outputs=1,
-            name=node.name,
+        fused = ops.SLICE_ASSIGN.node(
+            [arr, value, start, end], [ops.SLICE_AXIS(axis)], name=node.name
         )
         replace(graph, [*nodes, node], fused, node.outputs[0])
         return True

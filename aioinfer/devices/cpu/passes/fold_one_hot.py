@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     constant,
     fed_by,
@@ -112,12 +112,8 @@ class FoldOneHotMatMulPass(RewritePass):
                 table = table + bias  # the product's rows plus the bias, as at run time
                 nodes, out = [*nodes, add], add.outputs[0]
         name = node.name or "one_hot_matmul"
-        lookup = ir.Node(
-            AIOINFER_DOMAIN,
-            "OneHotMatMul",
-            [indices, initializer(graph, f"{name}.table", table)],
-            num_outputs=1,
-            name=node.name,
+        lookup = ops.ONE_HOT_MATMUL.node(
+            [indices, initializer(graph, f"{name}.table", table)], name=node.name
         )
         replace(graph, nodes, lookup, out)
         return True

@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     constant,
     grows_rank,
@@ -38,33 +38,35 @@ from aioinfer.transforms.rewrite import (
 )
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)
-_FUSED_OF = {"Conv": "FusedConv", "Gemm": "FusedGemm", "MatMul": "FusedMatMul"}
+_FUSED_OF = {"Conv": ops.FUSED_CONV, "Gemm": ops.FUSED_GEMM, "MatMul": ops.FUSED_MATMUL}
+_FUSED = tuple(op.name for op in _FUSED_OF.values())
 
 
-def _activation(node: ir.Node) -> tuple[str, list[float]] | None:
+def _activation(node: ir.Node) -> tuple[ops.Activation, list[float]] | None:
     """The activation ``node`` computes (name, parameters), if the fused kernels have it."""
     if is_op(node, "Relu", "Sigmoid", "Tanh"):
-        return node.op_type, []
-    if is_op(node, "Gelu") or is_op(node, "Gelu", domain=AIOINFER_DOMAIN):
-        approximate = node.attributes.get("approximate")
+        return ops.Activation(node.op_type), []
+    if is_op(node, "Gelu") or ops.GELU.matches(node):
+        approximate = ops.APPROXIMATE.of(node)  # the same attribute as ONNX Gelu's
         form = "none" if approximate is None else approximate.as_string()
-        return {"none": ("Gelu", []), "tanh": ("GeluTanh", [])}.get(form)
+        forms = {"none": ops.Activation.GELU, "tanh": ops.Activation.GELU_TANH}
+        return None if form not in forms else (forms[form], [])
     if is_op(node, "LeakyRelu"):
         alpha = node.attributes.get("alpha")
-        return "LeakyRelu", [0.01 if alpha is None else alpha.as_float()]
+        return ops.Activation.LEAKY_RELU, [0.01 if alpha is None else alpha.as_float()]
     if is_op(node, "HardSigmoid"):
         alpha, beta = node.attributes.get("alpha"), node.attributes.get("beta")
-        return "HardSigmoid", [
+        return ops.Activation.HARD_SIGMOID, [
             0.2 if alpha is None else alpha.as_float(),
             0.5 if beta is None else beta.as_float(),
         ]
     if is_op(node, "HardSwish"):
-        return "HardSwish", []
+        return ops.Activation.HARD_SWISH, []
     if is_op(node, "Clip"):
         if "min" in node.attributes or "max" in node.attributes:  # opset < 11
             low_attr = node.attributes.get("min")
             high_attr = node.attributes.get("max")
-            return "Clip", [
+            return ops.Activation.CLIP, [
                 float(np.finfo(np.float32).min) if low_attr is None else low_attr.as_float(),
                 float(np.finfo(np.float32).max) if high_attr is None else high_attr.as_float(),
             ]
@@ -73,7 +75,7 @@ def _activation(node: ir.Node) -> tuple[str, list[float]] | None:
         if any(v is None and b is not None for v, b in zip(values, bounds)):
             return None
         low, high = values
-        return "Clip", [
+        return ops.Activation.CLIP, [
             float(np.finfo(np.float32).min) if low is None else low,
             float(np.finfo(np.float32).max) if high is None else high,
         ]
@@ -86,9 +88,7 @@ def _fusable(node: ir.Node | None) -> bool:
         return False
     if is_op(node, *_FUSED_OF):
         return True
-    return is_op(node, *_FUSED_OF.values(), domain=AIOINFER_DOMAIN) and (
-        "activation" not in node.attributes
-    )
+    return is_op(node, *_FUSED, domain=ops.DOMAIN) and ops.ACTIVATION.of(node) is None
 
 
 def _only_source(x: ir.Value, readers: set[int]) -> ir.Node | None:
@@ -103,12 +103,10 @@ def _only_source(x: ir.Value, readers: set[int]) -> ir.Node | None:
 
 
 def _fused_node(source: ir.Node, inputs: list[ir.Value | None], extra: list[ir.Attr]) -> ir.Node:
-    op_type = _FUSED_OF.get(source.op_type, source.op_type)
+    op = _FUSED_OF.get(source.op_type) or ops.OPS[source.op_type]
     attrs = {a.name: a for a in source.attributes.values()}
     attrs.update({a.name: a for a in extra})
-    return ir.Node(
-        AIOINFER_DOMAIN, op_type, inputs, list(attrs.values()), num_outputs=1, name=source.name
-    )
+    return op.node(inputs, attrs.values(), name=source.name)
 
 
 class FuseActivationPass(RewritePass):
@@ -136,9 +134,9 @@ class FuseActivationPass(RewritePass):
             return False
         assert source is not None
         name, params = act
-        extra = [ir.AttrString("activation", name)]
+        extra = [ops.ACTIVATION(name)]
         if params:
-            extra.append(ir.AttrFloat32s("activation_params", params))
+            extra.append(ops.ACTIVATION_PARAMS(params))
         replace(
             graph, [source, node], _fused_node(source, list(source.inputs), extra), node.outputs[0]
         )
@@ -147,7 +145,7 @@ class FuseActivationPass(RewritePass):
     def _add(self, graph: ir.Graph, node: ir.Node) -> bool:
         for index in (0, 1):
             value, other = node.inputs[index], node.inputs[1 - index]
-            conv = producer(value, "Conv") or producer(value, "FusedConv", domain=AIOINFER_DOMAIN)
+            conv = producer(value, "Conv") or ops.FUSED_CONV.producer(value)
             if conv is None or not single_use(value) or other is value or not _fusable(conv):
                 continue
             if len(conv.inputs) > 3:  # already has a residual
@@ -158,7 +156,7 @@ class FuseActivationPass(RewritePass):
                 inputs[2] = bias
                 fused = (
                     _fused_node(conv, inputs, [])
-                    if conv.domain == AIOINFER_DOMAIN
+                    if ops.FUSED_CONV.matches(conv)
                     else ir.Node(
                         "",
                         "Conv",
@@ -196,9 +194,8 @@ class FuseActivationPass(RewritePass):
             ):
                 continue
             assert source is not None
-            fused = _fused_node(
-                source, list(source.inputs), [ir.AttrString("activation", "HardSwish")]
-            )
+            extra = [ops.ACTIVATION(ops.Activation.HARD_SWISH)]
+            fused = _fused_node(source, list(source.inputs), extra)
             replace(graph, [source, hard_sigmoid, node], fused, node.outputs[0])
             return True
         return False
@@ -215,7 +212,8 @@ class FuseActivationPass(RewritePass):
             source = _only_source(x, {id(sigmoid), id(node)})
             if source is None:
                 continue
-            fused = _fused_node(source, list(source.inputs), [ir.AttrString("activation", "Swish")])
+            extra = [ops.ACTIVATION(ops.Activation.SWISH)]
+            fused = _fused_node(source, list(source.inputs), extra)
             replace(graph, [source, sigmoid, node], fused, node.outputs[0])
             return True
         return False
@@ -238,7 +236,11 @@ class FuseActivationPass(RewritePass):
             for index in (0, 1):
                 x, gate = mul.inputs[index], mul.inputs[1 - index]
                 clip = producer(gate, "Clip")
-                if clip is None or not single_use(gate) or _activation(clip) != ("Clip", [0, 6]):
+                if (
+                    clip is None
+                    or not single_use(gate)
+                    or _activation(clip) != (ops.Activation.CLIP, [0, 6])
+                ):
                     continue
                 shifted = clip.inputs[0]
                 add = producer(shifted, "Add")
@@ -250,9 +252,8 @@ class FuseActivationPass(RewritePass):
                 source = _only_source(x, {id(add), id(mul)})
                 if source is None:
                     continue
-                fused = _fused_node(
-                    source, list(source.inputs), [ir.AttrString("activation", "HardSwish")]
-                )
+                extra = [ops.ACTIVATION(ops.Activation.HARD_SWISH)]
+                fused = _fused_node(source, list(source.inputs), extra)
                 replace(graph, [source, add, clip, mul, node], fused, node.outputs[0])
                 return True
         return False
@@ -265,21 +266,21 @@ class FuseActivationPass(RewritePass):
         activation's parameters as a floor, applied on the product as it is made."""
         for index in (0, 1):
             value, floor = node.inputs[index], node.inputs[1 - index]
-            source = producer(value, *_FUSED_OF.values(), domain=AIOINFER_DOMAIN)
+            source = producer(value, *_FUSED, domain=ops.DOMAIN)
             bound = scalar(floor)
             array = constant(floor)
             if source is None or bound is None or array is None or not single_use(value):
                 continue
             if grows_rank(array, value):
                 continue  # the Max would grow the product's rank
-            name = source.attributes.get("activation")
-            params = source.attributes.get("activation_params")
-            if name is None or name.as_string() != "LeakyRelu" or params is None:
+            name = ops.ACTIVATION.of(source)
+            params = ops.ACTIVATION_PARAMS.of(source)
+            if name is None or name.as_string() != ops.Activation.LEAKY_RELU or params is None:
                 continue
             alphas = list(params.as_floats())
             if len(alphas) != 1 or not 0 <= alphas[0] <= 1:
                 continue
-            extra = [ir.AttrFloat32s("activation_params", [alphas[0], bound])]
+            extra = [ops.ACTIVATION_PARAMS([alphas[0], bound])]
             fused = _fused_node(source, list(source.inputs), extra)
             replace(graph, [source, node], fused, node.outputs[0])
             return True

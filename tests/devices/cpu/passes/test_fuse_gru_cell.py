@@ -7,7 +7,7 @@ import onnx
 import onnx.helper as oh
 import pytest
 
-from aioinfer.transforms.fuse_gru_cell import FuseGRUGatesPass
+from aioinfer.devices.cpu.passes.fuse_gru_cell import FuseGRUGatesPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import (
     applied,

@@ -20,8 +20,8 @@ import math
 
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     constant,
     fed_by,
@@ -105,7 +105,7 @@ class FuseGeluPass(RewritePass):
         if matched is None:
             return False
         nodes, out = matched
-        fused = ir.Node(AIOINFER_DOMAIN, "Gelu", [x], num_outputs=1, name=node.name)
+        fused = ops.GELU.node([x], name=node.name)
         replace(graph, [scaler, node, add, *nodes], fused, out)
         return True
 
@@ -169,14 +169,7 @@ class FuseGeluPass(RewritePass):
         constants += [factor, other_input(one_plus, tanh.outputs[0]), *tail_constants]
         if not _fits(x, constants):
             return False
-        fused = ir.Node(
-            AIOINFER_DOMAIN,
-            "Gelu",
-            [x],
-            [ir.AttrString("approximate", "tanh")],
-            num_outputs=1,
-            name=tanh.name,
-        )
+        fused = ops.GELU.node([x], [ops.APPROXIMATE("tanh")], name=tanh.name)
         replace(graph, [*nodes, add, scaler, tanh, one_plus, *tail_nodes], fused, out)
         return True
 

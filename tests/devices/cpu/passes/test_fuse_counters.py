@@ -8,7 +8,7 @@ import onnx
 import onnx.helper as oh
 import pytest
 
-from aioinfer.transforms.fuse_counters import FuseCountersPass
+from aioinfer.devices.cpu.passes.fuse_counters import FuseCountersPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import (
     applied,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     constant,
     is_op,
@@ -32,22 +32,15 @@ class FuseMatMulAddPass(RewritePass):
         for index in (0, 1):
             product = node.inputs[index]
             bias = node.inputs[1 - index]
-            matmul = producer(product, "MatMul") or producer(
-                product, "FusedMatMul", domain=AIOINFER_DOMAIN
-            )
+            matmul = producer(product, "MatMul") or ops.FUSED_MATMUL.producer(product)
             if matmul is None or not single_use(product) or product is bias:
                 continue
             if product is None or product.dtype not in (None, *_FLOATS) or len(matmul.inputs) > 2:
                 continue
-            if "activation" in matmul.attributes:
+            if ops.ACTIVATION.of(matmul) is not None:
                 continue
-            fused = self._gemm(matmul, bias) or ir.Node(
-                AIOINFER_DOMAIN,
-                "FusedMatMul",
-                [*matmul.inputs, bias],
-                list(matmul.attributes.values()),
-                num_outputs=1,
-                name=matmul.name,
+            fused = self._gemm(matmul, bias) or ops.FUSED_MATMUL.node(
+                [*matmul.inputs, bias], matmul.attributes.values(), name=matmul.name
             )
             replace(graph, [matmul, node], fused, node.outputs[0])
             return True

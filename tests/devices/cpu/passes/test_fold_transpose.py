@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx.helper as oh
 
-from aioinfer.transforms.fold_transpose import FoldTransposePass
+from aioinfer.devices.cpu.passes.fold_transpose import FoldTransposePass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import (
     applied,

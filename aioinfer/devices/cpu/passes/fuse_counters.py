@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     constant,
     defined_in,
@@ -34,7 +34,6 @@ from aioinfer.transforms.rewrite import (
 )
 from aioinfer.transforms.subgraphs import SUBGRAPH_KEY
 
-CAST_ADD = "CastAdd"
 """The fused operator: ``CastAdd(x)`` with ``offset`` (float32) and ``to`` (an integer
 TensorProto type): ``cast(float32(x) + offset, to)``."""
 
@@ -125,14 +124,7 @@ class FuseCountersPass(RewritePass):
             output.replace_all_uses_with(twin.outputs[0], replace_graph_outputs=True)
             graph.remove([node, add, cast], safe=True)
             return True
-        fused = ir.Node(
-            AIOINFER_DOMAIN,
-            CAST_ADD,
-            [x],
-            [ir.AttrFloat32("offset", value), ir.AttrInt64("to", int(to))],
-            num_outputs=1,
-            name=node.name,
-        )
+        fused = ops.CAST_ADD.node([x], [ops.OFFSET(value), ops.TO(int(to))], name=node.name)
         replace(graph, [cast, add, node], fused, output)
         return True
 
@@ -145,10 +137,10 @@ class FuseCountersPass(RewritePass):
             if other is node:
                 return None
             if (
-                is_op(other, CAST_ADD, domain=AIOINFER_DOMAIN)
+                ops.CAST_ADD.matches(other)
                 and other.inputs[0] is x
-                and other.attributes["offset"].as_float() == offset
-                and other.attributes["to"].as_int() == int(to)
+                and other.attributes[ops.OFFSET.name].as_float() == offset
+                and other.attributes[ops.TO.name].as_int() == int(to)
             ):
                 return other
         return None

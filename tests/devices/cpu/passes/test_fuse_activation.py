@@ -6,7 +6,7 @@ import numpy as np
 import onnx.helper as oh
 import pytest
 
-from aioinfer.transforms.fuse_activation import FuseActivationPass
+from aioinfer.devices.cpu.passes.fuse_activation import FuseActivationPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import (
     applied,

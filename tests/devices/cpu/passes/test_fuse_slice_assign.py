@@ -7,8 +7,8 @@ import onnx
 import onnx.helper as oh
 import pytest
 
+from aioinfer.devices.cpu.passes.fuse_slice_assign import FuseSliceAssignPass
 from aioinfer.errors import InferenceError
-from aioinfer.transforms.fuse_slice_assign import FuseSliceAssignPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import (
     applied,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx.helper as oh
 
-from aioinfer.transforms.fuse_layernorm import FuseLayerNormPass
+from aioinfer.devices.cpu.passes.fuse_layernorm import FuseLayerNormPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import (
     applied,

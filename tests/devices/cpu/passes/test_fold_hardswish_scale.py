@@ -10,8 +10,8 @@ import onnx.helper as oh
 import onnx_ir as ir
 import pytest
 
-from aioinfer.transforms.fold_hardswish_scale import FoldHardSwishScalePass
-from aioinfer.transforms.fuse_activation import FuseActivationPass
+from aioinfer.devices.cpu.passes.fold_hardswish_scale import FoldHardSwishScalePass
+from aioinfer.devices.cpu.passes.fuse_activation import FuseActivationPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import applied, assert_close, run_compiled, run_ir, run_reference
 

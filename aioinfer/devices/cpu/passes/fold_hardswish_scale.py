@@ -15,16 +15,14 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from aioinfer.transforms.rewrite import AIOINFER_DOMAIN, RewritePass, constant, initializer, is_op
-
-SCALE = 6.0
-"""The ``activation_params`` of a ``FusedConv`` HardSwish whose 1/6 its readers took."""
+from aioinfer.devices.cpu import ops
+from aioinfer.transforms.rewrite import RewritePass, constant, initializer, is_op
 
 
 def _weights_of_reader(node: ir.Node, value: ir.Value) -> tuple[ir.Value, np.ndarray] | None:
     """The constant float weights (value and array) of ``node`` when it is a convolution
     that reads ``value`` as its input ``X`` only, else None."""
-    if not (is_op(node, "Conv") or is_op(node, "FusedConv", domain=AIOINFER_DOMAIN)):
+    if not (is_op(node, "Conv") or ops.FUSED_CONV.matches(node)):
         return None
     inputs = list(node.inputs)
     if len(inputs) < 2 or inputs[0] is not value or any(v is value for v in inputs[1:]):
@@ -40,12 +38,12 @@ class FoldHardSwishScalePass(RewritePass):
     leaves its 1/6 to their weights."""
 
     def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
-        if not is_op(node, "FusedConv", domain=AIOINFER_DOMAIN):
+        if not ops.FUSED_CONV.matches(node):
             return False
-        activation = node.attributes.get("activation")
-        if activation is None or activation.as_string() != "HardSwish":
+        activation = ops.ACTIVATION.of(node)
+        if activation is None or activation.as_string() != ops.Activation.HARD_SWISH:
             return False
-        if "activation_params" in node.attributes:
+        if ops.ACTIVATION_PARAMS.of(node) is not None:
             return False  # already folded
         output = node.outputs[0]
         readers = list(dict.fromkeys(use.node for use in output.uses()))
@@ -58,7 +56,7 @@ class FoldHardSwishScalePass(RewritePass):
                 return False
             scaled.append((reader, *found))
         for reader, value, weights in scaled:  # each its own copy: W may be shared
-            sixth = weights / weights.dtype.type(SCALE)
+            sixth = weights / weights.dtype.type(ops.HARD_SWISH_SCALE)
             reader.replace_input_with(1, initializer(graph, f"{value.name}_sixth", sixth))
-        node.attributes["activation_params"] = ir.AttrFloat32s("activation_params", [SCALE])
+        node.attributes[ops.ACTIVATION_PARAMS.name] = ops.ACTIVATION_PARAMS([ops.HARD_SWISH_SCALE])
         return True

@@ -12,9 +12,9 @@ import onnx.helper as oh
 import onnx_ir as ir
 
 import aioinfer as ai
-from aioinfer.transforms.fold_transpose import FoldTransposePass
-from aioinfer.transforms.fuse_activation import FuseActivationPass
-from aioinfer.transforms.prepack_weights import PrepackWeightsPass
+from aioinfer.devices.cpu.passes.fold_transpose import FoldTransposePass
+from aioinfer.devices.cpu.passes.fuse_activation import FuseActivationPass
+from aioinfer.devices.cpu.passes.prepack_weights import PrepackWeightsPass
 from aioinfer.transforms.rewrite import AIOINFER_DOMAIN
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import (

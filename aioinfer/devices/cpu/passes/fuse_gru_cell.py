@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from aioinfer.devices.cpu import ops
 from aioinfer.transforms.rewrite import (
-    AIOINFER_DOMAIN,
     RewritePass,
     fed_by,
     input_at,
@@ -29,7 +29,6 @@ from aioinfer.transforms.rewrite import (
     replace,
 )
 
-GRU_GATES = "GRUGates"
 """The fused operator: ``GRUGates(gx, gh, h)`` with ``hidden_size``."""
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
@@ -100,14 +99,7 @@ class FuseGRUGatesPass(RewritePass):
             matched = self._match(node, product, c)
             if matched is not None:
                 nodes, inputs, hidden = matched
-                fused = ir.Node(
-                    AIOINFER_DOMAIN,
-                    GRU_GATES,
-                    inputs,
-                    [ir.AttrInt64("hidden_size", hidden)],
-                    num_outputs=1,
-                    name=node.name,
-                )
+                fused = ops.GRU_GATES.node(inputs, [ops.HIDDEN_SIZE(hidden)], name=node.name)
                 replace(graph, [*nodes, node], fused, node.outputs[0])
                 return True
         return False

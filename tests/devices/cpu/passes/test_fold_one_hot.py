@@ -11,7 +11,7 @@ import onnx.helper as oh
 import onnx.numpy_helper as onh
 import pytest
 
-from aioinfer.transforms.fold_one_hot import FoldOneHotMatMulPass
+from aioinfer.devices.cpu.passes.fold_one_hot import FoldOneHotMatMulPass
 from tests.helpers import make_model, tensor_info
 from tests.transforms._util import applied, op_types, run_compiled, run_ir, run_reference
 
