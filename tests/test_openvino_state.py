@@ -215,3 +215,30 @@ def test_an_unused_state_input_falls_back_to_the_layer_above() -> None:
     assert request.query_state()[0].state.tolist() == [1, 2]
     with pytest.raises(ai.ExportError, match="above the device"):
         compiled.export_model()
+
+
+async def test_a_failed_step_gives_an_int64_variable_back() -> None:
+    # OpenVINO's CPU device hands an int64 variable out as int64 but takes it back only
+    # as int32: the value from before the step must go back in the form it takes.
+    model = make_model(
+        [
+            oh.make_node("Add", ["count_in", "step"], ["count_out"], name="advance"),
+            oh.make_node("Add", ["x", "z"], ["y"], name="late"),
+        ],
+        [
+            tensor_info("step", np.int64, ["n", 1]),
+            tensor_info("count_in", np.int64, ["n", 1]),
+            tensor_info("x", np.float32, ["n", 4]),
+            tensor_info("z", np.float32, ["m", 4]),
+        ],
+        [tensor_info("y", np.float32, ["n", 4]), tensor_info("count_out", np.int64, ["n", 1])],
+    )
+    compiled = ai.Core().compile_model(model, "OPENVINO", {"STATEFUL": {"count_in": "count_out"}})
+    request = compiled.create_infer_request()
+    feeds = {"step": np.full((2, 1), 3, np.int64), "x": np.ones((2, 4), np.float32)}
+    await request.infer({**feeds, "z": np.zeros((2, 4), np.float32)})
+    with pytest.raises(ai.InferenceError, match="OpenVINO"):
+        await request.infer({**feeds, "z": np.zeros((3, 4), np.float32)})
+    assert_same(states(request)["count_in"], np.full((2, 1), 3, np.int64), "after the failure")
+    await request.infer({**feeds, "z": np.zeros((2, 4), np.float32)})
+    assert_same(states(request)["count_in"], np.full((2, 1), 6, np.int64), "the next step")

@@ -163,7 +163,7 @@ class OpenVINOVariables(VariableStore):
                 )
             now = state.state
             if tuple(now.shape) != shape or _address(now) != _address(before):
-                state.state = before
+                state.state = _settable(before)
 
     def _check_and_fill(self) -> None:
         sizes = self._sizes()
@@ -194,6 +194,14 @@ class OpenVINOVariables(VariableStore):
                 )
             array = array.astype(np.int32)
         self._states[variable.name].state = openvino.Tensor(np.ascontiguousarray(array))
+
+
+def _settable(tensor: Any) -> Any:
+    """``tensor`` as OpenVINO's CPU device takes it back into a variable: it hands an
+    int64 variable out as int64 (a converted copy) but keeps and takes it as int32."""
+    if tensor.element_type == openvino.Type.i64:
+        return openvino.Tensor(np.ascontiguousarray(np.asarray(tensor.data).astype(np.int32)))
+    return tensor
 
 
 def _address(tensor: Any) -> int:
