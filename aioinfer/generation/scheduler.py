@@ -27,6 +27,7 @@ sequence went away is cancelled. A sequence's tokens wait in its buffer for its 
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
 import weakref
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import numpy as np
 
 from aioinfer.errors import QueueFullError
@@ -196,7 +196,7 @@ class GenerationScheduler:
     def serves_here(self) -> bool:
         """Whether a sequence submitted from the current event loop can run here (its
         loop runs in this event loop, or in none)."""
-        return self._loop is None or self._loop is anyio.lowlevel.current_token()
+        return self._loop is None or self._loop is _event_loop()
 
     def submit(self, prompt: list[int], sampling: Sampling) -> GeneratedSequence:
         """Queue a sequence, in arrival order, and start the loop when it is not running.
@@ -217,7 +217,7 @@ class GenerationScheduler:
         sequence = GeneratedSequence(self, prompt, sampling)
         self.waiting.append(sequence)
         if self._loop is None:
-            self._loop = anyio.lowlevel.current_token()
+            self._loop = _event_loop()
             spawn_detached(self._run)
         else:
             self.notify()
@@ -466,6 +466,16 @@ class GenerationScheduler:
         self.waiting.clear()
         self.prefilling, self.prefilled, self.running, self.paused = [], [], [], []
         self._width = 0
+
+
+def _event_loop() -> object:
+    """The running event loop (asyncio's loop, or trio's token)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        import trio  # the only other backend anyio supports
+
+        return trio.lowlevel.current_trio_token()
 
 
 def _stopped() -> Exception:
