@@ -5,8 +5,10 @@ The models the conformance suite runs too are built in :mod:`aioinfer.testing.mo
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +298,36 @@ def reference_generation(
         else:
             feed = list(sequence)
     return tokens, logits_seen
+
+
+HF_DECODERS = Path(__file__).parent / "data" / "decoders"
+"""Llama decoders with random weights exported by optimum (``scripts/make_decoder.py``):
+``llama_gqa`` (4 query heads over 2 KV heads) and ``llama_mha`` (4 and 4), 2 layers,
+hidden 64, a 320-token byte-level BPE vocabulary."""
+
+
+@dataclass(frozen=True)
+class GreedyReference:
+    """Hugging Face transformers' greedy tokens for one prompt (``NAME.json`` beside the
+    decoder's folder)."""
+
+    input_ids: list[int]
+    output_ids: list[int]
+    """``generate(do_sample=False, max_new_tokens=16)``: the new tokens only."""
+    min_logit_gap: float
+    """The smallest gap between the two largest logits over those steps."""
+
+
+def hf_decoder(name: str) -> tuple[Path, list[GreedyReference], tuple[int, ...]]:
+    """The folder of decoder ``name`` of :data:`HF_DECODERS` (``model.onnx``, ``config.json``,
+    ``generation_config.json``, tokenizer files), transformers' greedy tokens for its
+    prompts (1 to 100 tokens), and its end-of-sequence tokens."""
+    record = json.loads((HF_DECODERS / f"{name}.json").read_text())
+    cases = [
+        GreedyReference(case["input_ids"], case["output_ids"], case["min_logit_gap"])
+        for case in record["cases"]
+    ]
+    return HF_DECODERS / name, cases, tuple(record["eos_token_id"])
 
 
 WORDS = ["<pad>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "it", "and"]
