@@ -21,7 +21,7 @@ import pytest
 import aioinfer as ai
 from aioinfer.generation import GenerationConfig, GenerationScheduler, scheduler_of
 from aioinfer.generation.cache import Block, attention_mask, repack, sequence_axes
-from tests.helpers import decoder_model, reference_generation
+from tests.helpers import decoder_model, hf_decoder, reference_generation
 
 pytestmark = pytest.mark.anyio
 
@@ -89,6 +89,34 @@ async def test_batched_greedy_tokens_equal_each_sequence_generated_alone(
         assert counts.steps < sum(LENGTHS) - len(PROMPTS)
     finally:
         await compiled.close()
+
+
+@pytest.mark.parametrize("device", ["CPU", "ORT", "OPENVINO"])
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_mha"])
+async def test_batched_greedy_tokens_of_optimum_llama_exports_equal_transformers(
+    name: str, device: str
+) -> None:
+    # Prompts of 1 to 100 tokens, arriving a few milliseconds apart: prefilled together
+    # left-padded, then decoded in one batch whose rows have different lengths.
+    folder, cases, eos = hf_decoder(name)
+    compiled = await ai.Core().compile_model_async(
+        folder / "model.onnx", device, {"STATEFUL": "auto"}
+    )
+    config = {"eos_token_id": list(eos), "max_step_tokens": 256}
+    results: dict[int, list[int]] = {}
+
+    async def run(index: int) -> None:
+        tokens = ai.generate(compiled, cases[index].input_ids, max_new_tokens=16, config=config)
+        results[index] = await collect(tokens)
+
+    async with anyio.create_task_group() as group:
+        for index in range(len(cases)):
+            group.start_soon(run, index)
+            await anyio.sleep(0.002)
+    assert [results[i] for i in range(len(cases))] == [case.output_ids for case in cases]
+    counts = scheduler(compiled, config).counts()
+    assert counts.steps < 16 * len(cases) / 2  # batched
+    await compiled.close()
 
 
 async def test_prompts_longer_than_the_step_budget_are_prefilled_in_chunks(
