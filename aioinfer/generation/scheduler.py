@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import numpy as np
 
 from aioinfer.errors import QueueFullError
@@ -247,14 +248,14 @@ class GenerationScheduler:
     async def _run(self) -> None:
         try:
             while self.waiting or self.running or self.prefilling or self.prefilled or self.paused:
-                self._rebatch()
+                await self._rebatch()
                 self._admit()
                 worked = False
                 if self.prefilling:
                     await self._prefill_chunk()
                     worked = True
                 if self.prefilled and not self.prefilling:
-                    self._rebatch()
+                    await self._rebatch()
                 if self.running:
                     await self._decode_step()
                     worked = True
@@ -393,71 +394,80 @@ class GenerationScheduler:
             self._generated_tokens += 1
             sequence.push(token)
 
-    def _rebatch(self) -> None:
+    async def _rebatch(self) -> None:
         """Rows leave (finished, withdrawn, paused) and join (prefilled, resumed); the
-        decode request's variables are repacked when the rows change."""
+        decode request's variables are repacked when the rows change (the arrays are
+        moved in a worker thread: a large cache takes milliseconds to copy)."""
         limit = self.config.max_buffered_tokens
-        keep, pause = [], []
+        keep: list[int] = []
+        pause: list[tuple[int, GeneratedSequence]] = []
         for row, sequence in enumerate(self.running):
             if sequence.gone:
                 sequence.phase = Phase.DONE
             elif len(sequence.buffer) >= limit:
-                pause.append(row)
+                pause.append((row, sequence))
             else:
                 keep.append(row)
         resumed = [s for s in self.paused if len(s.buffer) <= self.resume_below and not s.gone]
-        joining = [s for s in self.prefilled if not s.gone]
-        for sequence in self.prefilled:
+        prefilled = self.prefilled
+        joining = [row for row, s in enumerate(prefilled) if not s.gone]
+        for sequence in prefilled:
             if sequence.gone:
                 sequence.phase = Phase.DONE
-        if len(keep) == len(self.running) and not resumed and not self.prefilled:
+        if len(keep) == len(self.running) and not resumed and not prefilled:
             return
-        blocks: list[Block] = []
-        rows: list[GeneratedSequence] = []
-        if keep or pause:
-            assert self._decode is not None
-            values = [state.state for state in self._decode.query_state()]
-            for row in pause:
-                sequence = self.running[row]
-                sequence.cache = repack(self.axes, [Block(values, [row])], sequence.length)
-                sequence.phase = Phase.PAUSED
-                self.paused.append(sequence)
-            if keep:
-                blocks.append(Block(values, keep))
-                rows += [self.running[row] for row in keep]
-        if joining:
-            assert self._prefill is not None
-            values = [state.state for state in self._prefill.query_state()]
-            chosen = [self.prefilled.index(s) for s in joining]
-            blocks.append(Block(values, chosen))
-            rows += joining
+        rows = [self.running[row] for row in keep]
+        rows += [prefilled[row] for row in joining] + resumed
+        for _, sequence in pause:
+            sequence.phase = Phase.PAUSED
+            self.paused.append(sequence)
         for sequence in resumed:
-            assert sequence.cache is not None
-            blocks.append(Block(sequence.cache, [0]))
             self.paused.remove(sequence)
-            sequence.cache = None
-            rows.append(sequence)
-        self.prefilled = []
         for sequence in rows:
             sequence.phase = Phase.RUNNING
+        self.prefilled = []
         self.running = rows
-        if not rows:
-            self._width = 0
+        self._width = max((s.length for s in rows), default=0)
+        if not rows and not pause:
             return
-        width = max(s.length for s in rows)
-        packed = repack(self.axes, blocks, width)
-        if joining and not keep and not resumed:
+        swap = bool(joining) and not keep and not resumed
+        if swap:
             # The prefill request's variables hold the new batch: it becomes the decode
             # request, its variables set only when some of its rows left.
             self._decode, self._prefill = self._prefill, self._decode
-            if all(p is v for p, v in zip(packed, blocks[0].values)):
-                self._width = width
-                return
+            source = self._prefill
+        else:
+            source = self._decode
         if self._decode is None:
             self._decode = self.compiled.create_infer_request()
-        for state, value in zip(self._decode.query_state(), packed):
-            state.state = value
-        self._width = width
+        target = self._decode
+
+        def move() -> None:
+            blocks: list[Block] = []
+            if keep or pause:
+                assert source is not None
+                values = [state.state for state in source.query_state()]
+                for row, sequence in pause:
+                    sequence.cache = repack(self.axes, [Block(values, [row])], sequence.length)
+                if keep:
+                    blocks.append(Block(values, keep))
+            if joining:
+                prefill = self._decode if swap else self._prefill
+                assert prefill is not None
+                blocks.append(Block([state.state for state in prefill.query_state()], joining))
+            for sequence in resumed:
+                assert sequence.cache is not None
+                blocks.append(Block(sequence.cache, [0]))
+                sequence.cache = None
+            if not blocks:
+                return
+            packed = repack(self.axes, blocks, self._width)
+            if swap and all(p is v for p, v in zip(packed, blocks[0].values)):
+                return
+            for state, value in zip(target.query_state(), packed):
+                state.state = value
+
+        await anyio.to_thread.run_sync(move)
 
     def _fail_all(self, error: BaseException) -> None:
         everyone = [*self.waiting, *self.prefilling, *self.prefilled, *self.running, *self.paused]
