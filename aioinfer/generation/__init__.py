@@ -14,16 +14,24 @@ cache layout of :mod:`.cache` and the per-sequence choice of :mod:`.sampling`).
 from aioinfer.generation.api import generate, prompt_ids
 from aioinfer.generation.config import GenerationConfig
 from aioinfer.generation.sampling import FINISH_LENGTH, FINISH_STOP, Sampling
-from aioinfer.generation.scheduler import GenerationScheduler, SchedulerCounts, scheduler_of
+from aioinfer.generation.scheduler import (
+    GenerationScheduler,
+    GenerationStatistics,
+    SchedulerCounts,
+    scheduler_of,
+    schedulers_of,
+)
 
 __all__ = [
     "FINISH_LENGTH",
     "FINISH_STOP",
     "GenerationConfig",
     "GenerationScheduler",
+    "GenerationStatistics",
     "Sampling",
     "SchedulerCounts",
     "generate",
     "prompt_ids",
     "scheduler_of",
+    "schedulers_of",
 ]

@@ -44,6 +44,7 @@ from aioinfer.errors import QueueFullError
 from aioinfer.generation.cache import Block, attention_mask, repack, sequence_axes
 from aioinfer.generation.config import GenerationConfig
 from aioinfer.generation.sampling import Sampling, last_logits
+from aioinfer.histogram import Histogram
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.executors import spawn_detached
@@ -77,6 +78,35 @@ class SchedulerCounts:
     """Tokens generated."""
 
 
+TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80)
+"""Upper bounds (seconds) of the timing histograms."""
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+"""Upper bounds of the rows and tokens per step histograms."""
+
+
+class GenerationStatistics:
+    """What a scheduler measured since it was made (vLLM's figures; see docs/generation.md).
+    Times are the scheduler's: when it produced a token, not when its consumer read it."""
+
+    def __init__(self) -> None:
+        self.time_to_first_token = Histogram(TIME_BUCKETS)
+        """From a sequence's arrival to its first token."""
+        self.inter_token_latency = Histogram(TIME_BUCKETS)
+        """Between a sequence's consecutive tokens."""
+        self.e2e_request_latency = Histogram(TIME_BUCKETS)
+        """From a sequence's arrival to its end (finished, withdrawn or failed)."""
+        self.request_queue_time = Histogram(TIME_BUCKETS)
+        """From a sequence's arrival to the start of its prefill."""
+        self.request_prefill_time = Histogram(TIME_BUCKETS)
+        """From the start of a sequence's prefill to its first token."""
+        self.request_decode_time = Histogram(TIME_BUCKETS)
+        """From a sequence's first token to its end."""
+        self.batch_size = Histogram(BATCH_BUCKETS)
+        """Rows per decode step."""
+        self.iteration_tokens = Histogram(BATCH_BUCKETS)
+        """Tokens per step (the decode rows and the prefill chunk's padded tokens)."""
+
+
 class GeneratedSequence:
     """One generation in a scheduler: its prompt, sampling, generator, and the tokens
     generated ahead of its consumer."""
@@ -99,6 +129,11 @@ class GeneratedSequence:
         self.cache: list[np.ndarray] | None = None
         """Its cache while paused (one array per variable, one row)."""
         self.arrived = time.perf_counter()
+        self.admitted = 0.0
+        self.first_token = 0.0
+        self.last_token = 0.0
+        self.recorded = False
+        """Whether its end was counted in the statistics."""
         self._wake: anyio.Event | None = None
 
     @property
@@ -126,12 +161,33 @@ class GeneratedSequence:
 
     def push(self, token: int) -> None:
         """Add a generated token; the sequence finishes after its last one."""
+        now = time.perf_counter()
+        statistics = self.scheduler.statistics
+        if self.produced == 0:
+            self.first_token = now
+            statistics.time_to_first_token.observe(now - self.arrived)
+            statistics.request_prefill_time.observe(now - self.admitted)
+        else:
+            statistics.inter_token_latency.observe(now - self.last_token)
+        self.last_token = now
         self.produced += 1
         self.buffer.append(token)
         self.next_token = token
         if self.sampling.finish_reason(token, self.produced) is not None:
             self.finished = True
+            self.record_end()
         self.wake()
+
+    def record_end(self) -> None:
+        """Count the sequence's end in the statistics (once)."""
+        if self.recorded:
+            return
+        self.recorded = True
+        now = time.perf_counter()
+        statistics = self.scheduler.statistics
+        statistics.e2e_request_latency.observe(now - self.arrived)
+        if self.produced:
+            statistics.request_decode_time.observe(now - self.first_token)
 
     def fail(self, error: BaseException) -> None:
         """End the sequence with ``error`` (raised by :meth:`next` once the buffer is
@@ -139,6 +195,7 @@ class GeneratedSequence:
         if not self.gone:
             self.error = error
         self.phase = Phase.DONE
+        self.record_end()
         self.wake()
 
     def wake(self) -> None:
@@ -179,6 +236,8 @@ class GenerationScheduler:
         self._steps = 0
         self._prompt_tokens = 0
         self._generated_tokens = 0
+        self.statistics = GenerationStatistics()
+        """Its timings, rows and tokens per step."""
 
     # -- the consumers' side ------------------------------------------------------------
 
@@ -232,6 +291,7 @@ class GenerationScheduler:
         elif sequence.phase is Phase.PAUSED:
             self.paused.remove(sequence)
         sequence.phase = Phase.DONE
+        sequence.record_end()
         sequence.buffer.clear()
         if self._step_scope is not None and all(s.gone for s in self._step_rows):
             self._step_scope.cancel()
@@ -291,6 +351,8 @@ class GenerationScheduler:
                 break
             sequence = self.waiting.popleft()
             sequence.phase = Phase.PREFILL
+            sequence.admitted = time.perf_counter()
+            self.statistics.request_queue_time.observe(sequence.admitted - sequence.arrived)
             group.append(sequence)
             longest = candidate
         if group:
@@ -322,6 +384,7 @@ class GenerationScheduler:
         if config.position_ids is not None:
             positions = np.maximum(columns[None, :] - pads[:, None], 0)
             inputs[config.position_ids] = positions.astype(self._dtypes[config.position_ids])
+        self.statistics.iteration_tokens.observe(len(group) * (stop - start))
         results = await self._step(self._prefill, inputs, group)
         if results is None:  # every sequence of the group went away
             self.prefilling = []
@@ -348,6 +411,8 @@ class GenerationScheduler:
             positions = np.array([[s.length] for s in rows], self._dtypes[config.position_ids])
             inputs[config.position_ids] = positions
         assert self._decode is not None
+        self.statistics.batch_size.observe(len(rows))
+        self.statistics.iteration_tokens.observe(len(rows))
         results = await self._step(self._decode, inputs, rows)
         if results is None:
             return  # everyone left: the rebatch empties the batch
@@ -497,6 +562,11 @@ def _stopped() -> Exception:
 _schedulers: weakref.WeakKeyDictionary[
     CompiledModel, dict[GenerationConfig, GenerationScheduler | None]
 ] = weakref.WeakKeyDictionary()
+
+
+def schedulers_of(compiled: CompiledModel) -> list[GenerationScheduler]:
+    """The schedulers made so far for ``compiled`` (one per config its generations used)."""
+    return [s for s in _schedulers.get(compiled, {}).values() if s is not None]
 
 
 def scheduler_of(compiled: CompiledModel, config: GenerationConfig) -> GenerationScheduler | None:
