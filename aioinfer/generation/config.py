@@ -49,7 +49,7 @@ class GenerationConfig:
     """Whether concurrent generations share one batched step (the scheduler)."""
     max_running_sequences: int = 32
     """Sequences in the running batch at most (a paused one keeps its place)."""
-    max_step_tokens: int = 512
+    max_step_tokens: int = 2048
     """Tokens one step computes at most, decode and prefill together: a prompt longer
     than what is left after the running sequences' tokens is prefilled in chunks."""
     max_waiting_sequences: int = 1024

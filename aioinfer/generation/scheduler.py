@@ -393,7 +393,7 @@ class GenerationScheduler:
         if stop < width:
             return
         self._prompt_tokens += sum(lengths)
-        self._pick(group, last_logits(results[config.logits], config.logits))
+        await self._pick(group, last_logits(results[config.logits], config.logits))
         for sequence, length in zip(group, lengths):
             sequence.length = length
         self.prefilling, self.prefilled = [], group
@@ -420,7 +420,7 @@ class GenerationScheduler:
         self._width += 1
         for sequence in rows:
             sequence.length += 1
-        self._pick(rows, last_logits(results[config.logits], config.logits))
+        await self._pick(rows, last_logits(results[config.logits], config.logits))
 
     async def _step(
         self, request: AsyncInferRequest, inputs: dict[str, np.ndarray], rows: list[Any]
@@ -447,15 +447,21 @@ class GenerationScheduler:
             if request.state is RequestState.IDLE:
                 request.clear_inputs()
 
-    def _pick(self, rows: Rows[GeneratedSequence], logits: np.ndarray) -> None:
+    async def _pick(self, rows: Rows[GeneratedSequence], logits: np.ndarray) -> None:
+        """Each live row's next token: greedy rows here, sampled ones (a softmax over the
+        vocabulary each) in a worker thread."""
+        live = [(row, s) for row, s in enumerate(rows) if not s.gone]
         greedy = np.argmax(logits, axis=-1)
-        for row, sequence in enumerate(rows):
-            if sequence.gone:
+        sampled = [(row, s) for row, s in live if s.sampling.temperature != 0]
+
+        def draw() -> dict[int, int]:
+            return {row: s.sampling.pick(logits[row], s.rng) for row, s in sampled}
+
+        drawn = await anyio.to_thread.run_sync(draw) if sampled else {}
+        for row, sequence in live:
+            if sequence.gone:  # withdrawn while the tokens were drawn
                 continue
-            if sequence.sampling.temperature == 0:
-                token = int(greedy[row])
-            else:
-                token = sequence.sampling.pick(logits[row], sequence.rng)
+            token = drawn[row] if row in drawn else int(greedy[row])
             self._generated_tokens += 1
             sequence.push(token)
 
