@@ -293,6 +293,7 @@ class GenerationScheduler:
         sequence.phase = Phase.DONE
         sequence.record_end()
         sequence.buffer.clear()
+        sequence.cache = None
         if self._step_scope is not None and all(s.gone for s in self._step_rows):
             self._step_scope.cancel()
         self.notify()
@@ -329,6 +330,9 @@ class GenerationScheduler:
         finally:
             self._loop = None
             self._changed = None
+            for request in (self._decode, self._prefill):
+                if request is not None and request.state is RequestState.IDLE:
+                    request.reset_state()  # an idle scheduler holds no cache
 
     def _can_progress(self) -> bool:
         resumable = any(len(s.buffer) <= self.resume_below for s in self.paused)
@@ -512,6 +516,7 @@ class GenerationScheduler:
         if self._decode is None:
             self._decode = self.compiled.create_infer_request()
         target = self._decode
+        spare = None if self.prefilling else self._prefill  # not during a chunked prefill
 
         def move() -> None:
             blocks: list[Block] = []
@@ -533,10 +538,11 @@ class GenerationScheduler:
             if not blocks:
                 return
             packed = repack(self.axes, blocks, self._width)
-            if swap and all(p is v for p, v in zip(packed, blocks[0].values)):
-                return
-            for state, value in zip(target.query_state(), packed):
-                state.state = value
+            if not (swap and all(p is v for p, v in zip(packed, blocks[0].values))):
+                for state, value in zip(target.query_state(), packed):
+                    state.state = value
+            if spare is not None:
+                spare.reset_state()  # holds no cache until the next prefill
 
         await anyio.to_thread.run_sync(move)
 
