@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
@@ -243,9 +244,10 @@ class GenerationScheduler:
 
     def counts(self) -> SchedulerCounts:
         """The sequences it holds now and the work it did so far."""
-        placed = len(self.running) + len(self.prefilling) + len(self.prefilled)
+        # A finished or withdrawn row no longer counts, though it leaves at the next step.
+        placed = [*self.running, *self.prefilling, *self.prefilled]
         return SchedulerCounts(
-            running=placed + len(self.paused),
+            running=sum(not s.gone for s in placed) + len(self.paused),
             waiting=len(self.waiting),
             paused=len(self.paused),
             steps=self._steps,
@@ -309,6 +311,9 @@ class GenerationScheduler:
     async def _run(self) -> None:
         try:
             while self.waiting or self.running or self.prefilling or self.prefilled or self.paused:
+                # The consumers the last step woke read their tokens before buffers are
+                # judged full.
+                await anyio.lowlevel.checkpoint()
                 await self._rebatch()
                 self._admit()
                 worked = False
