@@ -11,8 +11,9 @@ while there is work; each iteration:
    change of rows reads them, repacks them left-padded (:mod:`.cache`) and sets them
    back: one copy, only when rows change.
 2. *Prefill.* Waiting sequences, in arrival order, are admitted as a group while places
-   are free (``max_running_sequences``) and their padded prompts fit the step's token
-   budget left by the running rows (``max_step_tokens``); the group runs on a second
+   are free (``max_running_sequences``), their padded prompts fit the step's token
+   budget left by the running rows (``max_step_tokens``) and the padding is no more than
+   the prompts' own tokens; the group runs on a second
    request, left-padded, a chunk of columns per iteration when the prompts are longer
    than the budget. Its first tokens are picked when its last chunk ran, and it joins the
    batch at the next rebatch (taking over the decode request as it is when no batch
@@ -352,12 +353,17 @@ class GenerationScheduler:
             return
         budget = max(1, self.config.max_step_tokens - len(self.running))
         group: list[GeneratedSequence] = []
-        longest = 0
+        longest = real = 0
         free = self._free()
         while self.waiting and len(group) < free:
-            candidate = max(longest, len(self.waiting[0].prompt))
-            if group and (len(group) + 1) * candidate > budget:
+            length = len(self.waiting[0].prompt)
+            candidate = max(longest, length)
+            padded = (len(group) + 1) * candidate
+            # Together while the padding is at most the prompts' own tokens: beyond, a
+            # group of its own costs less than computing that many padded positions.
+            if group and (padded > budget or padded > 2 * (real + length)):
                 break
+            real += length
             sequence = self.waiting.popleft()
             sequence.phase = Phase.PREFILL
             sequence.admitted = time.perf_counter()
