@@ -159,6 +159,12 @@ class GenerationError(AioinferError, ValueError):
     argument out of range (the message names it, what was expected and what was given)."""
 
 
+class QueueFullError(AioinferError):
+    """A generation cannot wait for a place in its decoder's running batch: as many
+    generations wait already as the scheduler's ``max_waiting_sequences`` allows. Nothing
+    started; retry later."""
+
+
 # -- serving ----------------------------------------------------------------------------
 
 

@@ -35,3 +35,15 @@ def test_generate_recites_the_sentence_with_the_cache_in_the_request() -> None:
 def test_generate_stops_after_max_new_tokens() -> None:
     out = run_example("examples/generate.py", "kv", "cache", "--max-new-tokens", "3")
     assert out.splitlines()[2] == "kv cache inside each infer"
+
+
+def test_generate_concurrent_streams_sixteen_generations_in_shared_steps() -> None:
+    out = run_example("examples/generate_concurrent.py", "--max-new-tokens", "12")
+    lines = out.splitlines()
+    assert len(lines) == 17
+    assert all(": 12 tokens [" in line for line in lines[:16])
+    summary = lines[16]
+    assert summary.startswith("16 streams, 192 tokens in ")
+    # 11 decode steps each, 176 if one at a time: shared steps take far fewer.
+    steps = int(summary.split(": ")[1].split()[0])
+    assert steps < 60, summary

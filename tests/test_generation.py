@@ -222,7 +222,7 @@ async def test_cancelling_the_consumer_cancels_the_running_step() -> None:
     await compiled.close()
 
 
-async def test_concurrent_generations_use_separate_requests_and_queue_beyond_the_pool(
+async def test_without_batching_generations_use_separate_requests_and_queue_beyond_the_pool(
     model: onnx.ModelProto,
 ) -> None:
     compiled = ai.Core().compile_model(
@@ -232,7 +232,8 @@ async def test_concurrent_generations_use_separate_requests_and_queue_beyond_the
     assert size == 4
     prompts = [[1 + i, 2, 3 + i] for i in range(size + 1)]
     expected = [reference_generation(model, p, 6)[0] for p in prompts]
-    generators = [ai.generate(compiled, p, max_new_tokens=6) for p in prompts]
+    alone = {"batching": False}
+    generators = [ai.generate(compiled, p, max_new_tokens=6, config=alone) for p in prompts]
     firsts = [await anext(g) for g in generators[:size]]  # each holds a request now
     waiting: list[int] = []
 
@@ -328,8 +329,12 @@ async def test_leaving_early_with_aclosing_returns_the_request_to_the_pool(
     # The pool of this LATENCY model holds one request: a second generation gets it only
     # if the first one gave it back.
     assert compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") == 1
-    async with contextlib.aclosing(ai.generate(compiled, PROMPT, max_new_tokens=9)) as tokens:
+    alone = {"batching": False}
+    async with contextlib.aclosing(
+        ai.generate(compiled, PROMPT, max_new_tokens=9, config=alone)
+    ) as tokens:
         async for _ in tokens:
             break
     with anyio.fail_after(30):
-        assert len(await collect(ai.generate(compiled, PROMPT, max_new_tokens=3))) == 3
+        tokens = ai.generate(compiled, PROMPT, max_new_tokens=3, config=alone)
+        assert len(await collect(tokens)) == 3

@@ -13,9 +13,10 @@ first token (it can still answer with an error status) or after.
 A generation is one request of the model's statistics, in flight (the drain waits for
 it) until it ends, and holds one of the model's ``max_concurrency`` slots, shared with
 its inferences, while it runs: more wait in the model's queue, and beyond it are refused
-(UNAVAILABLE). It runs on a request of its own, with the state reset; a step runs only
-when the transport asks for the next token, so a transport that stops iterating (a
-client that went away) stops the computation at once.
+(UNAVAILABLE). It runs in the model's generation scheduler, batched with the model's
+other generations (see :mod:`aioinfer.generation.scheduler`; the ``generate`` key sets
+its limits); a transport that stops iterating (a client that went away) takes its
+sequence out before the next step.
 
 With a ``tokenizer.json`` beside the model (the ``tokenizers`` package), a request may
 give ``text_input`` instead of token ids, and each token carries the text it adds.
@@ -38,7 +39,6 @@ from aioinfer.errors import (
     ServiceError,
 )
 from aioinfer.generation import GenerationConfig, Sampling, generate, prompt_ids
-from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.serving.models import ServedModel
 
 if TYPE_CHECKING:
@@ -97,7 +97,6 @@ class ModelGeneration:
         self.tokenizer = None if tokenizer_path is None else _read_tokenizer(tokenizer_path)
         self.steps = 0
         """Tokens generated so far (one inference each): the work generations did."""
-        self._idle: list[AsyncInferRequest] = []
 
     @classmethod
     def beside(cls, model: ServedModel, model_path: Path) -> ModelGeneration:
@@ -155,36 +154,29 @@ class ModelGeneration:
         model = self.model
         async with model.slot() as seconds:
             waited.append(seconds)
-            running = self._idle.pop() if self._idle else model.compiled.create_infer_request()
-            try:
-                steps = generate(
-                    model.compiled, prompt, config=self.config, request=running, **options
-                )
-                generated: list[int] = []
-                text = ""
-                async with aclosing(steps):
-                    while True:
-                        token = await self._next(steps)
-                        if token is None:
-                            return
-                        self.steps += 1
-                        generated.append(token)
-                        added = None
-                        if self.tokenizer is not None:
-                            full = self.tokenizer.decode(generated)
-                            added = full[len(text) :] if full.startswith(text) else full
-                            text = full
-                        yield GeneratedToken(
-                            model.name,
-                            model.version,
-                            token,
-                            len(generated) - 1,
-                            added,
-                            sampling.finish_reason(token, len(generated)),
-                        )
-            finally:
-                if running.state is not RequestState.CLOSED:
-                    self._idle.append(running)
+            steps = generate(model.compiled, prompt, config=self.config, **options)
+            generated: list[int] = []
+            text = ""
+            async with aclosing(steps):
+                while True:
+                    token = await self._next(steps)
+                    if token is None:
+                        return
+                    self.steps += 1
+                    generated.append(token)
+                    added = None
+                    if self.tokenizer is not None:
+                        full = self.tokenizer.decode(generated)
+                        added = full[len(text) :] if full.startswith(text) else full
+                        text = full
+                    yield GeneratedToken(
+                        model.name,
+                        model.version,
+                        token,
+                        len(generated) - 1,
+                        added,
+                        sampling.finish_reason(token, len(generated)),
+                    )
 
     def decode(self, token_ids: Sequence[int]) -> str | None:
         """The text of ``token_ids`` (None without a tokenizer)."""

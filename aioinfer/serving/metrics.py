@@ -6,9 +6,8 @@ the event loop's thread); the Prometheus families are built from them at scrape 
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -20,6 +19,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from aioinfer.errors import DeviceUnavailableError, ErrorKind
+from aioinfer.generation.scheduler import schedulers_of
+from aioinfer.histogram import Histogram
 from aioinfer.serving.models import ServedModel
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -50,31 +51,6 @@ def failure_reason(kind: ErrorKind, error: BaseException | None = None) -> str:
         if isinstance(cause, DeviceUnavailableError):
             return "unavailable"
     return FAILURE_REASONS[kind]
-
-
-class Histogram:
-    """Observations counted into fixed buckets (upper bounds, inclusive), and their sum."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        """Observations per bucket; the last one is above every bound."""
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        """Count one observation."""
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        """The Prometheus buckets: (upper bound, observations at or below it)."""
-        buckets, total = [], 0
-        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
-            total += count
-            buckets.append((bound, float(total)))
-        return buckets
 
 
 class ModelMetrics:
@@ -195,6 +171,45 @@ class _Collector(Collector):
             in_flight.add_metric(key, figures.in_flight)
         yield from (requests, failures, latency, queue_time, in_flight)
         yield self._batch_sizes()
+        yield from self._generation()
+
+    def _generation(self) -> Iterator[Metric]:
+        """The generation schedulers' figures, named as vLLM names them (``aioinfer:``
+        for ``vllm:``)."""
+        labels = ("model", "version")
+        running = GaugeMetricFamily(
+            "aioinfer:num_requests_running",
+            "Generations with a place in the running batch (prefilling and paused included).",
+            labels=labels,
+        )
+        waiting = GaugeMetricFamily(
+            "aioinfer:num_requests_waiting", "Generations waiting for a place.", labels=labels
+        )
+        prompt = CounterMetricFamily(
+            "aioinfer:prompt_tokens", "Prompt tokens prefilled.", labels=labels
+        )
+        generated = CounterMetricFamily(
+            "aioinfer:generation_tokens", "Tokens generated.", labels=labels
+        )
+        histograms = {
+            name: HistogramMetricFamily(f"aioinfer:{name}", text, labels=labels)
+            for name, text in GENERATION_HISTOGRAMS.items()
+        }
+        for model in self._metrics.models():
+            schedulers = schedulers_of(model.compiled)
+            if not schedulers:
+                continue
+            key = [model.name, model.version]
+            counts = [s.counts() for s in schedulers]
+            running.add_metric(key, sum(c.running for c in counts))
+            waiting.add_metric(key, sum(c.waiting for c in counts))
+            prompt.add_metric(key, sum(c.prompt_tokens for c in counts))
+            generated.add_metric(key, sum(c.generated_tokens for c in counts))
+            for name, family in histograms.items():
+                attribute = name.removesuffix("_seconds")
+                merged = _merged([getattr(s.statistics, attribute) for s in schedulers])
+                family.add_metric(key, merged.cumulative(), merged.sum)
+        yield from (running, waiting, prompt, generated, *histograms.values())
 
     def _batch_sizes(self) -> Metric:
         """``aioinfer_batch_size``: rows per execution on the device."""
@@ -213,3 +228,26 @@ class _Collector(Collector):
             rows = sum(rows * n for rows, n in sizes.items())
             family.add_metric([model.name, model.version], buckets, rows)
         return family
+
+
+GENERATION_HISTOGRAMS = {
+    "time_to_first_token_seconds": "Time from a generation's arrival to its first token.",
+    "inter_token_latency_seconds": "Time between a generation's consecutive tokens.",
+    "e2e_request_latency_seconds": "Time from a generation's arrival to its end.",
+    "request_queue_time_seconds": "Time a generation waited for a place.",
+    "request_prefill_time_seconds": "Time from a generation's prefill start to its first token.",
+    "request_decode_time_seconds": "Time from a generation's first token to its end.",
+    "batch_size": "Rows per decode step of a generation scheduler.",
+    "iteration_tokens": "Tokens per step of a generation scheduler (decode rows and prefill).",
+}
+"""The generation histograms (``aioinfer:`` + name) and their help."""
+
+
+def _merged(histograms: list[Histogram]) -> Histogram:
+    if len(histograms) == 1:
+        return histograms[0]
+    merged = Histogram(histograms[0].bounds)
+    for histogram in histograms:
+        merged.counts = [a + b for a, b in zip(merged.counts, histogram.counts)]
+        merged.sum += histogram.sum
+    return merged

@@ -59,6 +59,7 @@ from aioinfer.errors import (
     InferenceError,
     InputError,
     ModelControlError,
+    QueueFullError,
     RequestClosedError,
     ServiceError,
     ServingConfigError,
@@ -100,6 +101,7 @@ EXTENSIONS = (
 
 RUNTIME_ERROR_KINDS: tuple[tuple[type[AioinferError], ErrorKind], ...] = (
     (DeviceUnavailableError, ErrorKind.UNAVAILABLE),  # the device recovers: retryable
+    (QueueFullError, ErrorKind.UNAVAILABLE),  # generations wait already: retryable
     (InputError, ErrorKind.INVALID_ARGUMENT),
     (InferenceError, ErrorKind.INVALID_ARGUMENT),  # a kernel failed on these inputs
     (RequestClosedError, ErrorKind.ABORTED),  # the model closed (shutdown)

@@ -1,0 +1,37 @@
+"""Token generation from a decoder whose KV cache is the request's variable state.
+
+``aioinfer.generate(compiled, input_ids)`` is an async generator of token ids. Compiled
+with ``STATEFUL`` (``"auto"`` pairs ``past_*`` inputs with ``present_*`` outputs), the
+decoder keeps its cache in the infer request, so each step after the prompt feeds one
+token per sequence. Concurrent generations on one compiled model run together: one
+scheduler per compiled decoder advances every running sequence in one batched inference
+per step, admitting and retiring sequences between steps (:mod:`.scheduler`, with the
+cache layout of :mod:`.cache` and the per-sequence choice of :mod:`.sampling`).
+``generate(..., request=...)`` runs one generation alone on the caller's request
+(:mod:`.single`).
+"""
+
+from aioinfer.generation.api import generate, prompt_ids
+from aioinfer.generation.config import GenerationConfig
+from aioinfer.generation.sampling import FINISH_LENGTH, FINISH_STOP, Sampling
+from aioinfer.generation.scheduler import (
+    GenerationScheduler,
+    GenerationStatistics,
+    SchedulerCounts,
+    scheduler_of,
+    schedulers_of,
+)
+
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "GenerationConfig",
+    "GenerationScheduler",
+    "GenerationStatistics",
+    "Sampling",
+    "SchedulerCounts",
+    "generate",
+    "prompt_ids",
+    "scheduler_of",
+    "schedulers_of",
+]
