@@ -199,7 +199,7 @@ class ModelGeneration:
         except ServiceError:
             raise
         except AioinferError as exc:
-            raise ServiceError(str(exc), _kind_of(exc)) from exc
+            raise ServiceError(str(exc), ErrorKind.of(exc)) from exc
         except Exception as exc:
             model = self.model
             _logger.exception("generation of model %r version %s", model.name, model.version)
@@ -240,16 +240,6 @@ async def generate_tokens(
 
 def _invalid(message: str) -> ServiceError:
     return ServiceError(message, ErrorKind.INVALID_ARGUMENT)
-
-
-def _kind_of(error: AioinferError) -> ErrorKind:
-    # Imported here: the service imports this module.
-    from aioinfer.serving.service import RUNTIME_ERROR_KINDS
-
-    for error_class, kind in RUNTIME_ERROR_KINDS:
-        if isinstance(error, error_class):
-            return kind
-    return ErrorKind.INTERNAL
 
 
 def _read_tokenizer(path: Path) -> Any:

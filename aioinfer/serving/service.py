@@ -53,13 +53,8 @@ import aioinfer
 from aioinfer.core import Core
 from aioinfer.errors import (
     AioinferError,
-    DeviceUnavailableError,
     ErrorKind,
-    InferCancelledError,
-    InferenceError,
-    InputError,
     ModelControlError,
-    RequestClosedError,
     ServiceError,
     ServingConfigError,
     SharedMemoryError,
@@ -97,16 +92,6 @@ EXTENSIONS = (
     "system_shared_memory",
 )
 """The protocol extensions the service implements on every transport (Triton's names)."""
-
-RUNTIME_ERROR_KINDS: tuple[tuple[type[AioinferError], ErrorKind], ...] = (
-    (DeviceUnavailableError, ErrorKind.UNAVAILABLE),  # the device recovers: retryable
-    (InputError, ErrorKind.INVALID_ARGUMENT),
-    (InferenceError, ErrorKind.INVALID_ARGUMENT),  # a kernel failed on these inputs
-    (RequestClosedError, ErrorKind.ABORTED),  # the model closed (shutdown)
-    (InferCancelledError, ErrorKind.ABORTED),
-)
-"""The kind of each runtime error an inference may raise (the first class that matches);
-any other one is INTERNAL."""
 
 
 class InferenceService:
@@ -626,7 +611,7 @@ class InferCall:
         except ServiceError:
             raise
         except AioinferError as exc:
-            raise ServiceError(str(exc), _kind_of(exc)) from exc
+            raise ServiceError(str(exc), ErrorKind.of(exc)) from exc
         except Exception as exc:
             _logger.exception("infer request to model %r version %s", model.name, model.version)
             raise ServiceError(
@@ -695,13 +680,6 @@ def _wanted_outputs(
                 ErrorKind.INVALID_ARGUMENT,
             )
     return [(output.name, output.binary, output.shared_memory) for output in request.outputs]
-
-
-def _kind_of(error: AioinferError) -> ErrorKind:
-    for error_class, kind in RUNTIME_ERROR_KINDS:
-        if isinstance(error, error_class):
-            return kind
-    return ErrorKind.INTERNAL
 
 
 ModelServer = InferenceService

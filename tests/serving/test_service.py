@@ -12,7 +12,17 @@ import numpy as np
 import onnx
 import pytest
 
-from aioinfer.errors import ErrorKind, ProtocolError, ServiceError
+from aioinfer.errors import (
+    CompileError,
+    ErrorKind,
+    InferCancelledError,
+    InferenceError,
+    InputShapeError,
+    ProtocolError,
+    RequestClosedError,
+    ServiceError,
+    WorkerDiedError,
+)
 from aioinfer.serving import (
     InferenceRequest,
     InferenceService,
@@ -260,6 +270,22 @@ def test_a_service_error_pickles_with_its_kind():
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error)
         assert (str(copy), copy.kind) == (str(error), error.kind)
+
+
+def test_the_kind_of_an_error_belongs_to_error_kind():
+    """One table, on ``ErrorKind``, for every part of the service that turns an error of
+    the runtime into a kind (inference and generation alike)."""
+    cases = [
+        (WorkerDiedError("the worker died"), ErrorKind.UNAVAILABLE),  # a DeviceUnavailableError
+        (InputShapeError("x: expected (1, 4), got (2, 4)"), ErrorKind.INVALID_ARGUMENT),
+        (InferenceError("a kernel failed"), ErrorKind.INVALID_ARGUMENT),
+        (RequestClosedError("closed"), ErrorKind.ABORTED),
+        (InferCancelledError("cancelled"), ErrorKind.ABORTED),
+        (ProtocolError("bad body", ErrorKind.TOO_LARGE), ErrorKind.TOO_LARGE),
+        (CompileError("no such op"), ErrorKind.INTERNAL),
+        (RuntimeError("a bug"), ErrorKind.INTERNAL),
+    ]
+    assert [ErrorKind.of(error) for error, _ in cases] == [kind for _, kind in cases]
 
 
 # -- sequences ----------------------------------------------------------------------------
