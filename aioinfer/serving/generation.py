@@ -214,28 +214,17 @@ async def generate_tokens(
     """:meth:`InferenceService.generate <aioinfer.serving.service.InferenceService.
     generate>`: the generation, counted in the model's statistics and in flight until it
     ends."""
-    call = service.start(name, version)
-    waited: list[float] = []
-    try:
+    async with service.call(name, version) as call:
         generation = service.generations.get(call.model)
         if generation is None:
             raise _invalid(
                 f"model {name!r} does not generate: its config.json has no 'generate' key"
             )
+        waited: list[float] = []
         async with aclosing(generation.tokens(request, waited)) as tokens:
             async for token in tokens:
                 yield token
-    except ServiceError as exc:
-        call.fail(exc.kind, exc)
-        raise
-    except BaseException:  # the consumer went away: closed or cancelled
-        call.fail(ErrorKind.CANCELLED)
-        raise
-    else:
         call.waited = sum(waited)
-        call.succeed()
-    finally:
-        call.end()
 
 
 def _invalid(message: str) -> ServiceError:

@@ -22,7 +22,6 @@ under trio).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -163,27 +162,9 @@ class GrpcAdapter(service_pb2_grpc.GRPCInferenceServiceServicer):
             ServiceError: the service's (see :meth:`InferenceService.start` and
                 :meth:`InferCall.infer`), a malformed request, or INTERNAL.
         """
-        call = self.service.start(message.model_name, message.model_version or None)
-        model = call.model
-        try:
-            request = decode_infer_request(message, model.input_datatypes)
-            response = encode_infer_response(await call.infer(request))
-        except ServiceError as exc:
-            call.fail(exc.kind, exc)
-            raise
-        except asyncio.CancelledError:  # the call was cancelled: so is the inference
-            call.fail(ErrorKind.CANCELLED)
-            raise
-        except Exception as exc:  # a fault of the server's, not of the request
-            _logger.exception("infer request to model %r version %s", model.name, model.version)
-            call.fail(ErrorKind.INTERNAL)
-            raise ServiceError(
-                f"internal server error: {type(exc).__name__}: {exc}", ErrorKind.INTERNAL
-            ) from exc
-        finally:
-            call.end()
-        call.succeed()
-        return response
+        async with self.service.call(message.model_name, message.model_version or None) as call:
+            request = decode_infer_request(message, call.model.input_datatypes)
+            return encode_infer_response(await call.infer(request))
 
     # -- Triton's extensions: thin calls of the service's methods (grpc_extensions.py) ----
 

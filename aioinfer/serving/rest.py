@@ -207,43 +207,35 @@ class RestAdapter:
         service's statistics."""
         service = self.service
         try:
-            call = service.start(name, version)  # before the body: a full model reads none
+            # Admitted before the body is read: a full model reads none.
+            async with service.call(name, version) as call:
+                length, json_length, coding, accepted = _headers(headers)
+                limit = service.max_request_bytes
+                raw = await read(length, limit)
+                if coding is not None:
+                    inline = len(raw) <= _INLINE_BYTES // _INFLATION
+                    raw = await _off_loop(inline, decompress, raw, coding, limit)
+                model = call.model
+                decoder = self._decoders.get(model) or self._new_decoder(model)
+                request = decoder.decode(raw, json_length)
+                response = await guard(lambda: call.infer(request))
+                content, header_length = encode_infer_response(
+                    response.model_name,
+                    response.model_version,
+                    response.id,
+                    response.outputs,
+                    shared=response.shared_outputs,
+                )
+                response_encoding = None
+                if accepted is not None and worth_compressing(
+                    len(content), header_length is not None
+                ):
+                    response_encoding = response_coding(accepted)
+                if response_encoding is not None:
+                    inline = len(content) <= _INLINE_BYTES
+                    content = await _off_loop(inline, compress, content, response_encoding)
         except ServiceError as exc:
             return HTTP_STATUS[exc.kind], _JSON, _error_body(exc)
-        model = call.model
-        try:
-            length, json_length, coding, accepted = _headers(headers)
-            limit = service.max_request_bytes
-            raw = await read(length, limit)
-            if coding is not None:
-                inline = len(raw) <= _INLINE_BYTES // _INFLATION
-                raw = await _off_loop(inline, decompress, raw, coding, limit)
-            decoder = self._decoders.get(model) or self._new_decoder(model)
-            request = decoder.decode(raw, json_length)
-            response = await guard(lambda: call.infer(request))
-            content, header_length = encode_infer_response(
-                response.model_name,
-                response.model_version,
-                response.id,
-                response.outputs,
-                shared=response.shared_outputs,
-            )
-            response_encoding = None
-            if accepted is not None and worth_compressing(len(content), header_length is not None):
-                response_encoding = response_coding(accepted)
-            if response_encoding is not None:
-                inline = len(content) <= _INLINE_BYTES
-                content = await _off_loop(inline, compress, content, response_encoding)
-        except ServiceError as exc:
-            call.fail(exc.kind, exc)
-            return HTTP_STATUS[exc.kind], _JSON, _error_body(exc)
-        except Exception as exc:  # a fault of the server's, not of the request
-            _logger.exception("infer request to model %r version %s", model.name, model.version)
-            call.fail(ErrorKind.INTERNAL)
-            return HTTP_STATUS[ErrorKind.INTERNAL], _JSON, _internal_error_body(exc)
-        finally:
-            call.end()
-        call.succeed()
         if header_length is None:
             answer_headers = _JSON
         else:

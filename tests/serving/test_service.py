@@ -4,6 +4,7 @@ admission, sequences, statistics and the drain, under asyncio and trio."""
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
+import aioinfer
 from aioinfer.errors import (
     CompileError,
     ErrorKind,
@@ -120,6 +122,52 @@ async def test_statistics_count_answers_and_failures_by_kind(service: InferenceS
     assert sum(metrics.latency.counts) == answered + 1  # the answered one only
     assert metrics.failures["bad_request"] == failed + 1
     assert metrics.in_flight == 0
+
+
+async def test_the_call_context_counts_every_outcome(service: InferenceService):
+    """``service.call`` is the one way in: the block's end counts the request as
+    answered, failed for the kind of a ServiceError, INTERNAL for any other exception
+    (raised as a ServiceError), CANCELLED when cancelled; it is in flight until then."""
+    metrics = service.metrics.of(service.find("plain", None))
+    requests, answered = metrics.requests, sum(metrics.latency.counts)
+    failures = dict(metrics.failures)
+    a = np.ones((2, 3), np.float32)
+    inputs = {"a": a, "b": a, "scale": np.array([1, 2, 3], np.int64)}
+    async with service.call("plain", None) as call:
+        assert metrics.in_flight == 1 and call.model.name == "plain"
+        response = await call.infer(request(**inputs))
+    assert response.outputs[0][1].shape == (2, 3)
+    with pytest.raises(ServiceError) as invalid:
+        async with service.call("plain", None):
+            raise ProtocolError("the body is not JSON")
+    assert invalid.value.kind is ErrorKind.INVALID_ARGUMENT
+    with pytest.raises(ServiceError) as internal:
+        async with service.call("plain", None):
+            raise KeyError("a bug of the transport")
+    assert internal.value.kind is ErrorKind.INTERNAL
+    assert str(internal.value) == "internal server error: KeyError: 'a bug of the transport'"
+    with anyio.CancelScope() as scope:
+        async with service.call("plain", None):
+            scope.cancel()
+            await anyio.sleep_forever()
+    assert metrics.requests == requests + 4
+    assert sum(metrics.latency.counts) == answered + 1
+    counted = {r: n - failures.get(r, 0) for r, n in metrics.failures.items()}
+    assert {r: n for r, n in counted.items() if n} == {"bad_request": 1, "error": 1, "cancelled": 1}
+    assert metrics.in_flight == 0
+
+
+def test_only_the_service_counts_a_call():
+    """No transport writes the start / fail / succeed / end sequence by hand: only
+    ``serving/service.py`` calls those methods of an ``InferCall``."""
+    package = Path(aioinfer.__file__).parent
+    counting = re.compile(r"\.(?:fail|succeed|end)\((?:ErrorKind|exc\.kind|\))")
+    callers = sorted(
+        str(path.relative_to(package))
+        for path in [*package.joinpath("serving").rglob("*.py"), package / "ray.py"]
+        if counting.search(path.read_text())
+    )
+    assert callers == ["serving/service.py"]
 
 
 async def test_batch_sizes_come_from_the_device_or_are_counted(service: InferenceService):
