@@ -24,7 +24,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from aioinfer.errors import ServingConfigError
-from aioinfer.serving.direct import DirectInfer
+from aioinfer.serving.rest.direct import DirectInfer
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         """Start the request's task: an infer request to the app of ``create_app`` is
-        answered by the connection itself (see ``serving/direct.py``), the rest by the
+        answered by the connection itself (see ``serving/rest/direct.py``), the rest by the
         app (or by uvicorn's 503 when over ``limit_concurrency``)."""
         direct = self._direct
         if direct is not None and app is self.app:

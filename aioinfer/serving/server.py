@@ -16,10 +16,10 @@ from aioinfer.errors import ServingConfigError
 from aioinfer.serving.connection import ConnectionLimits
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES
 from aioinfer.serving.repository import ModelConfig
-from aioinfer.serving.rest import create_app
+from aioinfer.serving.rest.app import create_app
 
 if TYPE_CHECKING:
-    from aioinfer.serving.grpc import GrpcServer
+    from aioinfer.serving.grpc.server import GrpcServer
 
 _logger = logging.getLogger("uvicorn.error")
 """uvicorn's logger: the one that ``serve`` prints (its configuration is uvicorn's)."""
@@ -148,7 +148,7 @@ def serve(
     )
     grpc_server = None
     if grpc_port is not None:
-        from aioinfer.serving.grpc import GrpcServer  # grpcio only for a gRPC server
+        from aioinfer.serving.grpc.server import GrpcServer  # grpcio only for a gRPC server
 
         grpc_server = GrpcServer(
             app.state.server,

@@ -43,7 +43,7 @@ RTOL, ATOL = 1e-5, 1e-6
 @pytest.fixture(scope="module")
 async def service(repository: Path, anyio_backend: str) -> AsyncIterator[InferenceService]:
     """The service over the package's repository, its lifespan entered (per backend:
-    see the note on the fixtures of test_fast_path.py)."""
+    see the note on the fixtures of rest/test_fast_path.py)."""
     served = InferenceService(ModelRepository(repository))
     async with served.lifespan():
         yield served

@@ -1,9 +1,10 @@
 """The REST adapter: the Open Inference Protocol (KServe v2 REST) over the model service.
 
 An ASGI app that translates and decides nothing: an HTTP request becomes calls of the
-:class:`~aioinfer.serving.service.InferenceService` (start: find and admit; infer), the
-body is decoded and the response encoded by :mod:`aioinfer.serving.protocol`, and the
-kind of every :class:`~aioinfer.errors.ServiceError` becomes an HTTP status through one
+:class:`~aioinfer.serving.service.InferenceService` (its ``call`` context: find, admit,
+count; in it, infer), the body is decoded and the response encoded by
+:mod:`aioinfer.serving.protocol`, and the kind of every
+:class:`~aioinfer.errors.ServiceError` becomes an HTTP status through one
 table, :data:`HTTP_STATUS`. What is HTTP's alone stays here: reading the body (the size
 limit counted as it arrives), content codings, the binary tensor extension's headers, a
 client's disconnect, the API key.
@@ -34,21 +35,21 @@ from aioinfer.errors import (
     ServiceError,
     SharedMemoryError,
 )
-from aioinfer.serving.auth import HEALTH_PATHS, ApiKeyCheck
-from aioinfer.serving.body import read_body
-from aioinfer.serving.compression import (
+from aioinfer.serving.control import check_no_model_files
+from aioinfer.serving.metrics import CONTENT_TYPE
+from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, ServedModel
+from aioinfer.serving.protocol import HEADER_LENGTH, RequestDecoder, encode_infer_response
+from aioinfer.serving.repository import ModelConfig, ModelRepository
+from aioinfer.serving.rest.auth import HEALTH_PATHS, ApiKeyCheck
+from aioinfer.serving.rest.body import read_body
+from aioinfer.serving.rest.compression import (
     compress,
     decompress,
     response_coding,
     worth_compressing,
 )
-from aioinfer.serving.control import check_no_model_files
-from aioinfer.serving.disconnect import unless_disconnected
-from aioinfer.serving.metrics import CONTENT_TYPE
-from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, ServedModel
-from aioinfer.serving.protocol import HEADER_LENGTH, RequestDecoder, encode_infer_response
-from aioinfer.serving.repository import ModelConfig, ModelRepository
-from aioinfer.serving.rest_generation import generate_routes
+from aioinfer.serving.rest.disconnect import unless_disconnected
+from aioinfer.serving.rest.generation import generate_routes
 from aioinfer.serving.service import InferenceService
 
 _logger = logging.getLogger(__name__)
@@ -371,7 +372,7 @@ def infer_target(path: str) -> tuple[str, str | None] | None:
 class OipApp(Starlette):
     """The server's Starlette app. Infer requests (most of the traffic) skip Starlette's
     own middleware and the router, unless middleware was added to the app. With an
-    ``api_key``, every request but the open ones must carry it (see ``serving/auth.py``).
+    ``api_key``, every request but the open ones must carry it (see ``serving/rest/auth.py``).
     """
 
     adapter: RestAdapter

@@ -29,9 +29,9 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCy
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from aioinfer.errors import ClientDisconnectedError
-from aioinfer.serving.body import check_declared, too_large
-from aioinfer.serving.disconnect import disconnected_error, disconnected_instead_of
-from aioinfer.serving.rest import OipApp, RestAdapter
+from aioinfer.serving.rest.app import OipApp, RestAdapter
+from aioinfer.serving.rest.body import check_declared, too_large
+from aioinfer.serving.rest.disconnect import disconnected_error, disconnected_instead_of
 
 T = TypeVar("T")
 
@@ -105,7 +105,7 @@ async def _read_body(
     connection: Connection, cycle: RequestResponseCycle, declared: bytes | None, limit: int
 ) -> bytes:
     """The body, as uvicorn's parser collects it into ``cycle``; refused as
-    :func:`~aioinfer.serving.body.read_body` does."""
+    :func:`~aioinfer.serving.rest.body.read_body` does."""
     check_declared(declared, limit)
     while True:
         if connection.lost or cycle.disconnected:
