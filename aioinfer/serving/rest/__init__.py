@@ -6,8 +6,9 @@ extensions over the model service, as a Starlette (ASGI) app.
 - ``generation.py``: the generate endpoints (JSON and server-sent events);
 - ``body.py``, ``compression.py``, ``disconnect.py``, ``auth.py``: reading a body within
   its limit, content codings, a client that goes away, the API key;
-- ``direct.py``: infer requests answered by their connection under :func:`serve
-  <aioinfer.serving.serve>` (uvicorn's protocol).
+- ``uvicorn_http.py``: what :func:`serve <aioinfer.serving.serve>` takes from uvicorn's
+  internals (its httptools protocol, extended: connection limits, infer requests
+  answered by their connection), all in that one module.
 """
 
 from aioinfer.serving.rest.app import EXTENSIONS, HTTP_STATUS, OipApp, RestAdapter, create_app
