@@ -214,6 +214,30 @@ class ErrorKind(enum.Enum):
     INTERNAL = "internal"
     """A fault of the server, not of the request."""
 
+    @classmethod
+    def of(cls, error: BaseException) -> ErrorKind:
+        """The kind of ``error``: a :class:`ServiceError`'s own; for an error of the
+        runtime, the kind of the first class of :data:`RUNTIME_ERROR_KINDS` it is an
+        instance of; INTERNAL for any other (a fault of the server)."""
+        if isinstance(error, ServiceError):
+            return error.kind
+        for error_class, kind in RUNTIME_ERROR_KINDS:
+            if isinstance(error, error_class):
+                return kind
+        return cls.INTERNAL
+
+
+RUNTIME_ERROR_KINDS: tuple[tuple[type[AioinferError], ErrorKind], ...] = (
+    (DeviceUnavailableError, ErrorKind.UNAVAILABLE),  # the device recovers: retryable
+    (QueueFullError, ErrorKind.UNAVAILABLE),  # generations wait already: retryable
+    (InputError, ErrorKind.INVALID_ARGUMENT),
+    (InferenceError, ErrorKind.INVALID_ARGUMENT),  # a kernel failed on these inputs
+    (RequestClosedError, ErrorKind.ABORTED),  # the model closed (shutdown)
+    (InferCancelledError, ErrorKind.ABORTED),
+)
+"""The kind of each error of the runtime that an inference may raise, as
+:meth:`ErrorKind.of` reads it (the first class that matches)."""
+
 
 class ServiceError(AioinferError):
     """A request that the model service refuses or could not serve; :attr:`kind` says

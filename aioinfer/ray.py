@@ -362,7 +362,11 @@ class RemoteCall(InferCall):
 
 class RayIngressService(InferenceService):
     """The ingress's service: the models' ports come from their replicas, and
-    inferences are forwarded to them (``handles``: model name -> its deployment)."""
+    inferences are forwarded to them (``handles``: model name -> its deployment): a
+    call is a :class:`RemoteCall`, admitted by the replica (:class:`RemoteModel` admits
+    everything)."""
+
+    call_type = RemoteCall
 
     def __init__(
         self,
@@ -397,15 +401,6 @@ class RayIngressService(InferenceService):
                 await self.drain()
             self.models.clear()
             self.started = False
-
-    def start(self, name: str, version: str | None) -> InferCall:
-        """As :meth:`InferenceService.start`; the call forwards to a replica."""
-        call = RemoteCall(self, self.find(name, version))
-        if self.closing:
-            call.fail(ErrorKind.UNAVAILABLE)
-            call.end()
-            raise ServiceError("the server is shutting down", ErrorKind.UNAVAILABLE)
-        return call
 
 
 @serve.ingress()

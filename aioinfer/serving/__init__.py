@@ -16,7 +16,7 @@ from aioinfer.errors import ErrorKind, ServiceError
 from aioinfer.serving.generation import GeneratedToken, GenerateRequest
 from aioinfer.serving.messages import InferenceRequest, InferenceResponse, RequestedOutput
 from aioinfer.serving.repository import ModelConfig, ModelRepository, VersionPolicy
-from aioinfer.serving.rest import create_app
+from aioinfer.serving.rest.app import create_app
 from aioinfer.serving.server import serve
 from aioinfer.serving.service import InferCall, InferenceService, ModelServer
 

@@ -191,7 +191,7 @@ class ModelGeneration:
         except ServiceError:
             raise
         except AioinferError as exc:
-            raise ServiceError(str(exc), _kind_of(exc)) from exc
+            raise ServiceError(str(exc), ErrorKind.of(exc)) from exc
         except Exception as exc:
             model = self.model
             _logger.exception("generation of model %r version %s", model.name, model.version)
@@ -206,42 +206,21 @@ async def generate_tokens(
     """:meth:`InferenceService.generate <aioinfer.serving.service.InferenceService.
     generate>`: the generation, counted in the model's statistics and in flight until it
     ends."""
-    call = service.start(name, version)
-    waited: list[float] = []
-    try:
+    async with service.call(name, version) as call:
         generation = service.generations.get(call.model)
         if generation is None:
             raise _invalid(
                 f"model {name!r} does not generate: its config.json has no 'generate' key"
             )
+        waited: list[float] = []
         async with aclosing(generation.tokens(request, waited)) as tokens:
             async for token in tokens:
                 yield token
-    except ServiceError as exc:
-        call.fail(exc.kind, exc)
-        raise
-    except BaseException:  # the consumer went away: closed or cancelled
-        call.fail(ErrorKind.CANCELLED)
-        raise
-    else:
         call.waited = sum(waited)
-        call.succeed()
-    finally:
-        call.end()
 
 
 def _invalid(message: str) -> ServiceError:
     return ServiceError(message, ErrorKind.INVALID_ARGUMENT)
-
-
-def _kind_of(error: AioinferError) -> ErrorKind:
-    # Imported here: the service imports this module.
-    from aioinfer.serving.service import RUNTIME_ERROR_KINDS
-
-    for error_class, kind in RUNTIME_ERROR_KINDS:
-        if isinstance(error, error_class):
-            return kind
-    return ErrorKind.INTERNAL
 
 
 def _read_tokenizer(path: Path) -> Any:

@@ -6,7 +6,7 @@ import asyncio
 import gc
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,10 +16,11 @@ from aioinfer.errors import ServingConfigError
 from aioinfer.serving.connection import ConnectionLimits
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES
 from aioinfer.serving.repository import ModelConfig
-from aioinfer.serving.rest import create_app
+from aioinfer.serving.rest.app import create_app
 
 if TYPE_CHECKING:
-    from aioinfer.serving.grpc import GrpcServer
+    from aioinfer.serving.grpc.server import GrpcServer
+    from aioinfer.serving.service import InferenceService
 
 _logger = logging.getLogger("uvicorn.error")
 """uvicorn's logger: the one that ``serve`` prints (its configuration is uvicorn's)."""
@@ -148,46 +149,73 @@ def serve(
     )
     grpc_server = None
     if grpc_port is not None:
-        from aioinfer.serving.grpc import GrpcServer  # grpcio only for a gRPC server
-
-        grpc_server = GrpcServer(
-            app.state.server,
-            host,
-            grpc_port,
-            limits=limits,
-            ssl_certfile=ssl_certfile,
-            ssl_keyfile=ssl_keyfile,
-            api_key=api_key,
+        grpc_server = _grpc_server(
+            app.state.server, host, grpc_port, limits, ssl_certfile, ssl_keyfile, api_key
         )
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     _log_like_uvicorn()
-    server = uvicorn.Server(config) if grpc_server is None else _WithGrpc(config, grpc_server)
+    _run_on_uvicorn_loop(config, _serve(config, app.state.server, grpc_server, freeze_gc))
 
-    async def main() -> None:
-        await app.state.server.load()  # errors surface here, before the port opens
-        if freeze_gc:
-            gc.collect()
-            gc.freeze()
-            gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
-        if grpc_server is None:
-            await server.serve()
-            return
-        bound = await grpc_server.start()
-        scheme = "TLS" if grpc_server.secure else "plaintext"
-        _logger.info("gRPC running on %s:%d (%s)", host, bound, scheme)
-        try:
-            await server.serve()  # its shutdown drains the service, then stops gRPC
-        finally:
-            await grpc_server.stop(GRPC_STOP_GRACE)  # (at once if already stopped)
 
+def _grpc_server(
+    service: InferenceService,
+    host: str,
+    port: int,
+    limits: ConnectionLimits,
+    ssl_certfile: str | Path | None,
+    ssl_keyfile: str | Path | None,
+    api_key: str | None,
+) -> GrpcServer:
+    """The gRPC server beside the REST one: the same service, TLS files, API key and
+    limits."""
+    from aioinfer.serving.grpc.server import GrpcServer  # grpcio only for a gRPC server
+
+    return GrpcServer(
+        service,
+        host,
+        port,
+        limits=limits,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+        api_key=api_key,
+    )
+
+
+async def _serve(
+    config: uvicorn.Config,
+    service: InferenceService,
+    grpc_server: GrpcServer | None,
+    freeze_gc: bool,
+) -> None:
+    """Compile the models, then serve until uvicorn's shutdown (and gRPC's, after the
+    service has drained)."""
+    await service.load()  # errors surface here, before the port opens
+    if freeze_gc:
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+    if grpc_server is None:
+        await uvicorn.Server(config).serve()
+        return
+    bound = await grpc_server.start()
+    scheme = "TLS" if grpc_server.secure else "plaintext"
+    _logger.info("gRPC running on %s:%d (%s)", config.host, bound, scheme)
+    try:
+        await _WithGrpc(config, grpc_server).serve()  # drains the service, then stops gRPC
+    finally:
+        await grpc_server.stop(GRPC_STOP_GRACE)  # (at once if already stopped)
+
+
+def _run_on_uvicorn_loop(config: uvicorn.Config, main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on the event loop uvicorn would pick (uvloop when installed)."""
     loop_factory = config.get_loop_factory()
-    runner = getattr(asyncio, "Runner", None)  # Python 3.11+: uvicorn's event loop (uvloop)
+    runner = getattr(asyncio, "Runner", None)  # Python 3.11+
     if runner is None or loop_factory is None:
-        asyncio.run(main())
+        asyncio.run(main)
         return
     with runner(loop_factory=loop_factory) as loop_runner:
-        loop_runner.run(main())
+        loop_runner.run(main)
 
 
 class _WithGrpc(uvicorn.Server):

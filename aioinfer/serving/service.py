@@ -1,29 +1,23 @@
 """The model service: the served models behind one object that every transport calls.
 
-A transport adapter (the REST app of ``serving/rest.py``; gRPC and a Ray Serve ingress
-to come) decodes its wire format into an
-:class:`~aioinfer.serving.messages.InferenceRequest`, calls the service, encodes the
-answer, and maps the kind of each :class:`~aioinfer.errors.ServiceError` to its own
-codes. It holds no policy: which model and version serve a request, admission (at most
-``max_concurrency`` inferences in flight and ``max_queue`` waiting per model, none while
-draining), sequences and their limits, the request size limit, the statistics and the
-drain at shutdown are decided here, once for every transport.
+A transport adapter (the REST app of :mod:`aioinfer.serving.rest`, the gRPC server of
+:mod:`aioinfer.serving.grpc`, Ray Serve's ingress and replicas of :mod:`aioinfer.ray`)
+decodes its wire format into an :class:`~aioinfer.serving.messages.InferenceRequest`,
+calls the service, encodes the answer, and maps the kind of each
+:class:`~aioinfer.errors.ServiceError` to its own codes. It holds no policy: which model
+and version serve a request, admission (at most ``max_concurrency`` inferences in flight
+and ``max_queue`` waiting per model, none while draining), sequences and their limits,
+the request size limit, the statistics and the drain at shutdown are decided here, once
+for every transport.
 
-An inference goes through the service in steps, so that a transport can refuse a request
-before it reads the body (a full model parses no bodies)::
+Every request goes through one context, :meth:`InferenceService.call`, which admits it
+before the transport reads the body (a full model parses no bodies) and counts its
+outcome however the block ends::
 
-    call = service.start(name, version)      # NOT_FOUND; UNAVAILABLE: at capacity or
-                                             # shutting down; else counted and in flight
-    try:
-        request = ...                        # the transport decodes the body
-        response = await call.infer(request)
-        ...                                  # the transport encodes the response
-    except ServiceError as exc:
-        call.fail(exc.kind, exc)
-    else:
-        call.succeed()
-    finally:
-        call.end()
+    async with service.call(name, version) as call:  # NOT_FOUND; UNAVAILABLE: at
+        request = ...                                 # capacity or shutting down
+        response = await call.infer(request)          # the transport decodes the body,
+        ...                                           # and encodes the response
 
 :meth:`InferenceService.infer` does all of it for a caller that holds the arrays.
 
@@ -53,14 +47,8 @@ import aioinfer
 from aioinfer.core import Core
 from aioinfer.errors import (
     AioinferError,
-    DeviceUnavailableError,
     ErrorKind,
-    InferCancelledError,
-    InferenceError,
-    InputError,
     ModelControlError,
-    QueueFullError,
-    RequestClosedError,
     ServiceError,
     ServingConfigError,
     SharedMemoryError,
@@ -99,16 +87,112 @@ EXTENSIONS = (
 )
 """The protocol extensions the service implements on every transport (Triton's names)."""
 
-RUNTIME_ERROR_KINDS: tuple[tuple[type[AioinferError], ErrorKind], ...] = (
-    (DeviceUnavailableError, ErrorKind.UNAVAILABLE),  # the device recovers: retryable
-    (QueueFullError, ErrorKind.UNAVAILABLE),  # generations wait already: retryable
-    (InputError, ErrorKind.INVALID_ARGUMENT),
-    (InferenceError, ErrorKind.INVALID_ARGUMENT),  # a kernel failed on these inputs
-    (RequestClosedError, ErrorKind.ABORTED),  # the model closed (shutdown)
-    (InferCancelledError, ErrorKind.ABORTED),
-)
-"""The kind of each runtime error an inference may raise (the first class that matches);
-any other one is INTERNAL."""
+
+class InferCall:
+    """One infer request to a model, from its arrival to its answer: counted in the
+    model's statistics, and in flight (the drain waits for it) until :meth:`end`.
+
+    :meth:`InferenceService.call` makes one once it admitted the request, gives it to
+    the transport, which calls :meth:`infer` once it has decoded the request, and counts
+    the outcome (:meth:`succeed` or :meth:`fail`, then :meth:`end`).
+    """
+
+    __slots__ = ("_metrics", "_service", "computed", "computed_until", "model", "started", "waited")
+
+    def __init__(self, service: InferenceService, model: ServedModel) -> None:
+        self._service = service
+        self.model = model
+        """The model the request goes to."""
+        self._metrics = metrics = service.metrics.of(model)
+        metrics.requests += 1
+        self.started = time.perf_counter()
+        """When the request arrived (``time.perf_counter()``)."""
+        self.waited = 0.0
+        """Seconds the inference waited before it computed (known after :meth:`infer`)."""
+        self.computed = self.computed_until = self.started
+        """When the inference began and ended (set by :meth:`infer`)."""
+        metrics.in_flight += 1
+        service._in_flight += 1
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Run the inference: on a pooled request or in the model's batches, or on the
+        request of the sequence that ``request.parameters`` names.
+
+        Raises:
+            ServiceError: INVALID_ARGUMENT for an output the model does not have, a bad
+                sequence id, an inactive sequence, or inputs the model refuses (their
+                names, types or shapes; a kernel that failed on them); UNAVAILABLE when
+                the model's queue is full; RESOURCE_EXHAUSTED when a new sequence would
+                pass ``max_sequences``, or the model's device failed to run it and
+                recovers (a PROCESS worker that died or hung: retryable); ABORTED when
+                the model was closed under the inference; INTERNAL for a fault of the
+                server (logged).
+        """
+        model = self.model
+        wanted = _wanted_outputs(model, request)
+        sequence = SequenceFlags.from_parameters(request.parameters)
+        inputs = request.inputs
+        shared_memory = self._service.shared_memory
+        if request.shared_inputs:
+            shared = request.shared_inputs.items()
+            inputs = {**inputs, **{name: shared_memory.read(name, s) for name, s in shared}}
+        self.computed = time.perf_counter()
+        try:
+            results, self.waited = await model.infer(inputs, sequence)
+        except ServiceError:
+            raise
+        except AioinferError as exc:
+            raise ServiceError(str(exc), ErrorKind.of(exc)) from exc
+        except Exception as exc:
+            _logger.exception("infer request to model %r version %s", model.name, model.version)
+            raise ServiceError(
+                f"internal server error: {type(exc).__name__}: {exc}", ErrorKind.INTERNAL
+            ) from exc
+        self.computed_until = time.perf_counter()
+        outputs = [(name, results[name], binary) for name, binary, _ in wanted]
+        response = InferenceResponse(model.name, model.version, request.id, outputs, self.waited)
+        for name, _, region in wanted:
+            if region is not None:
+                shared_memory.write(name, region, results[name])
+                response.shared_outputs[name] = region
+        return response
+
+    def succeed(self) -> None:
+        """Count the request as answered: its latency (from arrival until now) and the
+        time its inference waited."""
+        metrics = self._metrics
+        now = time.perf_counter()
+        metrics.latency.observe(now - self.started)
+        metrics.queue_time.observe(self.waited)
+        metrics.compute_input += self.computed - self.started
+        metrics.compute_infer += self.computed_until - self.computed - self.waited
+        metrics.compute_output += now - self.computed_until
+        metrics.last_inference = now
+
+    def fail(self, kind: ErrorKind, error: BaseException | None = None) -> None:
+        """Count the request as failed, for the reason that ``kind`` stands for; with the
+        ``error`` that stopped it, a device that recovers (UNAVAILABLE caused by a
+        :class:`~aioinfer.errors.DeviceUnavailableError`) counts as ``unavailable``, not
+        ``busy``."""
+        metrics = self._metrics
+        metrics.fail(failure_reason(kind, error))
+        now = time.perf_counter()
+        metrics.failed_seconds += now - self.started
+        metrics.last_inference = now
+
+    def end(self) -> None:
+        """The request is no longer in flight (the drain may end)."""
+        metrics = self._metrics
+        metrics.in_flight -= 1
+        service = self._service
+        if service._retiring and metrics.in_flight == 0:  # an unload waits for it
+            retiring = service._retiring.get(self.model)
+            if retiring is not None:
+                retiring.set()
+        service._in_flight -= 1
+        if service._in_flight == 0 and service._drained is not None:
+            service._drained.set()
+            service._drained = None
 
 
 class InferenceService:
@@ -514,16 +598,21 @@ class InferenceService:
 
     # -- inference ----------------------------------------------------------------------------
 
+    call_type: type[InferCall] = InferCall
+    """What :meth:`start` makes of an admitted request (Ray's ingress forwards it)."""
+
     def start(self, name: str, version: str | None) -> InferCall:
         """Begin an infer request to model ``name`` at ``version`` (None: the latest):
-        count it and admit it, before its body is read (see :class:`InferCall`).
+        count it and admit it, before its body is read. The first step of
+        :meth:`call`, which transports use: a call from here must end with
+        :meth:`InferCall.end` after :meth:`InferCall.succeed` or :meth:`InferCall.fail`.
 
         Raises:
             ServiceError: NOT_FOUND, an unknown model or version; UNAVAILABLE (counted as
                 failed), the service is draining or the model has neither a free slot
                 nor room in its queue.
         """
-        call = InferCall(self, self.find(name, version))
+        call = self.call_type(self, self.find(name, version))
         try:
             if self.closing:
                 raise ServiceError("the server is shutting down", ErrorKind.UNAVAILABLE)
@@ -534,6 +623,44 @@ class InferenceService:
             raise
         return call
 
+    @asynccontextmanager
+    async def call(self, name: str, version: str | None) -> AsyncIterator[InferCall]:
+        """One request to model ``name`` at ``version`` (None: the latest), from its
+        admission to its outcome: the way in for every transport.
+
+        The request is admitted on entry (before the transport reads its body) and in
+        flight until the block is left (the drain waits for it). The block's end counts
+        it: as answered when the block completes (its latency: from admission until
+        then, the response encoded); as failed for its kind when a
+        :class:`~aioinfer.errors.ServiceError` leaves it; as INTERNAL when any other
+        exception does (logged, and raised as a ServiceError); as CANCELLED when the
+        block is cancelled or, in an async generator, closed (the client went away).
+
+        Raises:
+            ServiceError: the errors of :meth:`start` on entry; those raised in the
+                block; INTERNAL in place of any other exception.
+        """
+        call = self.start(name, version)
+        try:
+            yield call
+        except ServiceError as exc:
+            call.fail(exc.kind, exc)
+            raise
+        except Exception as exc:  # a fault of the server's, not of the request
+            model = call.model
+            _logger.exception("request to model %r version %s", model.name, model.version)
+            call.fail(ErrorKind.INTERNAL)
+            raise ServiceError(
+                f"internal server error: {type(exc).__name__}: {exc}", ErrorKind.INTERNAL
+            ) from exc
+        except BaseException:  # cancelled, or the generator around the block closed
+            call.fail(ErrorKind.CANCELLED)
+            raise
+        else:
+            call.succeed()
+        finally:
+            call.end()
+
     async def infer(
         self, name: str, version: str | None, request: InferenceRequest
     ) -> InferenceResponse:
@@ -541,18 +668,10 @@ class InferenceService:
         admission, sequence and statistics, as a transport would.
 
         Raises:
-            ServiceError: the errors of :meth:`start` and :meth:`InferCall.infer`.
+            ServiceError: the errors of :meth:`call` and :meth:`InferCall.infer`.
         """
-        call = self.start(name, version)
-        try:
-            response = await call.infer(request)
-        except ServiceError as exc:
-            call.fail(exc.kind, exc)
-            raise
-        finally:
-            call.end()
-        call.succeed()
-        return response
+        async with self.call(name, version) as call:
+            return await call.infer(request)
 
     def generate(
         self, name: str, version: str | None, request: GenerateRequest
@@ -573,114 +692,6 @@ class InferenceService:
         return generate_tokens(self, name, version, request)
 
 
-class InferCall:
-    """One infer request to a model, from its arrival to its answer: counted in the
-    model's statistics, and in flight (the drain waits for it) until :meth:`end`.
-
-    :meth:`InferenceService.start` makes one once it admitted the request. A transport
-    then calls :meth:`infer` once it has decoded the request, :meth:`succeed` once the
-    answer is ready or :meth:`fail` with the kind of the error that stopped it, and
-    :meth:`end` in any case.
-    """
-
-    __slots__ = ("_metrics", "_service", "computed", "computed_until", "model", "started", "waited")
-
-    def __init__(self, service: InferenceService, model: ServedModel) -> None:
-        self._service = service
-        self.model = model
-        """The model the request goes to."""
-        self._metrics = metrics = service.metrics.of(model)
-        metrics.requests += 1
-        self.started = time.perf_counter()
-        """When the request arrived (``time.perf_counter()``)."""
-        self.waited = 0.0
-        """Seconds the inference waited before it computed (known after :meth:`infer`)."""
-        self.computed = self.computed_until = self.started
-        """When the inference began and ended (set by :meth:`infer`)."""
-        metrics.in_flight += 1
-        service._in_flight += 1
-
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        """Run the inference: on a pooled request or in the model's batches, or on the
-        request of the sequence that ``request.parameters`` names.
-
-        Raises:
-            ServiceError: INVALID_ARGUMENT for an output the model does not have, a bad
-                sequence id, an inactive sequence, or inputs the model refuses (their
-                names, types or shapes; a kernel that failed on them); UNAVAILABLE when
-                the model's queue is full; RESOURCE_EXHAUSTED when a new sequence would
-                pass ``max_sequences``, or the model's device failed to run it and
-                recovers (a PROCESS worker that died or hung: retryable); ABORTED when
-                the model was closed under the inference; INTERNAL for a fault of the
-                server (logged).
-        """
-        model = self.model
-        wanted = _wanted_outputs(model, request)
-        sequence = SequenceFlags.from_parameters(request.parameters)
-        inputs = request.inputs
-        shared_memory = self._service.shared_memory
-        if request.shared_inputs:
-            shared = request.shared_inputs.items()
-            inputs = {**inputs, **{name: shared_memory.read(name, s) for name, s in shared}}
-        self.computed = time.perf_counter()
-        try:
-            results, self.waited = await model.infer(inputs, sequence)
-        except ServiceError:
-            raise
-        except AioinferError as exc:
-            raise ServiceError(str(exc), _kind_of(exc)) from exc
-        except Exception as exc:
-            _logger.exception("infer request to model %r version %s", model.name, model.version)
-            raise ServiceError(
-                f"internal server error: {type(exc).__name__}: {exc}", ErrorKind.INTERNAL
-            ) from exc
-        self.computed_until = time.perf_counter()
-        outputs = [(name, results[name], binary) for name, binary, _ in wanted]
-        response = InferenceResponse(model.name, model.version, request.id, outputs, self.waited)
-        for name, _, region in wanted:
-            if region is not None:
-                shared_memory.write(name, region, results[name])
-                response.shared_outputs[name] = region
-        return response
-
-    def succeed(self) -> None:
-        """Count the request as answered: its latency (from arrival until now) and the
-        time its inference waited."""
-        metrics = self._metrics
-        now = time.perf_counter()
-        metrics.latency.observe(now - self.started)
-        metrics.queue_time.observe(self.waited)
-        metrics.compute_input += self.computed - self.started
-        metrics.compute_infer += self.computed_until - self.computed - self.waited
-        metrics.compute_output += now - self.computed_until
-        metrics.last_inference = now
-
-    def fail(self, kind: ErrorKind, error: BaseException | None = None) -> None:
-        """Count the request as failed, for the reason that ``kind`` stands for; with the
-        ``error`` that stopped it, a device that recovers (UNAVAILABLE caused by a
-        :class:`~aioinfer.errors.DeviceUnavailableError`) counts as ``unavailable``, not
-        ``busy``."""
-        metrics = self._metrics
-        metrics.fail(failure_reason(kind, error))
-        now = time.perf_counter()
-        metrics.failed_seconds += now - self.started
-        metrics.last_inference = now
-
-    def end(self) -> None:
-        """The request is no longer in flight (the drain may end)."""
-        metrics = self._metrics
-        metrics.in_flight -= 1
-        service = self._service
-        if service._retiring and metrics.in_flight == 0:  # an unload waits for it
-            retiring = service._retiring.get(self.model)
-            if retiring is not None:
-                retiring.set()
-        service._in_flight -= 1
-        if service._in_flight == 0 and service._drained is not None:
-            service._drained.set()
-            service._drained = None
-
-
 def _wanted_outputs(
     model: ServedModel, request: InferenceRequest
 ) -> list[tuple[str, bool, SharedMemoryRef | None]]:
@@ -697,13 +708,6 @@ def _wanted_outputs(
                 ErrorKind.INVALID_ARGUMENT,
             )
     return [(output.name, output.binary, output.shared_memory) for output in request.outputs]
-
-
-def _kind_of(error: AioinferError) -> ErrorKind:
-    for error_class, kind in RUNTIME_ERROR_KINDS:
-        if isinstance(error, error_class):
-            return kind
-    return ErrorKind.INTERNAL
 
 
 ModelServer = InferenceService

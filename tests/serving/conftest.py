@@ -30,7 +30,7 @@ EVERY_VERSION = {"version_policy": {"all": {}}}
 class LiveServer:
     """``app`` served by uvicorn on 127.0.0.1 at a free port, in a background thread,
     with the connections of ``serve`` (``ConnectionLimits``' protocol, which answers
-    infer requests itself: ``serving/direct.py``); ``options`` go to ``uvicorn.Config``
+    infer requests itself: ``serving/rest/uvicorn_http.py``); ``options`` go to ``uvicorn.Config``
     (limits, TLS, another ``http`` protocol)."""
 
     def __init__(self, app: ASGIApp, graceful_timeout: int = 10, **options: Any) -> None:

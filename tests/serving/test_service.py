@@ -4,6 +4,7 @@ admission, sequences, statistics and the drain, under asyncio and trio."""
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,7 +13,18 @@ import numpy as np
 import onnx
 import pytest
 
-from aioinfer.errors import ErrorKind, ProtocolError, ServiceError
+import aioinfer
+from aioinfer.errors import (
+    CompileError,
+    ErrorKind,
+    InferCancelledError,
+    InferenceError,
+    InputShapeError,
+    ProtocolError,
+    RequestClosedError,
+    ServiceError,
+    WorkerDiedError,
+)
 from aioinfer.serving import (
     InferenceRequest,
     InferenceService,
@@ -31,7 +43,7 @@ RTOL, ATOL = 1e-5, 1e-6
 @pytest.fixture(scope="module")
 async def service(repository: Path, anyio_backend: str) -> AsyncIterator[InferenceService]:
     """The service over the package's repository, its lifespan entered (per backend:
-    see the note on the fixtures of test_fast_path.py)."""
+    see the note on the fixtures of rest/test_fast_path.py)."""
     served = InferenceService(ModelRepository(repository))
     async with served.lifespan():
         yield served
@@ -110,6 +122,52 @@ async def test_statistics_count_answers_and_failures_by_kind(service: InferenceS
     assert sum(metrics.latency.counts) == answered + 1  # the answered one only
     assert metrics.failures["bad_request"] == failed + 1
     assert metrics.in_flight == 0
+
+
+async def test_the_call_context_counts_every_outcome(service: InferenceService):
+    """``service.call`` is the one way in: the block's end counts the request as
+    answered, failed for the kind of a ServiceError, INTERNAL for any other exception
+    (raised as a ServiceError), CANCELLED when cancelled; it is in flight until then."""
+    metrics = service.metrics.of(service.find("plain", None))
+    requests, answered = metrics.requests, sum(metrics.latency.counts)
+    failures = dict(metrics.failures)
+    a = np.ones((2, 3), np.float32)
+    inputs = {"a": a, "b": a, "scale": np.array([1, 2, 3], np.int64)}
+    async with service.call("plain", None) as call:
+        assert metrics.in_flight == 1 and call.model.name == "plain"
+        response = await call.infer(request(**inputs))
+    assert response.outputs[0][1].shape == (2, 3)
+    with pytest.raises(ServiceError) as invalid:
+        async with service.call("plain", None):
+            raise ProtocolError("the body is not JSON")
+    assert invalid.value.kind is ErrorKind.INVALID_ARGUMENT
+    with pytest.raises(ServiceError) as internal:
+        async with service.call("plain", None):
+            raise KeyError("a bug of the transport")
+    assert internal.value.kind is ErrorKind.INTERNAL
+    assert str(internal.value) == "internal server error: KeyError: 'a bug of the transport'"
+    with anyio.CancelScope() as scope:
+        async with service.call("plain", None):
+            scope.cancel()
+            await anyio.sleep_forever()
+    assert metrics.requests == requests + 4
+    assert sum(metrics.latency.counts) == answered + 1
+    counted = {r: n - failures.get(r, 0) for r, n in metrics.failures.items()}
+    assert {r: n for r, n in counted.items() if n} == {"bad_request": 1, "error": 1, "cancelled": 1}
+    assert metrics.in_flight == 0
+
+
+def test_only_the_service_counts_a_call():
+    """No transport writes the start / fail / succeed / end sequence by hand: only
+    ``serving/service.py`` calls those methods of an ``InferCall``."""
+    package = Path(aioinfer.__file__).parent
+    counting = re.compile(r"\.(?:fail|succeed|end)\((?:ErrorKind|exc\.kind|\))")
+    callers = sorted(
+        str(path.relative_to(package))
+        for path in [*package.joinpath("serving").rglob("*.py"), package / "ray.py"]
+        if counting.search(path.read_text())
+    )
+    assert callers == ["serving/service.py"]
 
 
 async def test_batch_sizes_come_from_the_device_or_are_counted(service: InferenceService):
@@ -260,6 +318,22 @@ def test_a_service_error_pickles_with_its_kind():
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error)
         assert (str(copy), copy.kind) == (str(error), error.kind)
+
+
+def test_the_kind_of_an_error_belongs_to_error_kind():
+    """One table, on ``ErrorKind``, for every part of the service that turns an error of
+    the runtime into a kind (inference and generation alike)."""
+    cases = [
+        (WorkerDiedError("the worker died"), ErrorKind.UNAVAILABLE),  # a DeviceUnavailableError
+        (InputShapeError("x: expected (1, 4), got (2, 4)"), ErrorKind.INVALID_ARGUMENT),
+        (InferenceError("a kernel failed"), ErrorKind.INVALID_ARGUMENT),
+        (RequestClosedError("closed"), ErrorKind.ABORTED),
+        (InferCancelledError("cancelled"), ErrorKind.ABORTED),
+        (ProtocolError("bad body", ErrorKind.TOO_LARGE), ErrorKind.TOO_LARGE),
+        (CompileError("no such op"), ErrorKind.INTERNAL),
+        (RuntimeError("a bug"), ErrorKind.INTERNAL),
+    ]
+    assert [ErrorKind.of(error) for error, _ in cases] == [kind for _, kind in cases]
 
 
 # -- sequences ----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from aioinfer.serving.model_config import apply_override
 from aioinfer.serving.service import InferenceService
 from tests.helpers import mlp_model
 from tests.serving.conftest import LiveServer, write_config, write_model
-from tests.serving.live_grpc import LiveGrpcServer
+from tests.serving.grpc.live import LiveGrpcServer
 from tests.serving.triton_models import simple_model
 
 SERVED = {"simple": ["2"], "every": ["1", "2"], "chosen": ["1", "3"], "last_two": ["2", "3"]}

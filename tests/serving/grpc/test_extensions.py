@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.serving.live_grpc import LiveGrpcServer
+from tests.serving.grpc.live import LiveGrpcServer
 from tests.serving.triton_models import write_triton_repository
 
 

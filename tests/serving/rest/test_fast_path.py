@@ -32,10 +32,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aioinfer.cli import main
 from aioinfer.serving import ModelServer, create_app, serve
-from aioinfer.serving import disconnect as disconnect_module
-from aioinfer.serving import rest as rest_module
 from aioinfer.serving.metrics import LATENCY_BUCKETS, Histogram
-from aioinfer.serving.rest import infer_target
+from aioinfer.serving.rest import app as rest_module
+from aioinfer.serving.rest import disconnect as disconnect_module
+from aioinfer.serving.rest.app import infer_target
 from aioinfer.serving.server import GC_THRESHOLD, SWITCH_INTERVAL
 from tests.helpers import mlp_model, reference_outputs, two_input_model
 from tests.serving.conftest import WIDE

@@ -1,4 +1,4 @@
-"""The server's API key over gRPC: the REST check's policy (``serving/auth.py``) on
+"""The server's API key over gRPC: the REST check's policy (``serving/rest/auth.py``) on
 gRPC metadata.
 
 Health (``ServerLive``, ``ServerReady``) stays open, as ``/v2/health/*`` does over REST;

@@ -2,9 +2,10 @@
 service, on ``grpcio``'s asyncio server.
 
 Like the REST adapter it translates and decides nothing: an RPC becomes calls of the
-:class:`~aioinfer.serving.service.InferenceService` (start: find and admit; infer),
-tensors are decoded and encoded by :mod:`aioinfer.serving.grpc_tensors`, and the kind of
-every :class:`~aioinfer.errors.ServiceError` becomes a gRPC status code through one
+:class:`~aioinfer.serving.service.InferenceService` (its ``call`` context: find, admit,
+count; in it, infer), tensors are decoded and encoded by
+:mod:`aioinfer.serving.grpc.tensors`, and the kind of every
+:class:`~aioinfer.errors.ServiceError` becomes a gRPC status code through one
 table, :data:`GRPC_STATUS`, with the message REST answers. It runs on the event loop of
 the REST server (``serve(..., grpc_port=...)``), so that both transports share the
 models, their batches, admission, sequences and statistics.
@@ -13,7 +14,7 @@ What is gRPC's alone stays here: a cancelled call (the client cancelled it, its 
 passed or its connection closed) cancels the handler's task, and with it the inference
 between two kernels; ``ModelStreamInfer`` answers each request of a stream in order, an
 error as ``error_message`` without ending the stream, a generation token by token
-(:mod:`aioinfer.serving.grpc_generation`); TLS, message size and connection
+(:mod:`aioinfer.serving.grpc.generation`); TLS, message size and connection
 limits are the server's options (:class:`GrpcServer`).
 
 grpc.aio is asyncio's: the gRPC server runs under asyncio only (the REST app also runs
@@ -22,7 +23,6 @@ under trio).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -33,17 +33,17 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from aioinfer.errors import ErrorKind, ServiceError, ServingConfigError
-from aioinfer.serving import grpc_extensions as extensions
 from aioinfer.serving.connection import ConnectionLimits
-from aioinfer.serving.grpc_auth import GrpcApiKeyCheck
-from aioinfer.serving.grpc_generation import (
+from aioinfer.serving.grpc import extensions
+from aioinfer.serving.grpc.auth import GrpcApiKeyCheck
+from aioinfer.serving.grpc.generation import (
     FINAL_RESPONSE,
     generate_response,
     generation_of,
     stream_error,
     stream_generation,
 )
-from aioinfer.serving.grpc_tensors import decode_infer_request, encode_infer_response
+from aioinfer.serving.grpc.tensors import decode_infer_request, encode_infer_response
 from aioinfer.serving.messages import TensorMetadata
 from aioinfer.serving.service import InferenceService
 
@@ -120,7 +120,7 @@ class GrpcAdapter(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- inference --------------------------------------------------------------------------
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """One inference; a generation answered whole (see ``serving/grpc_generation.py``)."""
+        """One inference; a generation answered whole (see ``serving/grpc/generation.py``)."""
         try:
             generation = generation_of(self.service, request)
             if generation is not None:
@@ -141,7 +141,7 @@ class GrpcAdapter(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_answers(self, request: Any) -> AsyncIterator[Any]:
         """The responses a stream gets for ``request``: one inference, one response; a
-        generation, one per token (see ``serving/grpc_generation.py``). The last one for
+        generation, one per token (see ``serving/grpc/generation.py``). The last one for
         the request has ``triton_final_response``, as Triton marks them."""
         generation = generation_of(self.service, request)
         if generation is not None:
@@ -163,29 +163,11 @@ class GrpcAdapter(service_pb2_grpc.GRPCInferenceServiceServicer):
             ServiceError: the service's (see :meth:`InferenceService.start` and
                 :meth:`InferCall.infer`), a malformed request, or INTERNAL.
         """
-        call = self.service.start(message.model_name, message.model_version or None)
-        model = call.model
-        try:
-            request = decode_infer_request(message, model.input_datatypes)
-            response = encode_infer_response(await call.infer(request))
-        except ServiceError as exc:
-            call.fail(exc.kind, exc)
-            raise
-        except asyncio.CancelledError:  # the call was cancelled: so is the inference
-            call.fail(ErrorKind.CANCELLED)
-            raise
-        except Exception as exc:  # a fault of the server's, not of the request
-            _logger.exception("infer request to model %r version %s", model.name, model.version)
-            call.fail(ErrorKind.INTERNAL)
-            raise ServiceError(
-                f"internal server error: {type(exc).__name__}: {exc}", ErrorKind.INTERNAL
-            ) from exc
-        finally:
-            call.end()
-        call.succeed()
-        return response
+        async with self.service.call(message.model_name, message.model_version or None) as call:
+            request = decode_infer_request(message, call.model.input_datatypes)
+            return encode_infer_response(await call.infer(request))
 
-    # -- Triton's extensions: thin calls of the service's methods (grpc_extensions.py) ----
+    # -- Triton's extensions: thin calls of the service's methods (extensions.py) --------
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._extension(extensions.model_config, request, context)
@@ -236,7 +218,7 @@ class GrpcAdapter(service_pb2_grpc.GRPCInferenceServiceServicer):
         request: Any,
         context: grpc.aio.ServicerContext,
     ) -> Any:
-        """The answer of ``rpc`` (a function of ``serving/grpc_extensions.py``); its
+        """The answer of ``rpc`` (a function of ``serving/grpc/extensions.py``); its
         error as the call's status, with REST's message."""
         try:
             return await rpc(self.service, request)
@@ -290,7 +272,7 @@ class GrpcServer:
         ssl_certfile: a PEM certificate (chain): serve over TLS.
         ssl_keyfile: its PEM private key (default: in ``ssl_certfile``).
         api_key: every RPC but ServerLive and ServerReady needs this key in its metadata
-            (see ``serving/grpc_auth.py``).
+            (see ``serving/grpc/auth.py``).
 
     Raises:
         ServingConfigError: ``ssl_keyfile`` without ``ssl_certfile``, a TLS file that

@@ -1,9 +1,10 @@
 """The REST adapter: the Open Inference Protocol (KServe v2 REST) over the model service.
 
 An ASGI app that translates and decides nothing: an HTTP request becomes calls of the
-:class:`~aioinfer.serving.service.InferenceService` (start: find and admit; infer), the
-body is decoded and the response encoded by :mod:`aioinfer.serving.protocol`, and the
-kind of every :class:`~aioinfer.errors.ServiceError` becomes an HTTP status through one
+:class:`~aioinfer.serving.service.InferenceService` (its ``call`` context: find, admit,
+count; in it, infer), the body is decoded and the response encoded by
+:mod:`aioinfer.serving.protocol`, and the kind of every
+:class:`~aioinfer.errors.ServiceError` becomes an HTTP status through one
 table, :data:`HTTP_STATUS`. What is HTTP's alone stays here: reading the body (the size
 limit counted as it arrives), content codings, the binary tensor extension's headers, a
 client's disconnect, the API key.
@@ -34,21 +35,21 @@ from aioinfer.errors import (
     ServiceError,
     SharedMemoryError,
 )
-from aioinfer.serving.auth import HEALTH_PATHS, ApiKeyCheck
-from aioinfer.serving.body import read_body
-from aioinfer.serving.compression import (
+from aioinfer.serving.control import check_no_model_files
+from aioinfer.serving.metrics import CONTENT_TYPE
+from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, ServedModel
+from aioinfer.serving.protocol import HEADER_LENGTH, RequestDecoder, encode_infer_response
+from aioinfer.serving.repository import ModelConfig, ModelRepository
+from aioinfer.serving.rest.auth import HEALTH_PATHS, ApiKeyCheck
+from aioinfer.serving.rest.body import read_body
+from aioinfer.serving.rest.compression import (
     compress,
     decompress,
     response_coding,
     worth_compressing,
 )
-from aioinfer.serving.control import check_no_model_files
-from aioinfer.serving.disconnect import unless_disconnected
-from aioinfer.serving.metrics import CONTENT_TYPE
-from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, ServedModel
-from aioinfer.serving.protocol import HEADER_LENGTH, RequestDecoder, encode_infer_response
-from aioinfer.serving.repository import ModelConfig, ModelRepository
-from aioinfer.serving.rest_generation import generate_routes
+from aioinfer.serving.rest.disconnect import unless_disconnected
+from aioinfer.serving.rest.generation import generate_routes
 from aioinfer.serving.service import InferenceService
 
 _logger = logging.getLogger(__name__)
@@ -207,43 +208,35 @@ class RestAdapter:
         service's statistics."""
         service = self.service
         try:
-            call = service.start(name, version)  # before the body: a full model reads none
+            # Admitted before the body is read: a full model reads none.
+            async with service.call(name, version) as call:
+                length, json_length, coding, accepted = _headers(headers)
+                limit = service.max_request_bytes
+                raw = await read(length, limit)
+                if coding is not None:
+                    inline = len(raw) <= _INLINE_BYTES // _INFLATION
+                    raw = await _off_loop(inline, decompress, raw, coding, limit)
+                model = call.model
+                decoder = self._decoders.get(model) or self._new_decoder(model)
+                request = decoder.decode(raw, json_length)
+                response = await guard(lambda: call.infer(request))
+                content, header_length = encode_infer_response(
+                    response.model_name,
+                    response.model_version,
+                    response.id,
+                    response.outputs,
+                    shared=response.shared_outputs,
+                )
+                response_encoding = None
+                if accepted is not None and worth_compressing(
+                    len(content), header_length is not None
+                ):
+                    response_encoding = response_coding(accepted)
+                if response_encoding is not None:
+                    inline = len(content) <= _INLINE_BYTES
+                    content = await _off_loop(inline, compress, content, response_encoding)
         except ServiceError as exc:
             return HTTP_STATUS[exc.kind], _JSON, _error_body(exc)
-        model = call.model
-        try:
-            length, json_length, coding, accepted = _headers(headers)
-            limit = service.max_request_bytes
-            raw = await read(length, limit)
-            if coding is not None:
-                inline = len(raw) <= _INLINE_BYTES // _INFLATION
-                raw = await _off_loop(inline, decompress, raw, coding, limit)
-            decoder = self._decoders.get(model) or self._new_decoder(model)
-            request = decoder.decode(raw, json_length)
-            response = await guard(lambda: call.infer(request))
-            content, header_length = encode_infer_response(
-                response.model_name,
-                response.model_version,
-                response.id,
-                response.outputs,
-                shared=response.shared_outputs,
-            )
-            response_encoding = None
-            if accepted is not None and worth_compressing(len(content), header_length is not None):
-                response_encoding = response_coding(accepted)
-            if response_encoding is not None:
-                inline = len(content) <= _INLINE_BYTES
-                content = await _off_loop(inline, compress, content, response_encoding)
-        except ServiceError as exc:
-            call.fail(exc.kind, exc)
-            return HTTP_STATUS[exc.kind], _JSON, _error_body(exc)
-        except Exception as exc:  # a fault of the server's, not of the request
-            _logger.exception("infer request to model %r version %s", model.name, model.version)
-            call.fail(ErrorKind.INTERNAL)
-            return HTTP_STATUS[ErrorKind.INTERNAL], _JSON, _internal_error_body(exc)
-        finally:
-            call.end()
-        call.succeed()
         if header_length is None:
             answer_headers = _JSON
         else:
@@ -379,7 +372,7 @@ def infer_target(path: str) -> tuple[str, str | None] | None:
 class OipApp(Starlette):
     """The server's Starlette app. Infer requests (most of the traffic) skip Starlette's
     own middleware and the router, unless middleware was added to the app. With an
-    ``api_key``, every request but the open ones must carry it (see ``serving/auth.py``).
+    ``api_key``, every request but the open ones must carry it (see ``serving/rest/auth.py``).
     """
 
     adapter: RestAdapter

@@ -28,8 +28,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from aioinfer.errors import ErrorKind, ProtocolError, ServiceError
-from aioinfer.serving.body import read_body
 from aioinfer.serving.generation import GeneratedToken, GenerateRequest
+from aioinfer.serving.rest.body import read_body
 from aioinfer.serving.service import InferenceService
 
 _JSON = [(b"content-type", b"application/json")]

@@ -34,7 +34,7 @@ from tritonclient.grpc import service_pb2
 
 from aioinfer.errors import ProtocolError, ServiceError
 from aioinfer.serving.generation import GeneratedToken, GenerateRequest, ModelGeneration
-from aioinfer.serving.grpc_tensors import decode_infer_request, encode_infer_response
+from aioinfer.serving.grpc.tensors import decode_infer_request, encode_infer_response
 from aioinfer.serving.json_values import object_array
 from aioinfer.serving.messages import InferenceResponse
 from aioinfer.serving.service import InferenceService
@@ -91,7 +91,7 @@ def decode_generate_request(message: Any, generation: ModelGeneration) -> Genera
 
     Raises:
         ProtocolError: a prompt of the wrong datatype or count, tensors that disagree
-            with their shape (the messages of :mod:`~aioinfer.serving.grpc_tensors`),
+            with their shape (the messages of :mod:`~aioinfer.serving.grpc.tensors`),
             text that is not UTF-8.
     """
     datatypes = {}

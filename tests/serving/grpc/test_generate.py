@@ -39,9 +39,9 @@ from tests.helpers import (
     write_tokenizer,
 )
 from tests.serving.conftest import write_config, write_model
-from tests.serving.live_grpc import LiveGrpcServer
+from tests.serving.grpc.live import LiveGrpcServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROMPT = [1, 2, 3]
 SLOW = 1500
 """MatMul+Tanh pairs per step of the slow decoder: tens of milliseconds a step."""

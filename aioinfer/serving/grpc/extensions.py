@@ -7,7 +7,7 @@ refusals and messages. The model configuration and the statistics are the servic
 JSON objects parsed into Triton's messages (``model_config_pb2.ModelConfig``,
 ``ModelStatistics``) strictly: a key that Triton's ``.proto`` does not have is a fault
 here, not a field silently dropped. Tensors that name a shared-memory region are
-decoded with the others (:mod:`aioinfer.serving.grpc_tensors`).
+decoded with the others (:mod:`aioinfer.serving.grpc.tensors`).
 
 CUDA shared memory is answered as REST answers it: no region, registration refused
 (aioinfer computes on the host), unregistration a no-op.

@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 import aioinfer
 from aioinfer.errors import ErrorKind
-from aioinfer.serving.grpc import GRPC_STATUS, NOT_YET
+from aioinfer.serving.grpc.server import GRPC_STATUS, NOT_YET
 from tests.helpers import make_model, mlp_model, reference_outputs, tensor_info, wait_until
 from tests.helpers import scrape_metric as metric
 from tests.serving.conftest import (
@@ -38,7 +38,7 @@ from tests.serving.conftest import (
     write_config,
     write_model,
 )
-from tests.serving.live_grpc import LiveGrpcServer
+from tests.serving.grpc.live import LiveGrpcServer
 
 # Float32 matrix products: batched rows may round differently from onnxruntime's.
 RTOL, ATOL = 1e-5, 1e-6

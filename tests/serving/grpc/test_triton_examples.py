@@ -32,7 +32,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient import utils
 from tritonclient.utils import InferenceServerException
 
-from tests.serving.live_grpc import LiveGrpcServer
+from tests.serving.grpc.live import LiveGrpcServer
 from tests.serving.triton_models import write_triton_repository
 
 INPUT0 = np.arange(16, dtype=np.int32).reshape(1, 16)

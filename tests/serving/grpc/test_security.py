@@ -33,11 +33,11 @@ from aioinfer.serving.grpc import GrpcServer
 from tests.helpers import mlp_model, reference_outputs, wait_until
 from tests.helpers import scrape_metric as metric
 from tests.serving.conftest import WIDE, chain_model, write_model
-from tests.serving.live_grpc import LiveGrpcServer
+from tests.serving.grpc.live import LiveGrpcServer
 
 KEY = "s3cret-key-0123456789"
 BEARER = {"authorization": f"Bearer {KEY}"}
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RTOL, ATOL = 1e-5, 1e-6
 
 

@@ -1,4 +1,4 @@
-"""Infer requests answered by their connection (``serving/direct.py``), against live
+"""Infer requests answered by their connection (``serving/rest/uvicorn_http.py``), against live
 servers on loopback with real sockets and tritonclient: the app's ASGI entry is not
 called for them, and every answer (values, errors, limits, compression, the API key,
 pipelining, ``Connection: close``, a body in parts) is the app's own, compared with a
