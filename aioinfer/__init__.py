@@ -24,6 +24,7 @@ from aioinfer.errors import (
     InvalidModelError,
     InvalidPropertyValueError,
     MissingInputError,
+    ModelFolderError,
     ModelNotFoundError,
     ModelReadError,
     NotBatchableError,
@@ -33,6 +34,9 @@ from aioinfer.errors import (
     RequestBusyError,
     RequestClosedError,
     ServingConfigError,
+    TextInputError,
+    TextTooLongError,
+    TextTypeError,
     UnknownDeviceError,
     UnknownInputError,
     UnknownPropertyError,
@@ -43,6 +47,13 @@ from aioinfer.errors import (
 )
 from aioinfer.generation import GenerationConfig, generate
 from aioinfer.model import Model, Port
+from aioinfer.pipelines import (
+    BatchStatistics,
+    RerankResult,
+    TextEmbedder,
+    TextReranker,
+    TokenBatching,
+)
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.state import VariableState
@@ -58,6 +69,7 @@ __all__ = [
     "AioinferError",
     "AsyncInferQueue",
     "AsyncInferRequest",
+    "BatchStatistics",
     "BlobDeviceError",
     "BlobVersionError",
     "CompileError",
@@ -81,6 +93,7 @@ __all__ = [
     "InvalidPropertyValueError",
     "MissingInputError",
     "Model",
+    "ModelFolderError",
     "ModelNotFoundError",
     "ModelReadError",
     "NotBatchableError",
@@ -91,7 +104,14 @@ __all__ = [
     "RequestBusyError",
     "RequestClosedError",
     "RequestState",
+    "RerankResult",
     "ServingConfigError",
+    "TextEmbedder",
+    "TextInputError",
+    "TextReranker",
+    "TextTooLongError",
+    "TextTypeError",
+    "TokenBatching",
     "UnknownDeviceError",
     "UnknownInputError",
     "UnknownPropertyError",
