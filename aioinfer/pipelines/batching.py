@@ -42,13 +42,22 @@ class TokenBatching:
         max_batch_size: the most texts in one batch.
         batches_in_flight: how many batches run at once (each on its own infer request
             of the compiled model).
+        max_padding: how much padding a batch may add, as a fraction of its real
+            tokens: a text is added to a batch only while the batch's padded tokens stay
+            within ``(1 + max_padding)`` times its real ones (a text of another length
+            waits for a batch of its own).
     """
 
     max_batch_tokens: int = 4096
     max_batch_size: int = 64
     batches_in_flight: int = 2
+    max_padding: float = 0.25
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_padding, (int, float)) or not self.max_padding >= 0:
+            raise InvalidPropertyValueError(
+                f"TokenBatching.max_padding: expected a number >= 0, got {self.max_padding!r}"
+            )
         for name in ("max_batch_tokens", "max_batch_size", "batches_in_flight"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -136,29 +145,36 @@ class TokenBatcher(Generic[R]):
         return [item.result for item in items]  # type: ignore[misc]  # all done
 
     def _take_batch(self, seed: _Item[R]) -> list[_Item[R]]:
-        """The batch around ``seed``: pooled items adjacent in length, added while they
-        pad least, within the token and size budgets; removed from the pool."""
+        """The batch around ``seed``: pooled items adjacent in length, the one that pads
+        least first, within the token, size and padding budgets; removed from the pool."""
         ordered = sorted(self._pending, key=lambda item: (len(item.encoding), item.arrival))
         low = high = ordered.index(seed)
-        longest = len(seed.encoding)
-        budget, size = self.batching.max_batch_tokens, self.batching.max_batch_size
-        while high - low + 1 < size:
+        longest = real = len(seed.encoding)
+        settings = self.batching
+        slack = 1.0 + settings.max_padding
+        while high - low + 1 < settings.max_batch_size:
             count = high - low + 1
-            options = []
+            options = []  # (padding added, side, new longest)
             if low > 0:  # shorter: pads itself to the longest
-                options.append((longest - len(ordered[low - 1].encoding), -1))
+                length = len(ordered[low - 1].encoding)
+                options.append((longest - length, -1, longest, length))
             if high + 1 < len(ordered):  # longer: pads every text already in
                 length = len(ordered[high + 1].encoding)
-                if (count + 1) * length <= budget:
-                    options.append(((length - longest) * count, 1))
-            if not options or (count + 1) * longest > budget:
+                options.append(((length - longest) * count, 1, length, length))
+            fitting = [
+                option
+                for option in options
+                if (count + 1) * option[2] <= settings.max_batch_tokens
+                and (count + 1) * option[2] <= slack * (real + option[3])
+            ]
+            if not fitting:
                 break
-            _, side = min(options)
+            _, side, longest, length = min(fitting)
+            real += length
             if side < 0:
                 low -= 1
             else:
                 high += 1
-                longest = len(ordered[high].encoding)
         batch = ordered[low : high + 1]
         taken = set(map(id, batch))
         self._pending = [item for item in self._pending if id(item) not in taken]
