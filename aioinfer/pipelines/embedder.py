@@ -8,15 +8,11 @@ export); the texts of concurrent calls are batched by tokens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
-from aioinfer.core import Core
 from aioinfer.errors import ModelFolderError, TextInputError
-from aioinfer.pipelines.batching import TokenBatching
 from aioinfer.pipelines.encoder import TextPipeline, check_texts
 from aioinfer.pipelines.folder import FEATURE_EXTRACTION, SENTENCE_TRANSFORMERS
 from aioinfer.pipelines.pooling import normalize as l2_normalize
@@ -27,46 +23,12 @@ _TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
 
 class TextEmbedder(TextPipeline):
     """Embeddings of texts by a sentence-transformers folder or an optimum
-    feature-extraction export. Build one with :meth:`load`."""
+    feature-extraction export. Build one with :meth:`load`
+    (``await TextEmbedder.load(folder)``)."""
 
     _layouts = (SENTENCE_TRANSFORMERS, FEATURE_EXTRACTION)
 
-    @classmethod
-    async def load(
-        cls,
-        folder: str | Path,
-        device: str = "AUTO",
-        config: Mapping[str, Any] | None = None,
-        *,
-        batching: TokenBatching | None = None,
-        core: Core | None = None,
-    ) -> TextEmbedder:
-        """Read ``folder`` (recognized by its files: see :mod:`aioinfer.pipelines.folder`)
-        and compile its encoder for ``device`` with ``config``, off the event loop.
-
-        Args:
-            folder: a sentence-transformers folder or an optimum feature-extraction export.
-            device: the device of the encoder (AUTO: the first of ORT, OPENVINO, CPU).
-            config: properties for the device.
-            batching: how concurrent calls are batched (the defaults of
-                :class:`TokenBatching` otherwise).
-            core: the Core to compile with (a new one otherwise).
-
-        Raises:
-            ModelFolderError: the folder is not an embedding model this reads, or its
-                model lacks the inputs and outputs of one.
-            CompileError: the device cannot compile the model.
-        """
-        found, tokenizer, compiled = await cls._load_parts(folder, device, config, core)
-        try:
-            return cls(found, tokenizer, compiled, batching or TokenBatching())
-        except BaseException:
-            tokenizer.close()
-            await compiled.close()
-            raise
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def _check_outputs(self) -> None:
         outputs = {port.name: port for port in self.compiled.outputs}
         named = [name for name in _TOKEN_OUTPUTS if name in outputs]
         ranked = [port.name for port in self.compiled.outputs if port.rank == 3]

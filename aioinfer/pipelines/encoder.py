@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import numpy as np
@@ -23,6 +23,8 @@ from aioinfer.pipelines.batching import BatchStatistics, TokenBatcher, TokenBatc
 from aioinfer.pipelines.folder import TextModelFolder, read_folder
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.text.tokenizer import Encoding, TextInput, Tokenizer
+
+P = TypeVar("P", bound="TextPipeline")
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 """The encoder inputs a text pipeline feeds (a model needs not take all of them)."""
@@ -88,15 +90,40 @@ class TextPipeline:
             )
         self._input_dtypes = {name: port.dtype for name, port in inputs.items()}
         self._batcher: TokenBatcher[Any] = TokenBatcher(self._run_batch, batching)
+        self._check_outputs()
+
+    def _check_outputs(self) -> None:
+        """Raise :class:`ModelFolderError` unless the model has the outputs the pipeline
+        reads."""
 
     @classmethod
-    async def _load_parts(
-        cls,
+    async def load(
+        cls: type[P],
         folder: str | Path,
-        device: str,
-        config: Mapping[str, Any] | None,
-        core: Core | None,
-    ) -> tuple[TextModelFolder, Tokenizer, CompiledModel]:
+        device: str = "AUTO",
+        config: Mapping[str, Any] | None = None,
+        *,
+        batching: TokenBatching | None = None,
+        core: Core | None = None,
+    ) -> P:
+        """Read ``folder`` (recognized by its files: see :mod:`aioinfer.pipelines.folder`)
+        and compile its model for ``device`` with ``config``, off the event loop.
+
+        Args:
+            folder: a sentence-transformers folder or an optimum feature-extraction export
+                (:class:`~aioinfer.TextEmbedder`); an optimum text-classification export
+                of a cross-encoder (:class:`~aioinfer.TextReranker`).
+            device: the device of the encoder (AUTO: the first of ORT, OPENVINO, CPU).
+            config: properties for the device.
+            batching: how concurrent calls are batched (the defaults of
+                :class:`~aioinfer.TokenBatching` otherwise).
+            core: the Core to compile with (a new one otherwise).
+
+        Raises:
+            ModelFolderError: the folder is not of a layout this pipeline reads, lacks its
+                model or tokenizer, or its model lacks the inputs and outputs it needs.
+            CompileError: the device cannot compile the model.
+        """
         found = await anyio.to_thread.run_sync(read_folder, folder)
         if found.layout not in cls._layouts:
             raise ModelFolderError(
@@ -106,8 +133,17 @@ class TextPipeline:
         tokenizer = await anyio.to_thread.run_sync(
             lambda: Tokenizer.from_folder(found.tokenizer, max_length=found.max_length)
         )
-        compiled = await (core or Core()).compile_model_async(found.onnx, device, config)
-        return found, tokenizer, compiled
+        try:
+            compiled = await (core or Core()).compile_model_async(found.onnx, device, config)
+        except BaseException:
+            tokenizer.close()
+            raise
+        try:
+            return cls(found, tokenizer, compiled, batching or TokenBatching())
+        except BaseException:
+            tokenizer.close()
+            await compiled.close()
+            raise
 
     @property
     def statistics(self) -> BatchStatistics:
@@ -151,7 +187,7 @@ class TextPipeline:
         self.tokenizer.close()
         await self.compiled.close()
 
-    async def __aenter__(self) -> TextPipeline:
+    async def __aenter__(self: P) -> P:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

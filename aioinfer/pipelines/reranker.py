@@ -7,16 +7,12 @@ and scored by its one logit; the pairs of concurrent calls are batched by tokens
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from aioinfer.core import Core
 from aioinfer.errors import ModelFolderError, TextInputError, TextTypeError
-from aioinfer.pipelines.batching import TokenBatching
 from aioinfer.pipelines.encoder import TextPipeline, check_texts
 from aioinfer.pipelines.folder import TEXT_CLASSIFICATION
 
@@ -36,38 +32,12 @@ class RerankResult:
 
 class TextReranker(TextPipeline):
     """Scores documents against a query with a cross-encoder exported by optimum
-    (``--task text-classification``, one label). Build one with :meth:`load`."""
+    (``--task text-classification``, one label). Build one with :meth:`load`
+    (``await TextReranker.load(folder)``)."""
 
     _layouts = (TEXT_CLASSIFICATION,)
 
-    @classmethod
-    async def load(
-        cls,
-        folder: str | Path,
-        device: str = "AUTO",
-        config: Mapping[str, Any] | None = None,
-        *,
-        batching: TokenBatching | None = None,
-        core: Core | None = None,
-    ) -> TextReranker:
-        """Read ``folder`` and compile its cross-encoder for ``device`` with ``config``,
-        off the event loop (the arguments are those of :meth:`TextEmbedder.load`).
-
-        Raises:
-            ModelFolderError: the folder is not a one-label text-classification export,
-                or its model lacks a ``logits`` output.
-            CompileError: the device cannot compile the model.
-        """
-        found, tokenizer, compiled = await cls._load_parts(folder, device, config, core)
-        try:
-            return cls(found, tokenizer, compiled, batching or TokenBatching())
-        except BaseException:
-            tokenizer.close()
-            await compiled.close()
-            raise
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def _check_outputs(self) -> None:
         names = [port.name for port in self.compiled.outputs]
         if "logits" not in names or self.folder.num_labels != 1:
             raise ModelFolderError(
