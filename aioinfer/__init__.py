@@ -24,6 +24,7 @@ from aioinfer.errors import (
     InvalidModelError,
     InvalidPropertyValueError,
     MissingInputError,
+    ModelFolderError,
     ModelNotFoundError,
     ModelReadError,
     NotBatchableError,
@@ -34,6 +35,9 @@ from aioinfer.errors import (
     RequestBusyError,
     RequestClosedError,
     ServingConfigError,
+    TextInputError,
+    TextTooLongError,
+    TextTypeError,
     UnknownDeviceError,
     UnknownInputError,
     UnknownPropertyError,
@@ -44,6 +48,13 @@ from aioinfer.errors import (
 )
 from aioinfer.generation import GenerationConfig, generate
 from aioinfer.model import Model, Port
+from aioinfer.pipelines import (
+    BatchStatistics,
+    RerankResult,
+    TextEmbedder,
+    TextReranker,
+    TokenBatching,
+)
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.state import VariableState
@@ -59,6 +70,7 @@ __all__ = [
     "AioinferError",
     "AsyncInferQueue",
     "AsyncInferRequest",
+    "BatchStatistics",
     "BlobDeviceError",
     "BlobVersionError",
     "CompileError",
@@ -82,6 +94,7 @@ __all__ = [
     "InvalidPropertyValueError",
     "MissingInputError",
     "Model",
+    "ModelFolderError",
     "ModelNotFoundError",
     "ModelReadError",
     "NotBatchableError",
@@ -93,7 +106,14 @@ __all__ = [
     "RequestBusyError",
     "RequestClosedError",
     "RequestState",
+    "RerankResult",
     "ServingConfigError",
+    "TextEmbedder",
+    "TextInputError",
+    "TextReranker",
+    "TextTooLongError",
+    "TextTypeError",
+    "TokenBatching",
     "UnknownDeviceError",
     "UnknownInputError",
     "UnknownPropertyError",

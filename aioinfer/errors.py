@@ -165,6 +165,31 @@ class QueueFullError(AioinferError):
     started; retry later."""
 
 
+# -- text pipelines ---------------------------------------------------------------------
+
+
+class ModelFolderError(ModelReadError):
+    """A model folder that a text pipeline cannot use: no ONNX model or tokenizer in it, a
+    layout it does not recognize, a pooling or module it does not support, or a model
+    without the inputs and outputs the pipeline feeds and reads (the message names the
+    folder, the file and what was expected)."""
+
+
+class TextInputError(InputError):
+    """Texts given to a text pipeline that it cannot take: an empty list, an empty
+    query, an unknown prompt name, ``dimensions`` out of range."""
+
+
+class TextTypeError(TextInputError, TypeError):
+    """A text given to a text pipeline is not a string (the message names its index and
+    type)."""
+
+
+class TextTooLongError(TextInputError):
+    """A text has more tokens than the model's maximum length and truncation was turned
+    off (the message names its index, its token count and the maximum)."""
+
+
 # -- serving ----------------------------------------------------------------------------
 
 
