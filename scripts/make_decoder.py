@@ -13,7 +13,7 @@ decoding of a random Llama repeats one token, which would not test a KV cache.
 Beside each folder, ``NAME.json`` holds transformers' ``generate(do_sample=False,
 max_new_tokens=16)`` tokens for prompts of 1 to 100 tokens, and the smallest gap between
 the two largest logits over those steps (how far a float32 difference is from flipping
-an argmax). The tests in ``tests/test_generation_reference.py`` compare aioinfer's
+an argmax). The tests in ``tests/generation/test_generation_reference.py`` compare aioinfer's
 tokens with them on every device.
 
 ``--bench`` makes instead the 58M-parameter decoder of ``benchmarks/generation.py``

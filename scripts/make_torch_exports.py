@@ -2,7 +2,7 @@
 
 ``torch.onnx.export`` writes the graphs users bring: literals as ``Constant`` nodes,
 shapes computed with ``Shape``/``Gather``/``Concat``, PyTorch's names. The tests of
-AUTO's choice (``tests/test_auto_device.py``) run on these files. Weights come from
+AUTO's choice (``tests/devices/auto/test_auto_device.py``) run on these files. Weights come from
 fixed seeds, so the files change only with torch's exporter. Needs torch, onnx and
 onnxscript (not aioinfer's dependencies)::
 

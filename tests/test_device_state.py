@@ -24,7 +24,6 @@ import onnxruntime as ort
 import pytest
 
 import aioinfer as ai
-from tests.behaviour.conftest import install_example_device
 from tests.helpers import (
     accumulator_model,
     chain_model,
@@ -147,7 +146,6 @@ CASES = {
 def compiled() -> Iterator[Callable[[str, str], ai.CompiledModel]]:
     """``compiled(device, case)``: the case's model compiled with ``STATEFUL`` on the
     device, once per module (a PROCESS worker takes a second to start)."""
-    install_example_device()
     core = ai.Core()
     made: dict[tuple[str, str], ai.CompiledModel] = {}
 
@@ -302,7 +300,6 @@ async def test_two_requests_and_pooled_calls_keep_separate_state(compiled, devic
 @pytest.fixture(scope="module")
 def slow() -> Iterator[Callable[[str], ai.CompiledModel]]:
     """A stateful chain of 300 MatMul+Tanh pairs: long enough to cancel midway."""
-    install_example_device()
     core = ai.Core()
     made: dict[str, ai.CompiledModel] = {}
 
@@ -400,13 +397,11 @@ async def test_cpu_keeps_its_variables_natively(compiled) -> None:
 
 @pytest.mark.parametrize("device", ["BATCH:CPU", "BATCH:TWOSTAGE", "BATCH:PROCESS:CPU"])
 def test_batch_still_refuses_stateful_models(device) -> None:
-    install_example_device()
     with pytest.raises(ai.NotBatchableError, match="stateful"):
         ai.Core().compile_model(accumulator_model(), device, {"STATEFUL": {"past": "present"}})
 
 
 def test_bad_pairs_fail_before_the_device_compiles() -> None:
-    install_example_device()
     core = ai.Core()
     for device in ("TWOSTAGE", "PROCESS:CPU"):
         with pytest.raises(ai.InvalidPropertyValueError, match="no input named 'nope'"):
@@ -444,7 +439,6 @@ def test_a_stateful_model_kept_above_the_device_is_not_exported(compiled) -> Non
 async def test_the_model_cache_keeps_the_device_s_model_under_the_state_layer(tmp_path) -> None:
     """With CACHE_DIR, the Core caches what TWOSTAGE compiled (state ports included); the
     variables are added above the cached model, and stay per request."""
-    install_example_device()
     core = ai.Core()
     case = CASES["lstm"]
     config = {"STATEFUL": case.stateful, "CACHE_DIR": str(tmp_path)}

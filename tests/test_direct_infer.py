@@ -3,7 +3,7 @@ request), ``BatchCompiledModel.infer`` / ``infer_timed`` (straight into the batc
 ``SyncInferRequest.validated``, ``queued_seconds``, and the batcher starting the next
 batch before it answers the last one.
 
-Exactness as in tests/test_batch.py: the int64 and elementwise ``exact_model`` is
+Exactness as in tests/devices/batch/test_batch.py: the int64 and elementwise ``exact_model`` is
 compared bit for bit with unbatched runs (and its int64 output with onnx.reference);
 float32 products go through BLAS, whose rounding depends on the rows of the batch, and
 are compared with a tolerance.
@@ -25,8 +25,8 @@ from onnx.reference import ReferenceEvaluator
 import aioinfer as ai
 from aioinfer.devices.batch import BatchCompiledModel
 from aioinfer.plugin import SyncInferRequest
+from tests.devices.batch.test_batch import exact_feeds, exact_model, gather_model
 from tests.helpers import chain_model, mlp_model, reference_outputs, two_input_model
-from tests.test_batch import exact_feeds, exact_model, gather_model
 
 pytestmark = pytest.mark.anyio
 

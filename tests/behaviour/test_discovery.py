@@ -1,5 +1,5 @@
-"""A third-party device is found through its entry point, in a fresh interpreter, and
-runs the conformance suite by the command its README gives."""
+"""A third-party device, installed, is found through its entry point in a fresh
+interpreter, and runs the conformance suite by the command its README gives."""
 
 from __future__ import annotations
 
@@ -9,10 +9,28 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from tests.behaviour.conftest import EXAMPLE_DEVICE, ROOT
+from tests.example_device import ADDED_PATHS, EXAMPLE_DEVICE, ROOT
 
 
-def test_fresh_interpreter_finds_the_example_device_by_entry_point():
+def install(target: Path) -> dict[str, str]:
+    """Install the example device into ``target`` as a user would (a wheel built from its
+    ``pyproject.toml``, without dependencies or build isolation: no package registry); the
+    environment of an interpreter that sees that installation, not the test run's path."""
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
+    command += ["--no-build-isolation", "--no-compile", "--target", str(target)]
+    done = subprocess.run(
+        [*command, str(EXAMPLE_DEVICE)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    env = dict(os.environ)
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ADDED_PATHS]
+    env["PYTHONPATH"] = os.pathsep.join([str(target), *kept])
+    return env
+
+
+def test_fresh_interpreter_finds_the_installed_example_device_by_entry_point(tmp_path):
+    target = tmp_path / "site-packages"
+    env = install(target)
     script = """
 import aioinfer as ai
 from importlib.metadata import entry_points
@@ -26,14 +44,14 @@ import aioinfer_twostage
 print(aioinfer_twostage.__file__)
 """
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd="/", timeout=60
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd="/", env=env, timeout=60
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "aioinfer_twostage:TwoStagePlugin"
     assert "CPU" in lines[1].split(",") and "TWOSTAGE" in lines[1].split(",")
     assert lines[2] == "aioinfer_twostage.plugin TWOSTAGE"
-    assert lines[3].startswith(str(EXAMPLE_DEVICE))
+    assert lines[3].startswith(str(target))
 
 
 def test_cli_runs_on_the_example_device():

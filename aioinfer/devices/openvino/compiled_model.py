@@ -9,9 +9,10 @@ not hold (the ONNX nodes' names for error messages, the variables' shapes)::
 
 OpenVINO 2026.4's export gets recurrent layers wrong: a model with an ONNX ``LSTM``,
 ``GRU`` or ``RNN`` imports (and loads from OpenVINO's own model cache) with other
-results, off by up to 0.8 (measured on an AMD EPYC; tests/test_openvino_export.py). For
-such a model the payload holds the ONNX model instead (``"format": "onnx"`` in the JSON
-part, self-contained as the CPU device's), and importing it compiles it again.
+results, off by up to 0.8 (measured on an AMD EPYC;
+tests/devices/openvino/test_openvino_export.py). For such a model the payload holds the
+ONNX model instead (``"format": "onnx"`` in the JSON part, self-contained as the CPU
+device's), and importing it compiles it again.
 """
 
 from __future__ import annotations

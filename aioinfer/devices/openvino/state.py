@@ -13,7 +13,7 @@ semantics hold on top of OpenVINO's ``VariableState``:
 - *Atomic steps.* OpenVINO commits each variable when its ``Assign`` runs, so an
   inference cancelled or failed after some of them ran leaves those variables advanced
   and the others not (a KV cache whose concatenations take a while is cancelled between
-  them most of the time; tests/test_openvino_state.py). OpenVINO's CPU device keeps
+  them most of the time; tests/devices/openvino/test_openvino_state.py). OpenVINO's CPU device keeps
   each variable in two buffers and an ``Assign`` writes the one not read, so the tensor
   ``VariableState.state`` gave before the step still holds the value from before: it is
   kept (no copy) when a step starts, and a step that does not complete writes it back

@@ -18,7 +18,7 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "examples" / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "examples" / "notebooks"
 NAMES = ["quickstart.ipynb", "async_throughput.ipynb", "stateful_generation.ipynb"]
 
 

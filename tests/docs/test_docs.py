@@ -20,7 +20,7 @@ import yaml
 
 from aioinfer.models import default_model_path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 MARKED_BLOCK = re.compile(
     r"<!-- test: (?P<what>run|excerpt (?P<path>\S+)) -->\n```[\w-]*\n(?P<code>.*?)^```",

@@ -24,7 +24,7 @@ from tests.helpers import (
     tensor_info,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def gelu_model() -> onnx.ModelProto:

@@ -131,7 +131,7 @@ def test_exiting_while_the_session_is_made_does_not_abort() -> None:
             capture_output=True,
             text=True,
             timeout=120,
-            cwd=Path(__file__).parent.parent,
+            cwd=Path(__file__).resolve().parents[3],
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "exiting"

@@ -511,7 +511,7 @@ def test_exiting_with_jobs_in_flight_does_not_abort(tmp_path):
     """A queue's jobs are no tasks that asyncio.run cancels: a request's thread that
     came back from OpenVINO's wait() while the interpreter finalized aborted the
     process (most exits); the jobs are now cancelled and the threads ended first."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     script = tmp_path / "exit_in_flight.py"
     script.write_text(EXIT_WITH_JOBS_IN_FLIGHT)
     env = {**os.environ, "PYTHONPATH": str(root)}

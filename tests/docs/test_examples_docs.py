@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import mlp_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 

@@ -502,7 +502,7 @@ def test_a_worker_whose_parent_dies_before_connecting_exits(tmp_path: Path) -> N
         "print(worker.pid, worker.stdout.readline().decode().strip(), flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[3])
     # Not its stderr: the worker inherits it, and an orphan would hold it open.
     done = subprocess.run(
         [sys.executable, str(script)],

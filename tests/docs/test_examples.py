@@ -8,7 +8,7 @@ from pathlib import Path
 
 from examples.models.decoder import SENTENCE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_example(*args: str) -> str:
