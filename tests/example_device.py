@@ -21,7 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the test extra installs tomli on 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_DEVICE = ROOT / "examples" / "custom_device"
