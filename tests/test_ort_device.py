@@ -882,6 +882,30 @@ async def test_short_runs_of_an_idle_stream_run_on_the_loop(core):
 
 
 @pytest.mark.anyio
+async def test_a_run_the_load_stretched_keeps_a_short_model_on_the_loop(core):
+    """One run that the machine's load stretched far past ``ORT_INLINE_RUN_US`` (a time
+    slice lost; recorded here as the request records a run, at 20 budgets) leaves the
+    next run of a short model on the loop instead of sending it through the hop to a
+    thread; runs that stay long send the next ones to a thread within a few runs."""
+    compiled = core.compile_model(chain_model(3, 64), "ORT", {"ORT_INLINE_RUN_US": 10**5})
+    times = compiled.run_times
+    request = compiled.create_infer_request()
+    x = rows(1, width=64)
+    await request.infer({"x": x})  # new input shapes: measured on a thread
+    await request.infer({"x": x})
+    assert request.queued_seconds == 0.0  # inline: it waited for no thread
+    shapes = (x.shape,)
+    times.record(shapes, 20 * times.budget)
+    await request.infer({"x": x})
+    assert request.queued_seconds == 0.0
+    for _ in range(3):
+        times.record(shapes, 20 * times.budget)
+    await request.infer({"x": x})
+    assert request.queued_seconds > 0.0
+    await compiled.close()
+
+
+@pytest.mark.anyio
 async def test_runs_on_the_loop_still_let_other_tasks_run(core):
     """Inline runs give the loop a turn whenever it last had one ``ORT_INLINE_RUN_US``
     or more ago (see tests.helpers.assert_inline_runs_share_the_loop)."""

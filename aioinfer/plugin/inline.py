@@ -39,7 +39,11 @@ class RunTimes:
 
     ``weight`` is the weight of the latest run in the running average kept per shapes
     (1: the last run alone; less, and one run slowed by the machine's load does not send
-    the next ones to a thread). ``exclusive``: a run goes inline only while no run of the
+    the next ones to a thread). A run counts for at most twice the budget: a run that
+    lost a time slice on a loaded machine (milliseconds) then moves the average of a
+    short model by a fraction of the budget instead of keeping its next runs on a thread
+    until the average decays, while a model whose runs are long stays above the budget
+    from its first run. ``exclusive``: a run goes inline only while no run of the
     compiled model is in flight on a thread (for an engine whose one stream computes one
     run at a time: an inline run next to a threaded one would be a second stream).
     """
@@ -54,6 +58,8 @@ class RunTimes:
 
     def record(self, shapes: Any, seconds: float) -> None:
         """Note how long a run on inputs of ``shapes`` took (any thread)."""
+        if self.budget:
+            seconds = min(seconds, 2 * self.budget)
         average = self.seconds.get(shapes)
         if average is None:
             if len(self.seconds) >= MAX_SHAPES:
