@@ -52,6 +52,8 @@ class ORTInferRequest(SyncInferRequest):
         """Every input is a required tensor fed as it is (no text, sequence or optional)."""
         self._feed: dict[str, Any] = {}
         self._shapes: tuple[object, ...] = ()
+        self._checked_shapes: tuple[object, ...] | None = None
+        """The input shapes of the last inference whose plain inputs passed the check."""
         self._times = compiled_model.run_times
         self._outputs: list[Any] = []
         self._run_profile: RunProfile | None = None
@@ -60,19 +62,27 @@ class ORTInferRequest(SyncInferRequest):
 
     def infer_preprocess(self) -> None:
         """Check the inputs (base class) and make the feed; an optional input left out
-        is not fed."""
-        super().infer_preprocess()
+        is not fed. Plain inputs whose shapes are those of the last inference that
+        passed the check are not checked again: the check depends on the shapes only."""
         inputs = self._inputs
-        if not self._plain_inputs:
-            self._feed = {
-                name: _as_text(name, value) if name in self._text_inputs else value
-                for name, value in zip(self._input_names, inputs)
-                if value is not None
-            }
-            self._shapes = tuple(getattr(value, "shape", None) for value in inputs)
-        else:  # the usual case, without the per-value tests
+        if self._plain_inputs:
+            try:
+                shapes = tuple([value.shape for value in inputs])  # type: ignore[union-attr]
+            except AttributeError:  # an input with no value: the check names it
+                shapes = None
+            if shapes is None or shapes != self._checked_shapes:
+                super().infer_preprocess()
+                self._checked_shapes = shapes
+            self._shapes = shapes  # type: ignore[assignment]
             self._feed = dict(zip(self._input_names, inputs))
-            self._shapes = tuple([value.shape for value in inputs])  # type: ignore[union-attr]
+            return
+        super().infer_preprocess()
+        self._feed = {
+            name: _as_text(name, value) if name in self._text_inputs else value
+            for name, value in zip(self._input_names, inputs)
+            if value is not None
+        }
+        self._shapes = tuple(getattr(value, "shape", None) for value in inputs)
 
     def input_shapes(self) -> tuple[object, ...]:
         """The shapes of the inputs of the inference being run (None for a non-tensor)."""
