@@ -41,11 +41,15 @@ class ORTInferRequest(SyncInferRequest):
         # A failing run is raised as an InferenceError with onnxruntime's message; its
         # log line on stderr would say the same again.
         self._run_options.log_severity_level = 4
+        self._terminate_set = False
+        """Whether a cancel set ``RunOptions.terminate`` since the last run cleared it
+        (setting an option of onnxruntime's costs about as much as a dict of the feed)."""
         self._input_names = [port.name for port in self._input_ports]
         self._output_names = [port.name for port in self._output_ports]
         # onnxruntime's strings are text: these ports are converted (decided once here).
         self._text_inputs = frozenset(p.name for p in self._input_ports if _is_text(p))
         self._text_outputs = [_is_text(port) for port in self._output_ports]
+        self._any_text_output = any(self._text_outputs)
         self._plain_inputs = not self._text_inputs and all(
             port.kind == "tensor" for port in self._input_ports
         )
@@ -96,7 +100,9 @@ class ORTInferRequest(SyncInferRequest):
             InferenceError: onnxruntime failed (its message names the node).
         """
         options = self._run_options
-        options.terminate = False  # set by the last cancel; a cancel from now on stops
+        if self._terminate_set:  # by a cancel since: cleared, a cancel from now on stops
+            self._terminate_set = False
+            options.terminate = False
         if self.cancel_token.requested:
             raise InferCancelledError("the inference was cancelled")
         feed, self._feed = self._feed, {}
@@ -129,14 +135,17 @@ class ORTInferRequest(SyncInferRequest):
     def infer_postprocess(self) -> None:
         """Publish the arrays of the run."""
         outputs, self._outputs = self._outputs, []
-        if any(self._text_outputs):
+        if self._any_text_output:
             outputs = [_as_bytes(v) if text else v for v, text in zip(outputs, self._text_outputs)]
         self.set_results(outputs)
 
     def cancel(self) -> None:
         """Stop the running inference before onnxruntime's next kernel (any thread)."""
         super().cancel()
+        # In this order: a run that sees the flag sees the terminate flag set and the
+        # cancel requested, so clearing them before it raises loses nothing.
         self._run_options.terminate = True
+        self._terminate_set = True
 
 
 def _raw_run(session: ort.InferenceSession | None) -> Callable[..., list[Any]] | None:
