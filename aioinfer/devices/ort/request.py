@@ -4,6 +4,7 @@ its own so that a cancel stops this request's run only."""
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -71,7 +72,7 @@ class ORTInferRequest(SyncInferRequest):
         inputs = self._inputs
         if self._plain_inputs:
             try:
-                shapes = tuple([value.shape for value in inputs])  # type: ignore[union-attr]
+                shapes = tuple(map(_shape_of, inputs))
             except AttributeError:  # an input with no value: the check names it
                 shapes = None
             if shapes is None or shapes != self._checked_shapes:
@@ -158,6 +159,9 @@ def _raw_run(session: ort.InferenceSession | None) -> Callable[..., list[Any]] |
         return None
     binding = getattr(session, "_sess", None)
     return binding.run if binding is not None and hasattr(binding, "run") else session.run
+
+
+_shape_of = operator.attrgetter("shape")
 
 
 def _is_text(port: Port) -> bool:
