@@ -8,6 +8,7 @@ PERF_COUNT reads node timings from onnxruntime's profile; BATCH:ORT, PROCESS:ORT
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -16,9 +17,11 @@ import os
 import signal
 import statistics
 import struct
+import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -29,6 +32,7 @@ import onnx
 import onnx.helper as oh
 import onnxruntime as ort
 import pytest
+import sniffio
 import tritonclient.http as httpclient
 
 import aioinfer as ai
@@ -882,6 +886,76 @@ async def test_short_runs_of_an_idle_stream_run_on_the_loop(core):
     for _ in range(3):
         await long_runs.infer(big)
         assert _ran_on(long_runs) != loop_thread
+
+
+@pytest.mark.anyio
+async def test_a_run_the_load_stretched_keeps_a_short_model_on_the_loop(core):
+    """One run that the machine's load stretched far past ``ORT_INLINE_RUN_US`` (a time
+    slice lost; recorded here as the request records a run, at 20 budgets) leaves the
+    next run of a short model on the loop instead of sending it through the hop to a
+    thread; runs that stay long send the next ones to a thread within a few runs."""
+    compiled = core.compile_model(chain_model(3, 64), "ORT", {"ORT_INLINE_RUN_US": 10**5})
+    times = compiled.run_times
+    request = compiled.create_infer_request()
+    x = rows(1, width=64)
+    await request.infer({"x": x})  # new input shapes: measured on a thread
+    await request.infer({"x": x})
+    assert request.queued_seconds == 0.0  # inline: it waited for no thread
+    shapes = (x.shape,)
+    times.record(shapes, 20 * times.budget)
+    await request.infer({"x": x})
+    assert request.queued_seconds == 0.0
+    for _ in range(3):
+        times.record(shapes, 20 * times.budget)
+    await request.infer({"x": x})
+    assert request.queued_seconds > 0.0
+    await compiled.close()
+
+
+SYNC_CALLS = 21
+"""Python calls per ``infer_sync`` on a short run (25 before the per-call work was cut)."""
+AWAITED_CALLS = {"asyncio": 32, "trio": 36}
+"""The same per awaited inline ``infer``, per backend (40 on both before)."""
+
+
+@contextlib.contextmanager
+def _counting_python_calls() -> Iterator[list[int]]:
+    """Count the Python function calls (and coroutine resumptions) of this thread meanwhile,
+    into the one-element list yielded."""
+    calls = [0]
+
+    def count(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            calls[0] += 1
+
+    sys.setprofile(count)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
+@pytest.mark.anyio
+async def test_the_request_paths_own_work_per_inference_stays_small(core):
+    """aioinfer's own work per inference on a short run, counted as Python function calls
+    (with ``sys.setprofile``: a count the machine's load does not change), once the run's
+    time is known: ``infer_sync``, and an awaited ``infer`` that runs inline."""
+    # A budget that no run reaches: every run inline, no loop turn within the test.
+    compiled = core.compile_model(chain_model(3, 64), "ORT", {"ORT_INLINE_RUN_US": 10**6})
+    request = compiled.create_infer_request()
+    x = rows(1, width=64)
+    for _ in range(3):
+        await request.infer({"x": x})
+    runs = 200
+    with _counting_python_calls() as sync:
+        for _ in range(runs):
+            request.infer_sync({"x": x})
+    with _counting_python_calls() as awaited:
+        for _ in range(runs):
+            await request.infer({"x": x})
+    assert sync[0] / runs <= SYNC_CALLS
+    assert awaited[0] / runs <= AWAITED_CALLS[sniffio.current_async_library()]
+    await compiled.close()
 
 
 @pytest.mark.anyio

@@ -389,13 +389,41 @@ class AsyncInferRequest:
 
         ``awaited``: a task of the caller awaits this run, and may be cancelled.
         """
+        request = self._request
+        token = request.cancel_token
+        durations = request.stage_durations
         try:
             try:
-                await self._run_stages()
+                # The stages, in this coroutine: one of its own per inference cost as
+                # much as the cancel check of an inline run (profiled).
+                start = time.perf_counter()
+                for name, executor, stage, committing in self._steps:
+                    if token.requested:
+                        raise InferCancelledError("the inference was cancelled")
+                    try:
+                        # The commit point: the last stage commits the state and
+                        # publishes the results, so from there on the step completes.
+                        self._committed = committing
+                        if executor.inline:
+                            # Called here: awaiting the executor would cost a coroutine
+                            # per stage (profiled) for a plain call.
+                            stage()
+                        elif not committing:
+                            _, waited = await executor.run_timed(stage, request.cancel)
+                            request.queued_seconds += waited
+                        else:
+                            with _shielded():
+                                _, waited = await executor.run_timed(stage)
+                            request.queued_seconds += waited
+                    finally:
+                        # One clock read per stage: a stage ends when the next starts.
+                        end = time.perf_counter()
+                        durations[name] = end - start
+                        start = end
             except anyio.get_cancelled_exc_class():
                 # asyncio's own cancellation (task.cancel(), asyncio.timeout) goes through
                 # shields: it may come after the last stage published. Then it completed.
-                if self._request.results is self._published:
+                if request.results is self._published:
                     self.error = InferCancelledError("the inference was cancelled")
                 raise
             except Exception as exc:
@@ -410,35 +438,6 @@ class AsyncInferRequest:
                         await self._call_back()
         finally:
             self._settle()
-
-    async def _run_stages(self) -> None:
-        request = self._request
-        token = request.cancel_token
-        durations = request.stage_durations
-        start = time.perf_counter()
-        for name, executor, stage, committing in self._steps:
-            if token.requested:
-                raise InferCancelledError("the inference was cancelled")
-            try:
-                # The commit point: the last stage commits the state and publishes the
-                # results, so from there on the step completes.
-                self._committed = committing
-                if executor.inline:
-                    # Called here: awaiting the executor would cost a coroutine per stage
-                    # (the loop's work per inference, profiled) for a plain call.
-                    stage()
-                elif not committing:
-                    _, waited = await executor.run_timed(stage, request.cancel)
-                    request.queued_seconds += waited
-                else:
-                    with _shielded():
-                        _, waited = await executor.run_timed(stage)
-                    request.queued_seconds += waited
-            finally:
-                # One clock read per stage: a stage ends when the next starts.
-                end = time.perf_counter()
-                durations[name] = end - start
-                start = end
 
     async def _run_detached(self) -> None:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -112,7 +113,7 @@ class SyncInferRequest(ABC):
         buffer = self._buffers[index]
         if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
             buffer = self._buffers[index] = np.empty(value.shape, value.dtype)
-        np.copyto(buffer, value)
+        buffer[...] = value  # same shape and type: np.copyto's dispatch, without it
         return buffer
 
     def set_tensors(self, key: str | int | Port, values: Sequence[Any]) -> None:
@@ -407,14 +408,18 @@ def accepts_as_is(port: Port) -> Callable[[Any], bool] | None:
 
         return static
     rank = len(shape)
-    axes = tuple(axis for axis, _ in fixed)
+    # The fixed dimensions of a shape, read in C (itemgetter of one axis gives a size,
+    # not a tuple: a tuple of none or one axes is compared as a slice).
+    fixed_of = operator.itemgetter(*(axis for axis, _ in fixed)) if len(fixed) > 1 else None
     sizes = tuple(dim for _, dim in fixed)
+    first = fixed[0][0] if fixed else 0
 
     def dynamic(value: Any) -> bool:
         if type(value) is not np.ndarray or value.ndim != rank or value.dtype != expected:
             return False
-        dims = value.shape
-        return tuple([dims[axis] for axis in axes]) == sizes
+        if fixed_of is not None:
+            return fixed_of(value.shape) == sizes
+        return value.shape[first : first + len(sizes)] == sizes
 
     return dynamic
 

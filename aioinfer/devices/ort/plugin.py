@@ -134,6 +134,13 @@ threads could compute: worth it only for runs shorter than the hop to a thread a
 (tens of microseconds here), which the loop then saves."""
 
 
+RUN_TIME_WEIGHT = 0.25
+"""Weight of the latest run in the running average that decides whether the next runs go
+inline: a run that the machine's load stretched past the budget (onnxruntime's threads
+preempted) does not send the next ones to a thread, which on a busy 2-core machine sent
+up to a third of a 0.3 ms model's awaited runs through the hop."""
+
+
 class ORTCompiledModel(CompiledModel):
     """One onnxruntime session shared by all requests; up to ``NUM_STREAMS`` of them run
     at once, each on a thread of the task executor with ``intra_op_num_threads``
@@ -193,7 +200,7 @@ class ORTCompiledModel(CompiledModel):
         budget = int(config["ORT_INLINE_RUN_US"]) / 1e6
         if streams > 1:  # inline runs are one at a time: only those shorter than the hop
             budget = min(budget, MULTI_STREAM_INLINE_S)
-        self.run_times = RunTimes(budget, exclusive=True)
+        self.run_times = RunTimes(budget, weight=RUN_TIME_WEIGHT, exclusive=True)
         """The last run times that decide where a run goes (see :mod:`aioinfer.plugin.inline`)."""
         # The session holds the weights: the IR graph (and its weights) is not kept, only
         # the serialized model (to export it).

@@ -4,6 +4,7 @@ its own so that a cancel stops this request's run only."""
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -41,17 +42,23 @@ class ORTInferRequest(SyncInferRequest):
         # A failing run is raised as an InferenceError with onnxruntime's message; its
         # log line on stderr would say the same again.
         self._run_options.log_severity_level = 4
+        self._terminate_set = False
+        """Whether a cancel set ``RunOptions.terminate`` since the last run cleared it
+        (setting an option of onnxruntime's costs about as much as a dict of the feed)."""
         self._input_names = [port.name for port in self._input_ports]
         self._output_names = [port.name for port in self._output_ports]
         # onnxruntime's strings are text: these ports are converted (decided once here).
         self._text_inputs = frozenset(p.name for p in self._input_ports if _is_text(p))
         self._text_outputs = [_is_text(port) for port in self._output_ports]
+        self._any_text_output = any(self._text_outputs)
         self._plain_inputs = not self._text_inputs and all(
             port.kind == "tensor" for port in self._input_ports
         )
         """Every input is a required tensor fed as it is (no text, sequence or optional)."""
         self._feed: dict[str, Any] = {}
         self._shapes: tuple[object, ...] = ()
+        self._checked_shapes: tuple[object, ...] | None = None
+        """The input shapes of the last inference whose plain inputs passed the check."""
         self._times = compiled_model.run_times
         self._outputs: list[Any] = []
         self._run_profile: RunProfile | None = None
@@ -60,19 +67,27 @@ class ORTInferRequest(SyncInferRequest):
 
     def infer_preprocess(self) -> None:
         """Check the inputs (base class) and make the feed; an optional input left out
-        is not fed."""
-        super().infer_preprocess()
+        is not fed. Plain inputs whose shapes are those of the last inference that
+        passed the check are not checked again: the check depends on the shapes only."""
         inputs = self._inputs
-        if not self._plain_inputs:
-            self._feed = {
-                name: _as_text(name, value) if name in self._text_inputs else value
-                for name, value in zip(self._input_names, inputs)
-                if value is not None
-            }
-            self._shapes = tuple(getattr(value, "shape", None) for value in inputs)
-        else:  # the usual case, without the per-value tests
+        if self._plain_inputs:
+            try:
+                shapes = tuple(map(_shape_of, inputs))
+            except AttributeError:  # an input with no value: the check names it
+                shapes = None
+            if shapes is None or shapes != self._checked_shapes:
+                super().infer_preprocess()
+                self._checked_shapes = shapes
+            self._shapes = shapes  # type: ignore[assignment]
             self._feed = dict(zip(self._input_names, inputs))
-            self._shapes = tuple([value.shape for value in inputs])  # type: ignore[union-attr]
+            return
+        super().infer_preprocess()
+        self._feed = {
+            name: _as_text(name, value) if name in self._text_inputs else value
+            for name, value in zip(self._input_names, inputs)
+            if value is not None
+        }
+        self._shapes = tuple(getattr(value, "shape", None) for value in inputs)
 
     def input_shapes(self) -> tuple[object, ...]:
         """The shapes of the inputs of the inference being run (None for a non-tensor)."""
@@ -86,7 +101,9 @@ class ORTInferRequest(SyncInferRequest):
             InferenceError: onnxruntime failed (its message names the node).
         """
         options = self._run_options
-        options.terminate = False  # set by the last cancel; a cancel from now on stops
+        if self._terminate_set:  # by a cancel since: cleared, a cancel from now on stops
+            self._terminate_set = False
+            options.terminate = False
         if self.cancel_token.requested:
             raise InferCancelledError("the inference was cancelled")
         feed, self._feed = self._feed, {}
@@ -119,14 +136,17 @@ class ORTInferRequest(SyncInferRequest):
     def infer_postprocess(self) -> None:
         """Publish the arrays of the run."""
         outputs, self._outputs = self._outputs, []
-        if any(self._text_outputs):
+        if self._any_text_output:
             outputs = [_as_bytes(v) if text else v for v, text in zip(outputs, self._text_outputs)]
         self.set_results(outputs)
 
     def cancel(self) -> None:
         """Stop the running inference before onnxruntime's next kernel (any thread)."""
         super().cancel()
+        # In this order: a run that sees the flag sees the terminate flag set and the
+        # cancel requested, so clearing them before it raises loses nothing.
         self._run_options.terminate = True
+        self._terminate_set = True
 
 
 def _raw_run(session: ort.InferenceSession | None) -> Callable[..., list[Any]] | None:
@@ -139,6 +159,9 @@ def _raw_run(session: ort.InferenceSession | None) -> Callable[..., list[Any]] |
         return None
     binding = getattr(session, "_sess", None)
     return binding.run if binding is not None and hasattr(binding, "run") else session.run
+
+
+_shape_of = operator.attrgetter("shape")
 
 
 def _is_text(port: Port) -> bool:

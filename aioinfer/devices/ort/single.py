@@ -79,7 +79,8 @@ class SingleThreadRuns:
 
     def use_single(self, shapes: Any) -> bool:
         """Whether the next run on ``shapes`` goes to the one-thread session."""
-        if not self.wide.short(shapes):  # long, or not measured yet
+        wide = self.wide.seconds.get(shapes)
+        if wide is None or wide >= self.wide.budget:  # not measured yet, or long
             return False
         if self.session is None:
             self._start()
@@ -90,7 +91,6 @@ class SingleThreadRuns:
         if len(self.runs) >= MAX_SHAPES and shapes not in self.runs:
             self.runs.clear()
         runs = self.runs[shapes] = self.runs.get(shapes, 0) + 1
-        wide = self.wide.seconds.get(shapes, single)  # (forgotten meanwhile: either)
         return (single <= wide) != (runs % RETRY_EVERY == 0)
 
     def record(self, shapes: Any, seconds: float, single: bool) -> None:
