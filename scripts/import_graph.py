@@ -53,7 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plugin API", ("aioinfer.plugin",)),
     ("devices", ("aioinfer.devices",)),
     ("core", ("aioinfer.core", "aioinfer.cache", "aioinfer.queue", "aioinfer.offline")),
-    ("generation", ("aioinfer.generation",)),
+    ("generation and pipelines", ("aioinfer.generation", "aioinfer.pipelines", "aioinfer.text")),
     ("public API", ("aioinfer",)),
     ("serving", ("aioinfer.serving",)),
     (
@@ -68,7 +68,8 @@ results; shared passes: the graph rewrites any device may use (making a model st
 the rewrite helpers), over the model alone; plugin API: what a device implements
 (``Plugin``, compiled model, requests, executors, state, blob framing); devices: the CPU
 device (its compiler and kernels) and the others; core: the ``Core``, the model cache,
-``AsyncInferQueue``, compiled files; generation: decoding over a compiled model; public
+``AsyncInferQueue``, compiled files; generation and pipelines: decoding and the text
+pipelines (tokenizer, pooling) over a compiled model; public
 API: the package's ``__init__``, which re-exports the layers below; serving: the service
 and its transports; applications: what runs the rest (the ONNX backend API, the command
 line, Ray Serve, the conformance suite).

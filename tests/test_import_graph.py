@@ -30,6 +30,10 @@ CIRCLES: dict[tuple[str, ...], str] = {
         "aioinfer.generation.sampling",
         "aioinfer.generation.scheduler",
         "aioinfer.generation.single",
+        "aioinfer.pipelines",
+        "aioinfer.pipelines.embedder",
+        "aioinfer.pipelines.encoder",
+        "aioinfer.pipelines.reranker",
         "aioinfer.plugin.async_request",
         "aioinfer.plugin.blob",
         "aioinfer.plugin.compiled_model",
@@ -38,7 +42,9 @@ CIRCLES: dict[tuple[str, ...], str] = {
         "aioinfer.plugin.sync_request",
         "aioinfer.queue",
     ): "the plugin API names the Core and AsyncInferQueue (type-only), blob reads the "
-    "package's __version__ (lazily), and the compiled model / requests name each other",
+    "package's __version__ (lazily), and the compiled model / requests name each other; "
+    "generation and the text pipelines join it through the package's __init__, which "
+    "re-exports them, and the Core they compile with",
     ("aioinfer.bench", "aioinfer.cli"): "bench imports cli's private helpers, cli runs bench",
     (
         "aioinfer.devices.batch.plugin",
