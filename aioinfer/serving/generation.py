@@ -40,6 +40,7 @@ from aioinfer.errors import (
 )
 from aioinfer.generation import GenerationConfig, Sampling, generate, prompt_ids
 from aioinfer.serving.models import ServedModel
+from aioinfer.text.tokenizer import read_library_tokenizer
 
 if TYPE_CHECKING:
     from aioinfer.serving.service import InferenceService
@@ -94,7 +95,11 @@ class ModelGeneration:
             self.config = GenerationConfig.for_model(model.compiled, model.config.generate)
         except GenerationError as exc:
             raise RepositoryError(f"{where}: {exc}") from None
-        self.tokenizer = None if tokenizer_path is None else _read_tokenizer(tokenizer_path)
+        self.tokenizer = (
+            None
+            if tokenizer_path is None
+            else read_library_tokenizer(tokenizer_path, RepositoryError)
+        )
         self.steps = 0
         """Tokens generated so far (one inference each): the work generations did."""
 
@@ -221,17 +226,3 @@ async def generate_tokens(
 
 def _invalid(message: str) -> ServiceError:
     return ServiceError(message, ErrorKind.INVALID_ARGUMENT)
-
-
-def _read_tokenizer(path: Path) -> Any:
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise RepositoryError(
-            f"{path!s}: reading a tokenizer needs the tokenizers package "
-            "(pip install 'aioinfer[tokenizers]')"
-        ) from None
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as exc:  # the library raises plain exceptions for a bad file
-        raise RepositoryError(f"{path!s}: cannot read it as a tokenizer: {exc}") from None

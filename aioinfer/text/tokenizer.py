@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from aioinfer.errors import ModelFolderError, TextTooLongError
+from aioinfer.errors import AioinferError, ModelFolderError, TextTooLongError
 from aioinfer.plugin.executors import ThreadExecutor
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -122,17 +122,7 @@ class Tokenizer:
             raise ModelFolderError(
                 f"{folder}: expected a {TOKENIZER_FILE} (the tokenizers library's file), found none"
             )
-        try:
-            from tokenizers import Tokenizer as LibraryTokenizer
-        except ImportError as exc:
-            raise ModelFolderError(
-                f"{path}: reading a tokenizer needs the tokenizers package "
-                "(pip install 'aioinfer[tokenizers]')"
-            ) from exc
-        try:
-            library = LibraryTokenizer.from_file(str(path))
-        except Exception as exc:  # the library raises plain Exception on a bad file
-            raise ModelFolderError(f"{path}: not a tokenizers file ({exc})") from exc
+        library = read_library_tokenizer(path)
         config = read_json_object(folder / "tokenizer_config.json")
         specials: dict[str, str] = {}
         for source in (read_json_object(folder / "special_tokens_map.json"), config):
@@ -195,3 +185,23 @@ class Tokenizer:
     def close(self) -> None:
         """Stop the tokenizer's thread (encodings already running finish)."""
         self._executor.close()
+
+
+def read_library_tokenizer(path: Path, error: type[AioinferError] = ModelFolderError) -> Any:
+    """The ``tokenizers`` library's tokenizer of the file ``path``.
+
+    Raises:
+        ``error``: the ``tokenizers`` package is missing, or ``path`` is no tokenizers
+            file (the message names it).
+    """
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise error(
+            f"{path}: reading a tokenizer needs the tokenizers package "
+            "(pip install 'aioinfer[tokenizers]')"
+        ) from exc
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # the library raises plain Exception on a bad file
+        raise error(f"{path}: not a tokenizers file ({exc})") from exc
