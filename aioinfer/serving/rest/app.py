@@ -38,6 +38,7 @@ from aioinfer.errors import (
 from aioinfer.serving.control import check_no_model_files
 from aioinfer.serving.metrics import CONTENT_TYPE
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, ServedModel
+from aioinfer.serving.openai import openai_routes
 from aioinfer.serving.protocol import HEADER_LENGTH, RequestDecoder, encode_infer_response
 from aioinfer.serving.repository import ModelConfig, ModelRepository
 from aioinfer.serving.rest.auth import HEALTH_PATHS, ApiKeyCheck
@@ -527,6 +528,7 @@ def create_app(
         Route(version + "/ready", adapter.model_ready),
         Route("/metrics", adapter.metrics_text),
         *generate_routes(service, HTTP_STATUS, [model, version]),
+        *openai_routes(service),
     ]
     app = OipApp(
         routes=routes,
