@@ -30,6 +30,16 @@ generating model take and give text.
 
 A single ``.onnx`` file is a repository of one model (named after the file, version 1).
 
+**A folder as an exporter writes it** is a model too, with nothing added: ``model.onnx``
+(optimum) or ``onnx/model.onnx`` (sentence-transformers) directly in the model's
+directory, without a version directory, is its version 1 (:attr:`ModelEntry.folder`
+names the folder, where the tokenizer, ``generation_config.json``, the chat template
+and the pooling config are read). Such a folder given as the repository itself is a
+repository of that one model, named after the folder. The exporters write a
+``config.json`` of their own (the Hugging Face model's): a ``config.json`` holding any of
+``model_type``, ``architectures`` or ``transformers_version`` is the exporter's, read by
+the text pipelines and generation, never as aioinfer's config (:func:`is_exporter_config`).
+
 A version may hold ``model.blob`` instead of ``model.onnx``: a blob of ``aioinfer compile``
 (or ``export_model``), imported without compiling on the device it was compiled for
 (the config's ``hint`` and run-time ``properties`` apply; its ``device`` and
@@ -64,6 +74,11 @@ _logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.onnx"
 BLOB_FILE = "model.blob"
+EXPORTER_MODEL_FILES = (MODEL_FILE, "onnx/" + MODEL_FILE)
+"""Where an exporter's folder holds its model: optimum's ``model.onnx``, then
+sentence-transformers' ``onnx/model.onnx``."""
+EXPORTER_CONFIG_KEYS = frozenset({"model_type", "architectures", "transformers_version"})
+"""Keys of a Hugging Face model's ``config.json``, never of aioinfer's."""
 DEFAULT_DEVICE = "AUTO"
 """The device of a model whose config names none: the best installed one."""
 DEFAULT_HINT = "THROUGHPUT"
@@ -374,6 +389,9 @@ class ModelEntry:
     name: str
     versions: dict[str, Path]
     config: ModelConfig
+    folder: Path | None = None
+    """The exporter's folder the model came in (its tokenizer, ``config.json`` and the
+    other files the exporter wrote), or None for a ``<model>/<version>/`` model."""
 
     def served_versions(self) -> dict[str, Path]:
         """The versions the config's ``version_policy`` serves (name -> model file),
@@ -415,6 +433,9 @@ class ModelRepository:
                 )
             name = self.path.stem
             entries = [ModelEntry(name, {"1": self.path}, overrides.get(name, ModelConfig()))]
+        elif self.path.is_dir() and exporter_model_file(self.path) is not None:
+            name = self.path.resolve().name
+            entries = [self._scan(self.path, overrides.get(name), name)]
         elif self.path.is_dir():
             entries = [
                 self._scan(directory, overrides.get(directory.name))
@@ -434,7 +455,7 @@ class ModelRepository:
 
     def model_names(self) -> list[str]:
         """The names of the models in the repository now (its directories, read again)."""
-        if self.path.is_file():
+        if self.path.is_file() or exporter_model_file(self.path) is not None:
             return list(self.models)
         return sorted(
             child.name
@@ -455,13 +476,22 @@ class ModelRepository:
             if name in self.models:
                 return self.models[name]
             raise RepositoryError(f"no model {name!r} in the repository")
+        if exporter_model_file(self.path) is not None:  # one exporter's folder
+            if name not in self.models:
+                raise RepositoryError(f"no model {name!r} in the repository")
+            entry = self._scan(self.path, self._overrides.get(name), name)
+            self.models[name] = entry
+            return entry
         if name.startswith((".", "_")) or not directory.is_dir():
             raise RepositoryError(f"no model {name!r} in the repository")
         entry = self._scan(directory, self._overrides.get(name))
         self.models[name] = entry
         return entry
 
-    def _scan(self, directory: Path, override: ModelConfig | None) -> ModelEntry:
+    def _scan(
+        self, directory: Path, override: ModelConfig | None, name: str | None = None
+    ) -> ModelEntry:
+        name = name or directory.name
         versions = {
             child.name: model
             for child in directory.iterdir()
@@ -469,16 +499,22 @@ class ModelRepository:
             for model in (child / MODEL_FILE, child / BLOB_FILE)
             if model.is_file()
         }
+        folder = None
+        if not versions and (model_file := exporter_model_file(directory)) is not None:
+            versions, folder = {"1": model_file}, directory
         if not versions:
             raise RepositoryError(
-                f"model {directory.name!r} has no version: expected "
-                f"{directory!s}/<version>/{MODEL_FILE} with <version> a positive integer"
+                f"model {name!r} has no version: expected "
+                f"{directory!s}/<version>/{MODEL_FILE} with <version> a positive integer "
+                f"(or an exporter's folder: {' or '.join(EXPORTER_MODEL_FILES)})"
             )
         config_path = directory / CONFIG_FILE
         config = override or ModelConfig()
         if override is None and config_path.is_file():
-            config = ModelConfig.from_mapping(_read_json(config_path), str(config_path))
-        entry = ModelEntry(directory.name, versions, config)
+            values = _read_json(config_path)
+            if not is_exporter_config(values):
+                config = ModelConfig.from_mapping(values, str(config_path))
+        entry = ModelEntry(name, versions, config, folder)
         for missing in sorted(set(config.version_policy.versions) - set(map(int, versions))):
             _logger.warning(
                 "version %d is specified for model %r, but the version directory is not present",
@@ -486,6 +522,21 @@ class ModelRepository:
                 entry.name,
             )
         return entry
+
+
+def exporter_model_file(directory: Path) -> Path | None:
+    """The model file of an exporter's folder (:data:`EXPORTER_MODEL_FILES`, the first
+    found), or None when ``directory`` is not one."""
+    for place in EXPORTER_MODEL_FILES:
+        if (directory / place).is_file():
+            return directory / place
+    return None
+
+
+def is_exporter_config(values: Mapping[str, Any]) -> bool:
+    """Whether a ``config.json``'s contents are an exporter's (a Hugging Face model's:
+    any of :data:`EXPORTER_CONFIG_KEYS`) rather than aioinfer's."""
+    return not EXPORTER_CONFIG_KEYS.isdisjoint(values)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

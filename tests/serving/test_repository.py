@@ -212,3 +212,46 @@ def test_configs_in_code_override_files_and_must_name_models(tmp_path: Path) -> 
     assert repository.models["m"].config.hint == "THROUGHPUT"
     with pytest.raises(RepositoryError, match=r"unknown model\(s\) \['x'\]"):
         ModelRepository(tmp_path, {"x": ModelConfig()})
+
+
+HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8}
+
+
+@pytest.mark.parametrize("place", ["model.onnx", "onnx/model.onnx"])
+def test_an_exporters_folder_is_a_model_in_a_repository(tmp_path: Path, place: str) -> None:
+    folder = tmp_path / "repo" / "exported"
+    (folder / place).parent.mkdir(parents=True)
+    onnx.save(mlp_model(), folder / place)
+    (folder / "config.json").write_text(json.dumps(HF_CONFIG))  # the exporter's, not ours
+    write_model(tmp_path / "repo", "plain", 1, mlp_model())
+    repository = ModelRepository(tmp_path / "repo")
+    assert sorted(repository.models) == ["exported", "plain"]
+    exported = repository.models["exported"]
+    assert exported.versions == {"1": folder / place}
+    assert exported.folder == folder and exported.config == ModelConfig()
+    assert repository.models["plain"].folder is None
+    assert repository.refresh("exported") == exported
+
+
+def test_an_exporters_folder_given_alone_is_a_repository_of_one(tmp_path: Path) -> None:
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    onnx.save(mlp_model(), folder / "model.onnx")
+    (folder / "config.json").write_text(json.dumps(HF_CONFIG))
+    repository = ModelRepository(folder)
+    assert list(repository.models) == ["tiny-llama"]
+    assert repository.models["tiny-llama"].folder == folder
+    assert repository.model_names() == ["tiny-llama"]
+    with pytest.raises(RepositoryError, match="no model 'other'"):
+        repository.refresh("other")
+
+
+def test_aioinfers_config_beside_an_exporters_model_is_still_read(tmp_path: Path) -> None:
+    folder = tmp_path / "repo" / "m"
+    folder.mkdir(parents=True)
+    onnx.save(mlp_model(), folder / "model.onnx")
+    (folder / "config.json").write_text(json.dumps({"device": "CPU", "max_queue": 3}))
+    entry = ModelRepository(tmp_path / "repo").models["m"]
+    assert entry.config.device == "CPU" and entry.config.max_queue == 3
+    (folder / "config.json").write_text(json.dumps({"device": "CPU", "model_type": "bert"}))
+    assert ModelRepository(tmp_path / "repo").models["m"].config == ModelConfig()
