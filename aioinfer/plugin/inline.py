@@ -49,9 +49,21 @@ class RunTimes:
     run at a time: an inline run next to a threaded one would be a second stream).
     """
 
-    def __init__(self, budget_seconds: float, *, weight: float = 1.0, exclusive: bool = False):
+    def __init__(
+        self,
+        budget_seconds: float,
+        *,
+        weight: float = 1.0,
+        exclusive: bool = False,
+        rise_weight: float | None = None,
+    ):
         self.budget = budget_seconds
         self.weight = weight
+        self.rise_weight = rise_weight
+        """With a value, a run slower than the average moves it by this weight and counts
+        for at most twice the average: the average follows the typical run and rises only
+        gradually (a few percent a run), so that runs the machine's load stretched do not
+        swing a comparison of two averages (:mod:`aioinfer.devices.ort.single`)."""
         self.exclusive = exclusive
         self.seconds: dict[Any, float] = {}
         self.in_flight = 0
@@ -66,6 +78,9 @@ class RunTimes:
             if len(self.seconds) >= MAX_SHAPES:
                 self.seconds.clear()
             self.seconds[shapes] = seconds
+        elif seconds > average and self.rise_weight is not None:
+            rise = min(seconds, 2 * average) - average
+            self.seconds[shapes] = average + self.rise_weight * rise
         else:
             self.seconds[shapes] = average + self.weight * (seconds - average)
 
