@@ -212,7 +212,9 @@ class OpenVINOInferRequest(SyncInferRequest):
             # starve the others; a cancel asked for meanwhile stops the inference before
             # it starts), then run it to its end: nothing interrupts it once it started.
             self._inline = False
-            await before_inline_run(self._runs.budget)
+            checkpoint = before_inline_run(self._runs.budget)
+            if checkpoint is not None:
+                await checkpoint
             self._run_inline()
             return
         waker = self._completion
