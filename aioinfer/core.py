@@ -21,6 +21,7 @@ from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.stateful import compile_stateful
 from aioinfer.properties import (
+    ALLOW_AUTO_BATCHING,
     COMMON,
     PERFORMANCE_HINT,
     Property,
@@ -429,12 +430,13 @@ class Core:
         asked for: the device opts in (it declares ``ALLOW_AUTO_BATCHING``), the config
         has the ``THROUGHPUT`` hint and does not set ``ALLOW_AUTO_BATCHING`` to NO, the
         model keeps no state and is batchable (:func:`aioinfer.model.batch_problem`)."""
-        declared = plugin.properties
-        if "ALLOW_AUTO_BATCHING" not in declared:
+        if ALLOW_AUTO_BATCHING.name not in plugin.properties:
             return False
         try:  # AUTO passes the hint on without declaring it
-            hint = PERFORMANCE_HINT.parse(config.get("PERFORMANCE_HINT", "LATENCY"))
-            allowed = declared["ALLOW_AUTO_BATCHING"].parse(config.get("ALLOW_AUTO_BATCHING", True))
+            hint = PERFORMANCE_HINT.parse(config.get(PERFORMANCE_HINT.name, "LATENCY"))
+            allowed = ALLOW_AUTO_BATCHING.parse(
+                config.get(ALLOW_AUTO_BATCHING.name, ALLOW_AUTO_BATCHING.default)
+            )
         except ValueError:
             return False  # the device itself reports the bad value
         return (

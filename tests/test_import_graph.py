@@ -96,12 +96,7 @@ UPWARD: dict[tuple[str, str, str], str] = {
 """Every import from a lower layer to a higher one today: (importer, imported, kind) ->
 why it exists."""
 
-ACROSS_DEVICES: dict[tuple[str, str, str], str] = {
-    ("aioinfer.devices.auto.plugin", "aioinfer.devices.batch.properties", "module"): "AUTO "
-    "passes ALLOW_AUTO_BATCHING on to its choice",
-    ("aioinfer.devices.cpu.plugin", "aioinfer.devices.batch.properties", "module"): "CPU "
-    "declares ALLOW_AUTO_BATCHING, which BATCH owns",
-}
+ACROSS_DEVICES: dict[tuple[str, str, str], str] = {}
 """Every import from one device's package into another's today."""
 
 

@@ -20,12 +20,12 @@ import onnx.helper as oh
 import pytest
 
 import aioinfer as ai
-from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.devices.cpu.plugin import CPUPlugin
 from aioinfer.model import Model
 from aioinfer.plugin import AwaitExecutor, CompiledModel, Executor, Plugin, SyncInferRequest
 from aioinfer.plugin.blob import ExportedModel
 from aioinfer.properties import (
+    ALLOW_AUTO_BATCHING,
     CACHE_DIR,
     DEVICE_NAME,
     LOADED_FROM_CACHE,

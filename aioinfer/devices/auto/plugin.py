@@ -22,7 +22,6 @@ from aioinfer.devices.auto.properties import (
     EXECUTION_DEVICES,
     PASSED_OVER_DEVICES,
 )
-from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.errors import (
     AioinferError,
     CompileError,
@@ -37,6 +36,7 @@ from aioinfer.plugin.blob import ExportedModel
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.plugin import VirtualPlugin
 from aioinfer.properties import (
+    ALLOW_AUTO_BATCHING,
     CACHE_DIR,
     DEVICE_NAME,
     LOADED_FROM_CACHE,

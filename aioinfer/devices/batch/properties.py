@@ -1,9 +1,12 @@
-"""The BATCH device's own properties, and the one a device declares to let the Core batch
-its models automatically (``ALLOW_AUTO_BATCHING``)."""
+"""The BATCH device's own properties.
+
+``ALLOW_AUTO_BATCHING``, which a device declares to let the Core batch its models on
+BATCH, is a shared declaration of :mod:`aioinfer.properties`; the name stays importable
+from here, where it was declared before."""
 
 from __future__ import annotations
 
-from aioinfer.properties import Property, non_negative_float, positive_int, yes_no
+from aioinfer.properties import ALLOW_AUTO_BATCHING, Property, non_negative_float, positive_int
 
 MAX_BATCH_SIZE = Property(
     "MAX_BATCH_SIZE",
@@ -19,10 +22,5 @@ BATCH_TIMEOUT_MS = Property(
     default=1.0,
     parse=non_negative_float,
 )
-ALLOW_AUTO_BATCHING = Property(
-    "ALLOW_AUTO_BATCHING",
-    "With the THROUGHPUT hint, let the Core batch concurrent requests of a batchable "
-    "model on the BATCH device (a device opts in by declaring this property).",
-    default=True,
-    parse=yes_no,
-)
+
+__all__ = ["ALLOW_AUTO_BATCHING", "BATCH_TIMEOUT_MS", "MAX_BATCH_SIZE"]
