@@ -18,7 +18,7 @@ from aioinfer.frontend import ModelSource, read_ir_model, read_stream
 from aioinfer.model import Model, batch_problem
 from aioinfer.plugin.blob import load as load_blob
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.plugin import Plugin, PluginCore
 from aioinfer.plugin.stateful import compile_stateful
 from aioinfer.properties import (
     ALLOW_AUTO_BATCHING,
@@ -47,7 +47,7 @@ _TARGET_PROPERTIES = ("TARGET_DEVICE", "DEVICE_PRIORITIES")
 ``"BATCH:CPU"``, the list of ``"AUTO:ORT,CPU"``. A device declaring one is virtual."""
 
 
-def _give_core(plugin: Plugin, core: Core) -> None:
+def _give_core(plugin: Plugin, core: PluginCore) -> None:
     """Hand ``core`` to a plugin that compiles through other devices (``BATCH``): such a
     plugin has a ``set_core(core)`` method, as in the plugin API of the big runtimes."""
     set_core = getattr(plugin, "set_core", None)

@@ -58,8 +58,8 @@ import numpy as np
 from aioinfer.errors import InferCancelledError
 from aioinfer.plugin.async_request import RequestState, invoke_callback
 from aioinfer.plugin.executors import LoopEvent, loop_event, spawn_detached
+from aioinfer.plugin.queue_engine import QueueErrors
 from aioinfer.plugin.sync_request import SyncInferRequest
-from aioinfer.queue import QueueErrors
 
 from .bridge import EXIT_JOIN_SECONDS, let_go, stop_at_exit
 from .wake import LoopWake, loop_wake
