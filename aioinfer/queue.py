@@ -43,7 +43,7 @@ class RequestsQueue(QueueErrors):
         self._closed = False
         for index, request in enumerate(self._requests):
             request.set_callback(self._job_done)
-            request._on_idle = self._make_release(index)
+            request.set_idle_callback(self._make_release(index))
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -105,13 +105,14 @@ class RequestsQueue(QueueErrors):
             self._errors.append(request.error)
         if self._callback is not None:
             executor = request.compiled_model.callback_executor
-            await invoke_callback(self._callback, request, userdata, executor)
+            try:
+                await invoke_callback(self._callback, request, userdata, executor)
+            except Exception as exc:
+                self._errors.append(exc)
+                raise  # the request keeps it too: its wait() raises it
 
     def _make_release(self, index: int) -> Callable[[], None]:
         def release() -> None:
-            error = self._requests[index]._callback_error
-            if error is not None:
-                self._errors.append(error)
             self._idle.append(index)
             if self._idle_changed is not None:
                 self._idle_changed.set()

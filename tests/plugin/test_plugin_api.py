@@ -194,7 +194,7 @@ class NegateRequest(SyncInferRequest):
         self.start_pipeline()
 
     def start_pipeline(self) -> None:
-        self._outputs = [-self._scale * np.asarray(self._inputs[0])]
+        self._outputs = [-self._scale * np.asarray(self.input_tensors[0])]
 
     def infer_postprocess(self) -> None:
         outputs, self._outputs = self._outputs, []
