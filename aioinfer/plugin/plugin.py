@@ -209,7 +209,8 @@ class PluginCore(Protocol):
         passes ``auto_batching=False`` for its target.
 
         Raises:
-            The errors of ``Core.compile_model``.
+            UnknownDeviceError, UnsupportedOperatorError, CompileError: as
+                ``Core.compile_model`` raises them (and its config errors).
         """
         ...
 
@@ -219,7 +220,8 @@ class PluginCore(Protocol):
         """A compiled model from ``blob`` on ``device`` (None: the one the blob names).
 
         Raises:
-            The errors of ``Core.import_model``.
+            InvalidBlobError, BlobVersionError, BlobDeviceError, ImportModelError: as
+                ``Core.import_model`` raises them.
         """
         ...
 
