@@ -99,8 +99,8 @@ def test_names_moved_into_the_plugin_layer_are_found_where_they_were() -> None:
 
     assert queue.QueueEngine is queue_engine.QueueEngine is QueueEngine
     assert queue.QueueErrors is queue_engine.QueueErrors
-    assert batch_properties.ALLOW_AUTO_BATCHING is properties.ALLOW_AUTO_BATCHING
-    assert "ALLOW_AUTO_BATCHING" in batch_properties.__all__
+    with pytest.warns(DeprecationWarning, match="aioinfer.properties.ALLOW_AUTO_BATCHING"):
+        assert batch_properties.ALLOW_AUTO_BATCHING is properties.ALLOW_AUTO_BATCHING
     assert ai.__version__ == version.__version__
 
 

@@ -1,12 +1,15 @@
 """The BATCH device's own properties.
 
 ``ALLOW_AUTO_BATCHING``, which a device declares to let the Core batch its models on
-BATCH, is a shared declaration of :mod:`aioinfer.properties`; the name stays importable
-from here, where it was declared before."""
+BATCH, is a shared declaration of :mod:`aioinfer.properties`; importing it from here
+still works and warns (``DeprecationWarning``)."""
 
 from __future__ import annotations
 
-from aioinfer.properties import ALLOW_AUTO_BATCHING, Property, non_negative_float, positive_int
+import warnings
+from typing import Any
+
+from aioinfer.properties import Property, non_negative_float, positive_int
 
 MAX_BATCH_SIZE = Property(
     "MAX_BATCH_SIZE",
@@ -23,4 +26,16 @@ BATCH_TIMEOUT_MS = Property(
     parse=non_negative_float,
 )
 
-__all__ = ["ALLOW_AUTO_BATCHING", "BATCH_TIMEOUT_MS", "MAX_BATCH_SIZE"]
+
+def __getattr__(name: str) -> Any:
+    if name != "ALLOW_AUTO_BATCHING":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        "aioinfer.devices.batch.properties.ALLOW_AUTO_BATCHING moved to "
+        "aioinfer.properties.ALLOW_AUTO_BATCHING",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    from aioinfer.properties import ALLOW_AUTO_BATCHING
+
+    return ALLOW_AUTO_BATCHING
