@@ -5,6 +5,7 @@
 event loop.
 """
 
+from aioinfer._version import __version__
 from aioinfer.core import Core, DeviceVersion, compile_model
 from aioinfer.errors import (
     AioinferError,
@@ -60,8 +61,6 @@ from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.state import VariableState
 from aioinfer.queue import AsyncInferQueue
 from aioinfer.results import InferResults
-
-__version__ = "0.1.0"
 
 InferRequest = AsyncInferRequest
 """The request type users hold (``compiled.create_infer_request()``)."""
