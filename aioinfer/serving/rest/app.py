@@ -476,6 +476,7 @@ def create_app(
     service_type: Callable[..., InferenceService] = InferenceService,
     model_control_mode: str = "none",
     load_models: Sequence[str] = (),
+    memory_budget: int | str | None = None,
 ) -> Starlette:
     """An ASGI app (Starlette) serving the models of ``source`` over the Open Inference
     Protocol (KServe v2 REST), with Prometheus metrics at ``/metrics``.
@@ -495,7 +496,9 @@ def create_app(
 
     Triton's extensions are served too: statistics, model configuration, the model
     repository (``model_control_mode`` ``"none"`` or ``"explicit"``, with ``load_models``
-    loaded at the start: see :class:`InferenceService`) and system shared memory.
+    loaded at the start: see :class:`InferenceService`) and system shared memory. With a
+    ``memory_budget`` (bytes, or a size such as ``"6GiB"``) models load on demand and the
+    least recently used are unloaded to make room (:mod:`aioinfer.serving.manager`).
 
     Raises:
         RepositoryError: the repository or a config file is invalid.
@@ -511,6 +514,7 @@ def create_app(
         max_sequences=max_sequences,
         model_control_mode=model_control_mode,
         load_models=load_models,
+        memory_budget=memory_budget,
     )
     adapter = RestAdapter(service)
     model = "/v2/models/{model}"
