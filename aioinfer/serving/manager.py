@@ -139,7 +139,8 @@ class ManagedModel:
     """Requests waiting for its load."""
     held_back: bool = False
     """An operator unloaded it: it loads again only when an operator loads it."""
-    failure: BaseException | None = None
+    failure: ServiceError | None = None
+    """What requests get while its failed load is not tried again."""
     failed_at: float = 0.0
     failures: int = 0
     retry_at: float = 0.0
@@ -330,14 +331,9 @@ class ModelManager:
 
     def _failed(self, managed: ManagedModel) -> ServiceError:
         failure = managed.failure
-        if isinstance(failure, ServiceError):
-            return type(failure)(str(failure), failure.kind)
+        assert failure is not None
         wait = max(0.0, managed.retry_at - time.perf_counter())
-        return ServiceError(
-            f"model {managed.name!r} failed to load: {failure} (the next request tries "
-            f"again in {wait:.1f} s)",
-            ErrorKind.UNAVAILABLE,
-        )
+        return type(failure)(f"{failure} (tried again after {wait:.1f} s)", failure.kind)
 
     def _start_load(self, managed: ManagedModel, entry: ModelEntry) -> bool:
         """Mark the model LOADING and start its load in the manager's task group; True
@@ -391,8 +387,9 @@ class ModelManager:
                     self._check_fits(name, size, entry, measured=True)
                 except ModelMemoryError:
                     managed.known_bytes = size
-                    await self._retire(list(versions.values()), None)
-                    await anyio.to_thread.run_sync(release_free_memory)
+                    closing = list(versions.values())
+                    del versions
+                    await self._close(closing, None)
                     raise
             except BaseException as exc:
                 managed.bytes = held
@@ -411,20 +408,29 @@ class ModelManager:
             figures.bytes = size
             figures.load_time.observe(time.perf_counter() - started)
             _logger.info("loaded model %r: it holds %s", name, format_bytes(size))
+            del versions
             if replaced is not None:
-                await self._retire(list(replaced.values()), self.drain_timeout)
+                closing = list(replaced.values())
+                del replaced
+                await self._close(closing, self.drain_timeout)
                 managed.bytes = size
-                await anyio.to_thread.run_sync(release_free_memory)
             if self.budget is not None and self.used_bytes() > self.budget:
                 # It measured more than its estimate: make up for it (idle models only).
                 await self._make_room(0, keep=name, idle_only=True)
 
     def _record_failure(self, managed: ManagedModel, failure: BaseException) -> None:
         managed.state, managed.reason = ModelState.UNAVAILABLE, f"load failed: {failure}"
-        managed.failure, managed.failed_at = failure, time.perf_counter()
+        managed.failed_at = time.perf_counter()
         managed.failures += 1
         backoff = FIRST_RETRY_S * 2 ** (managed.failures - 1)
         managed.retry_at = managed.failed_at + min(LAST_RETRY_S, backoff)
+        # Kept without its traceback, whose frames would keep what the load made alive.
+        if isinstance(failure, ServiceError):
+            managed.failure = type(failure)(str(failure), failure.kind)
+        else:
+            managed.failure = ServiceError(
+                f"model {managed.name!r} failed to load: {failure}", ErrorKind.UNAVAILABLE
+            )
         managed.notify()
 
     async def unload(self, name: str, reason: str = "unloaded", held_back: bool = False) -> bool:
@@ -494,12 +500,11 @@ class ModelManager:
             await self._unload(victim, reason, None)
 
     async def _unload(self, managed: ManagedModel, reason: str, timeout: float | None) -> None:
-        versions = self.models.pop(managed.name)
+        closing = list(self.models.pop(managed.name).values())
         managed.state = ModelState.UNLOADING
         managed.notify()
         try:
-            await self._retire(list(versions.values()), timeout)
-            await anyio.to_thread.run_sync(release_free_memory)
+            await self._close(closing, timeout)
         finally:
             managed.state, managed.reason, managed.bytes = ModelState.UNAVAILABLE, reason, 0
             managed.notify()
@@ -507,6 +512,13 @@ class ModelManager:
             figures.unloads += 1
             figures.bytes = 0
             _logger.info("unloaded model %r (%s)", managed.name, reason)
+
+    async def _close(self, models: list[ServedModel], timeout: float | None) -> None:
+        """Retire ``models`` and give their memory back to the system; ``models`` is
+        emptied (the caller must hold no other reference: the memory would stay)."""
+        await self._retire(models, timeout)
+        models.clear()
+        await anyio.to_thread.run_sync(release_free_memory)
 
     async def _unload_idle(self) -> None:
         while True:

@@ -380,8 +380,13 @@ class InferenceService:
         while True:
             timeouts = [m.config.sequence_idle_timeout_s for m in self.served_models()]
             await anyio.sleep(max(0.01, min([*timeouts, 2.0]) / 4))
-            for model in list(self.served_models()):
-                await model.drop_idle_sequences()
+            await self._drop_idle_sequences_once()
+
+    async def _drop_idle_sequences_once(self) -> None:
+        # A pass of its own: the loop's variable must not keep an unloaded model alive
+        # while the loop above sleeps.
+        for model in list(self.served_models()):
+            await model.drop_idle_sequences()
 
     # -- models -----------------------------------------------------------------------------
 

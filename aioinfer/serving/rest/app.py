@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -79,7 +80,10 @@ class RestAdapter:
 
     def __init__(self, service: InferenceService) -> None:
         self.service = service
-        self._decoders: dict[ServedModel, RequestDecoder] = {}
+        # Weak: a model the manager unloaded must not stay alive for its decoder.
+        self._decoders: weakref.WeakKeyDictionary[ServedModel, RequestDecoder] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @asynccontextmanager
     async def lifespan(self, app: Any = None) -> AsyncIterator[None]:

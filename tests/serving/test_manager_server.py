@@ -1,0 +1,124 @@
+"""The model manager behind a live server, with the unmodified tritonclient: memory
+accounted per model against the process's resident memory, memory given back at
+unload (a PROCESS worker ends), clients waiting for loads, the repository index and
+``/metrics``."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import tritonclient.http as httpclient
+
+from aioinfer.serving import create_app
+from tests.helpers import matmul_model, mlp_model, process_alive, scrape_metric, wait_until
+from tests.serving.conftest import LiveServer, write_config, write_model
+
+MB = 2**20
+CPU = {"device": "CPU", "batching": False}
+
+
+def infer(client: httpclient.InferenceServerClient, name: str, width: int) -> np.ndarray:
+    x = np.ones((1, width), np.float32)
+    tensor = httpclient.InferInput("x", [1, width], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer(name, [tensor])
+    return result.as_numpy(result.get_response()["outputs"][0]["name"])
+
+
+def resident() -> int:
+    return int(psutil.Process().memory_info().rss)
+
+
+def test_a_models_memory_is_what_its_load_adds_and_unloading_gives_it_back(
+    tmp_path: Path,
+) -> None:
+    write_model(tmp_path, "warm", 1, matmul_model(1024, seed=0))
+    write_model(tmp_path, "big", 1, matmul_model(4096, seed=1))  # 64 MiB of weights
+    for name in ("warm", "big"):
+        write_config(tmp_path, name, CPU)
+    weights = 4 * 4096**2
+    app = create_app(tmp_path, model_control_mode="explicit", memory_budget="1GiB")
+    with LiveServer(app) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        infer(client, "warm", 1024)  # the CPU device's own first-use costs, paid
+        client.unload_model("warm")
+        before = resident()
+        infer(client, "big", 4096)
+        loaded = resident()
+        accounted = scrape_metric(server.url, "aioinfer_model_memory_bytes", model="big")
+        client.unload_model("big")
+        wait_until(lambda: not client.is_model_ready("big"), 30, "the unload")
+        after = resident()
+        freed = scrape_metric(server.url, "aioinfer_model_memory_bytes", model="big")
+    added = loaded - before
+    # The accounting is what the load added to the resident memory, at least the weights.
+    assert weights <= accounted <= 1.5 * added + 8 * MB, (accounted, added)
+    assert added >= 0.9 * weights, added
+    # Unloaded: the memory goes back to the system, within a quarter of what it added.
+    assert after - before <= 0.25 * added, (before, loaded, after)
+    assert freed == 0
+
+
+def test_unloading_a_process_model_ends_its_worker(tmp_path: Path) -> None:
+    for seed, name in enumerate(("worker", "other")):
+        write_model(tmp_path, name, 1, mlp_model(seed=seed))
+    write_config(tmp_path, "worker", {"device": "PROCESS:CPU", "memory_bytes": 10 * MB})
+    write_config(tmp_path, "other", {**CPU, "memory_bytes": 10 * MB})
+    app = create_app(tmp_path, model_control_mode="explicit", memory_budget=15 * MB)
+    me = psutil.Process()
+    with LiveServer(app) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        children = {child.pid for child in me.children(recursive=True)}
+        infer(client, "worker", 4)
+        workers = {child.pid for child in me.children(recursive=True)} - children
+        assert len(workers) == 1
+        infer(client, "other", 4)  # evicts the worker's model
+        (pid,) = workers
+        wait_until(lambda: not process_alive(pid), 30, "the worker to end")
+        assert not client.is_model_ready("worker")
+        assert scrape_metric(server.url, "aioinfer_model_evictions_total", model="worker") == 1
+
+
+def test_clients_wait_for_loads_and_see_states_and_figures(tmp_path: Path) -> None:
+    names = ("a", "b", "c")
+    for seed, name in enumerate(names):
+        write_model(tmp_path, name, 1, mlp_model(seed=seed))
+        write_config(tmp_path, name, {**CPU, "memory_bytes": 10 * MB})
+    app = create_app(tmp_path, memory_budget=25 * MB)
+    with LiveServer(app) as server:
+        client = httpclient.InferenceServerClient(server.url, concurrency=8)
+        index = {e["name"]: e for e in client.get_model_repository_index()}
+        assert [index[n]["state"] for n in names] == ["READY", "READY", "UNAVAILABLE"]
+        assert index["c"]["reason"] == "unloaded"
+        choices = [names[i % 3] for i in range(48)]
+
+        def run(name: str) -> Any:
+            return infer(httpclient.InferenceServerClient(server.url), name, 4)
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(run, choices))
+        assert all(answer.shape == (1, 3) for answer in answers)
+        index = {e["name"]: e for e in client.get_model_repository_index()}
+        states = sorted(e["state"] for e in index.values())
+        assert states == ["READY", "READY", "UNAVAILABLE"]
+        unloaded = next(e for e in index.values() if e["state"] == "UNAVAILABLE")
+        assert unloaded["reason"].startswith("evicted: least recently used")
+        figures = {
+            metric: sum(
+                scrape_metric(server.url, f"aioinfer_model_{metric}", model=n) for n in names
+            )
+            for metric in ("loads_total", "evictions_total", "hits_total", "misses_total")
+        }
+        timed = sum(
+            scrape_metric(server.url, "aioinfer_model_load_duration_seconds_count", model=n)
+            for n in names
+        )
+        budget = scrape_metric(server.url, "aioinfer_memory_budget_bytes")
+    assert figures["loads_total"] == figures["evictions_total"] + 2 == timed
+    assert figures["hits_total"] + figures["misses_total"] == 48
+    assert figures["misses_total"] >= 1
+    assert budget == 25 * MB
