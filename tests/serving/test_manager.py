@@ -18,15 +18,17 @@ import pytest
 from aioinfer.errors import ErrorKind, ModelMemoryError, ServiceError
 from aioinfer.serving import InferenceRequest, InferenceService, ModelRepository
 from aioinfer.serving.manager import FIRST_RETRY_S
-from tests.helpers import matmul_model, mlp_model
-from tests.serving.conftest import chain_model, write_config, write_model
+from tests.helpers import chain_model, matmul_model, mlp_model
+from tests.serving.conftest import write_config, write_model
 
 pytestmark = pytest.mark.anyio
 
 MB = 2**20
-SMALL = {"device": "CPU", "memory_bytes": 10 * MB}
-"""A small model accounted at 10 MiB (declared: the order of evictions does not hang on
-what a load measures)."""
+SMALL = {"device": "CPU", "memory_bytes": 100 * MB}
+"""A small model accounted at 100 MiB (declared, well above what it holds: the order of
+evictions does not hang on what a load measures, nor on the resident memory)."""
+BUDGET = 250 * MB
+"""Two small models fit, not three."""
 
 
 def request(width: int = 4) -> InferenceRequest:
@@ -44,9 +46,9 @@ def repository(tmp_path: Path, **models: dict[str, Any]) -> ModelRepository:
 
 @pytest.fixture
 async def lru_service(tmp_path: Path) -> AsyncIterator[InferenceService]:
-    """Models a, b, c, d of 10 MiB each under a budget of 25 MiB: two fit."""
+    """Models a, b, c, d of 100 MiB each under a budget of 250 MiB: two fit."""
     repo = repository(tmp_path, a=SMALL, b=SMALL, c=SMALL, d=SMALL)
-    service = InferenceService(repo, memory_budget=25 * MB)
+    service = InferenceService(repo, memory_budget=BUDGET)
     async with service.lifespan():
         yield service
 
@@ -87,12 +89,12 @@ async def test_the_least_recently_used_model_is_unloaded_first(
     state, reason = states(lru_service)["a"]
     assert state == "UNAVAILABLE"
     assert reason == "evicted: least recently used, to load 'b'"
-    assert lru_service.manager.used_bytes() == 20 * MB
+    assert lru_service.manager.used_bytes() == 200 * MB
 
 
 async def test_a_pinned_model_is_never_unloaded(tmp_path: Path) -> None:
     repo = repository(tmp_path, a={**SMALL, "pinned": True}, b=SMALL, c=SMALL)
-    service = InferenceService(repo, memory_budget=25 * MB)
+    service = InferenceService(repo, memory_budget=BUDGET)
     async with service.lifespan():
         await service.infer("b", None, request())  # a is the least recently used
         await service.infer("c", None, request())
@@ -105,13 +107,13 @@ async def test_a_pinned_model_is_never_unloaded(tmp_path: Path) -> None:
 async def test_only_pinned_models_left_refuse_the_load_with_the_sizes(tmp_path: Path) -> None:
     pinned = {**SMALL, "pinned": True}
     repo = repository(tmp_path, a=pinned, b=pinned, c=SMALL)
-    service = InferenceService(repo, memory_budget=25 * MB)
+    service = InferenceService(repo, memory_budget=BUDGET)
     async with service.lifespan():
         with pytest.raises(ModelMemoryError) as refused:
             await service.infer("c", None, request())
     assert refused.value.kind is ErrorKind.RESOURCE_EXHAUSTED
-    assert "'c' needs 10.0 MiB" in str(refused.value)
-    assert "hold 20.0 MiB (20971520 bytes) of the budget of 25.0 MiB" in str(refused.value)
+    assert "'c' needs 100.0 MiB" in str(refused.value)
+    assert "hold 200.0 MiB (209715200 bytes) of the budget of 250.0 MiB" in str(refused.value)
 
 
 async def test_an_idle_model_is_unloaded_after_idle_unload_s(tmp_path: Path) -> None:
@@ -138,7 +140,7 @@ async def test_an_idle_model_is_unloaded_after_idle_unload_s(tmp_path: Path) -> 
 
 async def test_requests_wait_for_the_load_up_to_the_models_max_queue(tmp_path: Path) -> None:
     repo = repository(tmp_path, a=SMALL, b={**SMALL, "max_queue": 2})
-    service = InferenceService(repo, memory_budget=15 * MB)
+    service = InferenceService(repo, memory_budget=150 * MB)
     answers: list[str] = []
 
     async def infer() -> None:
@@ -168,7 +170,7 @@ async def test_a_failing_load_answers_its_waiters_and_is_retried_after_a_backoff
     (broken / "model.onnx").write_bytes(b"not a model")
     write_config(tmp_path, "broken", SMALL)
     service = InferenceService(
-        ModelRepository(tmp_path), model_control_mode="explicit", memory_budget=25 * MB
+        ModelRepository(tmp_path), model_control_mode="explicit", memory_budget=BUDGET
     )
     errors: list[ServiceError] = []
 
@@ -213,7 +215,7 @@ async def test_a_model_alone_over_the_budget_is_refused_with_both_sizes(tmp_path
 async def test_an_idle_model_goes_before_a_busy_one_and_a_busy_one_drains(
     tmp_path: Path,
 ) -> None:
-    write_model(tmp_path, "slow", 1, chain_model(300))
+    write_model(tmp_path, "slow", 1, chain_model(300, 128, seed=1))  # 19 MiB of weights
     write_config(tmp_path, "slow", {**SMALL, "batching": False})
     for seed, (name, config) in enumerate(
         {"idle": SMALL, "next": {**SMALL, "pinned": True}, "last": SMALL}.items()
@@ -221,9 +223,9 @@ async def test_an_idle_model_goes_before_a_busy_one_and_a_busy_one_drains(
         write_model(tmp_path, name, 1, mlp_model(seed=seed))
         write_config(tmp_path, name, config)
     service = InferenceService(
-        ModelRepository(tmp_path), model_control_mode="explicit", memory_budget=25 * MB
+        ModelRepository(tmp_path), model_control_mode="explicit", memory_budget=BUDGET
     )
-    rows = np.random.default_rng(0).standard_normal((128, 256)).astype(np.float32)
+    rows = np.random.default_rng(0).standard_normal((512, 128)).astype(np.float32)
     slow_request = InferenceRequest(id=None, parameters={}, inputs={"x": rows})
     outputs: list[np.ndarray] = []
 
@@ -248,3 +250,22 @@ async def test_an_idle_model_goes_before_a_busy_one_and_a_busy_one_drains(
     np.testing.assert_allclose(outputs[0], reference, rtol=1e-5, atol=1e-6)
     figures = loads(service)
     assert (figures["idle"].evictions, figures["slow"].evictions) == (1, 1)
+
+
+async def test_resident_memory_over_the_budget_unloads_idle_models(tmp_path: Path) -> None:
+    # "big" is declared at 1 MiB but holds 36 MiB of weights: the accounts fit the
+    # budget, the server's resident memory does not.
+    write_model(tmp_path, "big", 1, matmul_model(3072))
+    write_config(tmp_path, "big", {"device": "CPU", "batching": False, "memory_bytes": MB})
+    write_model(tmp_path, "small", 1, mlp_model())
+    write_config(tmp_path, "small", {"device": "CPU", "memory_bytes": MB})
+    service = InferenceService(
+        ModelRepository(tmp_path), model_control_mode="explicit", memory_budget=24 * MB
+    )
+    async with service.lifespan():
+        await service.infer("big", None, request(3072))
+        assert service.manager.used_bytes() == MB
+        await service.infer("small", None, request())
+        assert list(service.models) == ["small"]
+        state, reason = states(service)["big"]
+        assert (state, reason) == ("UNAVAILABLE", "evicted: least recently used, to load 'small'")

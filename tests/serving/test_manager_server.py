@@ -37,17 +37,17 @@ def test_a_models_memory_is_what_its_load_adds_and_unloading_gives_it_back(
     tmp_path: Path,
 ) -> None:
     write_model(tmp_path, "warm", 1, matmul_model(1024, seed=0))
-    write_model(tmp_path, "big", 1, matmul_model(4096, seed=1))  # 64 MiB of weights
+    write_model(tmp_path, "big", 1, matmul_model(3072, seed=1))  # 36 MiB of weights
     for name in ("warm", "big"):
         write_config(tmp_path, name, CPU)
-    weights = 4 * 4096**2
+    weights = 4 * 3072**2
     app = create_app(tmp_path, model_control_mode="explicit", memory_budget="1GiB")
     with LiveServer(app) as server:
         client = httpclient.InferenceServerClient(server.url)
         infer(client, "warm", 1024)  # the CPU device's own first-use costs, paid
         client.unload_model("warm")
         before = resident()
-        infer(client, "big", 4096)
+        infer(client, "big", 3072)
         loaded = resident()
         accounted = scrape_metric(server.url, "aioinfer_model_memory_bytes", model="big")
         client.unload_model("big")
@@ -66,9 +66,9 @@ def test_a_models_memory_is_what_its_load_adds_and_unloading_gives_it_back(
 def test_unloading_a_process_model_ends_its_worker(tmp_path: Path) -> None:
     for seed, name in enumerate(("worker", "other")):
         write_model(tmp_path, name, 1, mlp_model(seed=seed))
-    write_config(tmp_path, "worker", {"device": "PROCESS:CPU", "memory_bytes": 10 * MB})
-    write_config(tmp_path, "other", {**CPU, "memory_bytes": 10 * MB})
-    app = create_app(tmp_path, model_control_mode="explicit", memory_budget=15 * MB)
+    write_config(tmp_path, "worker", {"device": "PROCESS:CPU", "memory_bytes": 400 * MB})
+    write_config(tmp_path, "other", {**CPU, "memory_bytes": 400 * MB})
+    app = create_app(tmp_path, model_control_mode="explicit", memory_budget=600 * MB)
     me = psutil.Process()
     with LiveServer(app) as server:
         client = httpclient.InferenceServerClient(server.url)
@@ -87,8 +87,8 @@ def test_clients_wait_for_loads_and_see_states_and_figures(tmp_path: Path) -> No
     names = ("a", "b", "c")
     for seed, name in enumerate(names):
         write_model(tmp_path, name, 1, mlp_model(seed=seed))
-        write_config(tmp_path, name, {**CPU, "memory_bytes": 10 * MB})
-    app = create_app(tmp_path, memory_budget=25 * MB)
+        write_config(tmp_path, name, {**CPU, "memory_bytes": 100 * MB})
+    app = create_app(tmp_path, memory_budget=250 * MB)
     with LiveServer(app) as server:
         client = httpclient.InferenceServerClient(server.url, concurrency=8)
         index = {e["name"]: e for e in client.get_model_repository_index()}
@@ -121,4 +121,4 @@ def test_clients_wait_for_loads_and_see_states_and_figures(tmp_path: Path) -> No
     assert figures["loads_total"] == figures["evictions_total"] + 2 == timed
     assert figures["hits_total"] + figures["misses_total"] == 48
     assert figures["misses_total"] >= 1
-    assert budget == 25 * MB
+    assert budget == 250 * MB
