@@ -14,11 +14,14 @@ measures; ``"memory_budget"`` is the most its load may measure.
 
 **What a model holds.** No device reports its memory, so the manager measures it: the
 resident memory of the server's process and its children (a ``PROCESS`` device's
-worker) just before and just after the load, the difference being the model's (its
-weights as the device keeps them, its plans, the arenas its first requests filled are
-not in it), at least the size of its model files. Loads and unloads therefore run one
-at a time in the process (what the resident memory gained during a load is that load's),
-off the event loop: they never hold up the requests of the loaded models. After an
+worker) just before and just after the load; the difference (its weights as the device
+keeps them, its plans, an engine's session), at least the size of its model files, is
+the model's. Loads and unloads therefore run one at a time in the process, off the
+event loop: they never hold up the requests of the loaded models. What else runs during
+a load can only add to its measure, so a model's known size is the least of its loads'.
+What loads do not show (arenas that requests grow, what the allocator keeps) is caught
+by the resident memory itself: while the server has gained more than the budget since
+before its first load, idle models are unloaded, least recently used first. After an
 unload the manager collects the garbage and gives the allocator's free pages back to
 the system (``malloc_trim`` on glibc), so that the resident memory falls back.
 
@@ -30,8 +33,8 @@ are pinned, loading or being unloaded are never picked.
 
 **A load that fails** answers the requests that waited for it with its error; the
 next request after a backoff (1 s, doubling up to a minute) tries again, those that
-come sooner get the same error at once. A model whose files alone pass the budget, or
-whose load measured more than the budget, is refused with a
+come sooner get the same error at once. A model that alone needs more than the budget
+(its files, or its declared ``memory_bytes``) is refused with a
 :class:`~aioinfer.errors.ModelMemoryError` that names both sizes.
 
 The :class:`~aioinfer.serving.service.InferenceService` gives the manager its one way
@@ -248,7 +251,8 @@ class ModelManager:
                 continue
             entry = self.repository.models[name]
             if self.budget is not None:
-                need = self._estimate(self.managed(name), entry)
+                least = entry.config.memory_bytes or model_file_bytes(entry)
+                need = max(self.managed(name).known_bytes, least)
                 if self.used_bytes() + need > self.budget:
                     _logger.info(
                         "model %r not loaded at the start: it needs about %s and the "
@@ -377,8 +381,11 @@ class ModelManager:
             started = time.perf_counter()
             held = managed.bytes  # a replaced model's, until it is closed
             try:
-                need = self._estimate(managed, entry)
-                self._check_fits(name, need, entry)
+                # Refused on what it certainly holds (its files, or its declared size);
+                # room is made for what it held last time, up to the whole budget.
+                least = entry.config.memory_bytes or model_file_bytes(entry)
+                self._check_fits(name, least, entry)
+                need = self._estimate(managed, least)
                 await self._make_room(need, name, f"to load {name!r}")
                 managed.bytes = held + need  # reserved while it loads
                 before = resident_memory()
@@ -395,8 +402,8 @@ class ModelManager:
             size = entry.config.memory_bytes or max(measured, model_file_bytes(entry))
             if size > (entry.config.memory_budget or self.budget or size):
                 _logger.warning(
-                    "model %r: its load measured %s, over its budget (its next load is "
-                    "refused if it measures as much again)",
+                    "model %r: its load measured %s, over its budget (what else ran "
+                    "meanwhile counts too; the resident memory is watched)",
                     name,
                     format_bytes(size),
                 )
@@ -451,11 +458,11 @@ class ModelManager:
             await self._unload(managed, reason, self.drain_timeout)
             return True
 
-    def _estimate(self, managed: ManagedModel, entry: ModelEntry) -> int:
-        declared = entry.config.memory_bytes
-        if declared:
-            return declared
-        return max(managed.known_bytes, model_file_bytes(entry))
+    def _estimate(self, managed: ManagedModel, least: int) -> int:
+        """What a load of ``managed`` will hold: what its last load measured, at least
+        ``least`` (its files or its declared size), at most the budget."""
+        need = max(managed.known_bytes, least)
+        return need if self.budget is None else min(need, self.budget)
 
     def _check_fits(self, name: str, size: int, entry: ModelEntry) -> None:
         how = "it needs at least"
