@@ -140,6 +140,8 @@ class ManagedModel:
     """When a request last came for it (``time.perf_counter()``)."""
     waiting: int = 0
     """Requests waiting for its load."""
+    loaded_once: bool = False
+    """It loaded at least once (the manager may have unloaded it since)."""
     held_back: bool = False
     """An operator unloaded it: it loads again only when an operator loads it."""
     failure: ServiceError | None = None
@@ -168,7 +170,8 @@ class ModelManager:
         idle_since: None while model ``name`` is busy (requests in flight, open
             sequences); else when its last request ended (``time.perf_counter()``).
         budget: the bytes the loaded models may hold together.
-        on_demand: whether a request may load a model that is not loaded.
+        on_demand: whether a request may load a model that never loaded (one the
+            manager unloaded, idle or evicted, is loaded again on demand anyway).
         load_wait: the longest a request waits for its model's load (seconds).
         drain_timeout: how long an operator's unload lets requests finish.
     """
@@ -295,10 +298,11 @@ class ModelManager:
                 not fit the budget.
         """
         entry = self.repository.models.get(name)
-        if entry is None or not self.on_demand:
+        if entry is None:
             return
         managed = self.managed(name)
-        if managed.held_back:
+        # Without on_demand, a model the manager unloaded (idle, evicted) comes back still.
+        if managed.held_back or not (self.on_demand or managed.loaded_once):
             return
         if managed.waiting >= entry.config.max_queue:
             raise ServiceError(
@@ -411,6 +415,7 @@ class ModelManager:
             managed.known_bytes = min(managed.known_bytes or size, size)
             managed.bytes = held + size
             managed.failure, managed.failures = None, 0
+            managed.loaded_once = True
             managed.last_used = time.perf_counter()
             self.models[name] = versions
             managed.state, managed.reason = ModelState.READY, ""

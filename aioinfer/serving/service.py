@@ -530,7 +530,9 @@ class InferenceService:
         if self.closing:
             raise ModelControlError("the server is shutting down", ErrorKind.UNAVAILABLE)
         async with self._control:
-            replaced = self.models.get(name)
+            # The versions' names only: the manager closes the replaced models, and a
+            # reference here would keep their memory.
+            replaced = set(self.models.get(name, ()))
             try:
                 entry = self.repository.refresh(name)
                 if config is not None:
@@ -542,8 +544,8 @@ class InferenceService:
             except AioinferError as exc:
                 raise ModelControlError(f"failed to load {name!r}: {exc}") from exc
             versions = self.models[name]
-            if replaced is not None:
-                dropped = self._unloaded_versions.get(name, set()) | set(replaced)
+            if replaced:
+                dropped = self._unloaded_versions.get(name, set()) | replaced
                 self._unloaded_versions[name] = dropped - set(versions)
             _logger.info("loaded model %r (versions %s)", name, ", ".join(versions))
 
