@@ -14,11 +14,12 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from anyio.abc import TaskStatus
 
 from aioinfer.errors import ErrorKind, ModelMemoryError, ServiceError
 from aioinfer.serving import InferenceRequest, InferenceService, ModelRepository
 from aioinfer.serving.manager import FIRST_RETRY_S
-from tests.helpers import chain_model, matmul_model, mlp_model
+from tests.helpers import matmul_model, mlp_model
 from tests.serving.conftest import write_config, write_model
 
 pytestmark = pytest.mark.anyio
@@ -215,41 +216,40 @@ async def test_a_model_alone_over_the_budget_is_refused_with_both_sizes(tmp_path
 async def test_an_idle_model_goes_before_a_busy_one_and_a_busy_one_drains(
     tmp_path: Path,
 ) -> None:
-    write_model(tmp_path, "slow", 1, chain_model(300, 128, seed=1))  # 19 MiB of weights
-    write_config(tmp_path, "slow", {**SMALL, "batching": False})
-    for seed, (name, config) in enumerate(
-        {"idle": SMALL, "next": {**SMALL, "pinned": True}, "last": SMALL}.items()
-    ):
-        write_model(tmp_path, name, 1, mlp_model(seed=seed))
-        write_config(tmp_path, name, config)
-    service = InferenceService(
-        ModelRepository(tmp_path), model_control_mode="explicit", memory_budget=BUDGET
-    )
-    rows = np.random.default_rng(0).standard_normal((512, 128)).astype(np.float32)
-    slow_request = InferenceRequest(id=None, parameters={}, inputs={"x": rows})
-    outputs: list[np.ndarray] = []
+    repo = repository(tmp_path, busy=SMALL, idle=SMALL, next={**SMALL, "pinned": True}, last=SMALL)
+    service = InferenceService(repo, model_control_mode="explicit", memory_budget=BUDGET)
+    release = anyio.Event()
+    answered: list[np.ndarray] = []
 
-    async def infer_slow() -> None:
-        response = await service.infer("slow", None, slow_request)
-        outputs.append(response.outputs[0][1])
+    async def hold(*, task_status: TaskStatus[None]) -> None:
+        # A request admitted to "busy" (in flight, as a transport's call is while it
+        # reads the body), whose inference runs only once released.
+        async with service.call("busy", None) as call:
+            task_status.started()
+            await release.wait()
+            answered.append((await call.infer(request())).outputs[0][1])
+
+    async def infer_last() -> None:
+        await service.infer("last", None, request())
 
     async with service.lifespan():
-        reference = (await service.infer("slow", None, slow_request)).outputs[0][1]
-        await service.infer("idle", None, request())
+        reference = (await service.infer("busy", None, request())).outputs[0][1]
         async with anyio.create_task_group() as group:
-            group.start_soon(infer_slow)
-            await anyio.sleep(0)  # slow's inference is in flight
-            await service.infer("idle", None, request())  # slow: the least recently used
-            assert service._idle_since("slow") is None
+            await group.start(hold)
+            await service.infer("idle", None, request())  # busy: the least recently used
             await service.infer("next", None, request())
-            assert sorted(service.models) == ["next", "slow"]  # the idle one went
-            assert outputs == []  # slow's inference still runs
-            await service.infer("last", None, request())  # only slow can go: it drains
-            assert len(outputs) == 1  # before it was unloaded
+            assert sorted(service.models) == ["busy", "next"]  # the idle one went
+            group.start_soon(infer_last)  # only busy can go: it drains first
+            with anyio.fail_after(30):  # a hang guard
+                while states(service)["busy"][0] != "UNLOADING":
+                    await anyio.sleep(0.01)
+            assert "last" not in service.models
+            release.set()  # the request in flight is answered by the model it came to
         assert sorted(service.models) == ["last", "next"]
-    np.testing.assert_allclose(outputs[0], reference, rtol=1e-5, atol=1e-6)
+    assert len(answered) == 1
+    np.testing.assert_array_equal(answered[0], reference)
     figures = loads(service)
-    assert (figures["idle"].evictions, figures["slow"].evictions) == (1, 1)
+    assert (figures["idle"].evictions, figures["busy"].evictions) == (1, 1)
 
 
 async def test_resident_memory_over_the_budget_unloads_idle_models(tmp_path: Path) -> None:
