@@ -6,6 +6,9 @@ unload (a PROCESS worker ends), clients waiting for loads, the repository index 
 from __future__ import annotations
 
 import concurrent.futures
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from tests.helpers import matmul_model, mlp_model, process_alive, scrape_metric,
 from tests.serving.conftest import LiveServer, write_config, write_model
 
 MB = 2**20
+ROOT = Path(__file__).resolve().parents[2]
 CPU = {"device": "CPU", "batching": False}
 
 
@@ -122,3 +126,33 @@ def test_clients_wait_for_loads_and_see_states_and_figures(tmp_path: Path) -> No
     assert figures["hits_total"] + figures["misses_total"] == 48
     assert figures["misses_total"] >= 1
     assert budget == 250 * MB
+
+
+def test_serve_takes_a_memory_budget(tmp_path: Path) -> None:
+    for seed, name in enumerate(("a", "b")):
+        write_model(tmp_path, name, 1, matmul_model(512, seed=seed))  # 1 MiB each
+        write_config(tmp_path, name, CPU)
+    command = [sys.executable, "-m", "aioinfer.cli", "serve", str(tmp_path), "--port", "0"]
+    refused = subprocess.run(
+        [*command, "--memory-budget", "6XB"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2
+    assert "--memory-budget: unknown unit 'XB' in '6XB'" in refused.stderr
+    process = subprocess.Popen(
+        [*command, "--memory-budget", "1.5MiB"], cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stderr is not None
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if "Application startup complete" in line:
+                break
+        assert any("loaded model 'a'" in line for line in seen), seen
+        skipped = "model 'b' not loaded at the start: it needs about 1.0 MiB"
+        assert any(skipped in line for line in seen), seen
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(120) in (0, -signal.SIGTERM)
+    finally:
+        process.kill()
+        process.wait()
