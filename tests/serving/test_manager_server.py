@@ -1,7 +1,7 @@
 """The model manager behind a live server, with the unmodified tritonclient: memory
 accounted per model against the process's resident memory, memory given back at
 unload (a PROCESS worker ends), clients waiting for loads, the repository index and
-``/metrics``."""
+``/metrics``; ``aioinfer serve --memory-budget`` and the config file's keys."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 import psutil
+import pytest
 import tritonclient.http as httpclient
 
-from aioinfer.serving import create_app
+from aioinfer.errors import RepositoryError
+from aioinfer.serving import ModelConfig, create_app
 from tests.helpers import matmul_model, mlp_model, process_alive, scrape_metric, wait_until
 from tests.serving.conftest import LiveServer, write_config, write_model
 
@@ -156,3 +158,32 @@ def test_serve_takes_a_memory_budget(tmp_path: Path) -> None:
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"memory_bytes": "2GiB", "memory_budget": 1000}, (2 * 2**30, 1000)),
+        ({"memory_bytes": "1.5 MB"}, (1_500_000, None)),
+    ],
+)
+def test_the_memory_keys_of_a_config_file(values: dict[str, Any], expected: Any) -> None:
+    config = ModelConfig.from_mapping(values, "config.json")
+    assert (config.memory_bytes, config.memory_budget) == expected
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"pinned": 1}, "config.json: 'pinned' must be bool, got 1"),
+        ({"idle_unload_s": 0}, "config.json: 'idle_unload_s' must be above 0, got 0"),
+        ({"memory_bytes": "2 parsecs"}, "config.json: memory_bytes: unknown unit 'parsecs'"),
+        ({"memory_budget": 0}, "config.json: memory_budget must be at least 1 byte, got 0"),
+    ],
+)
+def test_bad_memory_keys_are_refused_with_the_file_and_the_value(
+    values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(RepositoryError) as refused:
+        ModelConfig.from_mapping(values, "config.json")
+    assert str(refused.value).startswith(message), str(refused.value)
