@@ -200,6 +200,8 @@ class ModelReplica:
         # The service's lifespan (a task group) must end in the task it began in.
         try:
             async with self.service.lifespan():
+                if self.name not in self.service.models:  # over its budget: say why
+                    await self.service.manager.acquire(self.name)
                 loaded.set_result(None)
                 await self._stop.wait()
         except BaseException as exc:
@@ -234,7 +236,7 @@ class ModelReplica:
     def status(self) -> dict[str, Any]:
         """The replica's process id, its open sequences, and its infer requests so far
         and in flight."""
-        models = self.service.models[self.name].values()
+        models = self.service.models.get(self.name, {}).values()  # idle: unloaded
         figures = [metrics for _, metrics in self.service.metrics.figures()]
         return {
             "pid": os.getpid(),

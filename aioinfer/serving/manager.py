@@ -343,7 +343,7 @@ class ModelManager:
         failure = managed.failure
         assert failure is not None
         wait = max(0.0, managed.retry_at - time.perf_counter())
-        return type(failure)(f"{failure} (tried again after {wait:.1f} s)", failure.kind)
+        return type(failure)(f"{failure} (the next load in {wait:.1f} s)", failure.kind)
 
     def _start_load(self, managed: ManagedModel, entry: ModelEntry) -> bool:
         """Mark the model LOADING and start its load in the manager's task group; True

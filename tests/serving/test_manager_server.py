@@ -6,6 +6,7 @@ unload (a PROCESS worker ends), clients waiting for loads, the repository index 
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
-from aioinfer.errors import RepositoryError
+from aioinfer.errors import ModelMemoryError, RepositoryError
 from aioinfer.serving import ModelConfig, create_app
 from tests.helpers import matmul_model, mlp_model, process_alive, scrape_metric, wait_until
 from tests.serving.conftest import LiveServer, write_config, write_model
@@ -187,3 +188,28 @@ def test_bad_memory_keys_are_refused_with_the_file_and_the_value(
     with pytest.raises(RepositoryError) as refused:
         ModelConfig.from_mapping(values, "config.json")
     assert str(refused.value).startswith(message), str(refused.value)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # Ray Serve runs replicas on asyncio
+async def test_a_ray_replica_has_a_budget_of_its_own(tmp_path: Path) -> None:
+    from aioinfer.ray import ModelReplica
+
+    write_model(tmp_path, "big", 1, matmul_model(512))  # 1 MiB of weights
+    write_config(tmp_path, "big", CPU)
+    # As Ray Serve makes a replica: its constructor is a coroutine.
+    refused = ModelReplica.__new__(ModelReplica)
+    try:
+        with pytest.raises(BaseException) as raised:
+            await refused.__init__(str(tmp_path), "big", memory_budget="512KiB")  # type: ignore[misc]
+        error = raised.value
+        while getattr(error, "exceptions", None):  # the lifespan's task groups wrap it
+            error = error.exceptions[0]  # type: ignore[attr-defined]
+        assert isinstance(error, ModelMemoryError)
+        assert "the budget is 512.0 KiB (524288 bytes)" in str(error)
+        replica = ModelReplica.__new__(ModelReplica)
+        await replica.__init__(str(tmp_path), "big", memory_budget="4MiB")  # type: ignore[misc]
+        assert list(replica.describe().versions) == ["1"]
+        await replica.__del__()
+    finally:
+        gc.unfreeze()  # the replica froze the test process's objects
