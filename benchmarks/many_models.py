@@ -76,8 +76,8 @@ Feeds = dict[str, np.ndarray]
 
 
 def _distribution_file(case: Case, site: Path | None) -> Path | None:
-    paths = None if site is None else [str(site)]
-    for dist in importlib.metadata.distributions(name=case.package, path=paths):
+    where: dict[str, Any] = {} if site is None else {"path": [str(site)]}
+    for dist in importlib.metadata.distributions(name=case.package, **where):
         found = dist.locate_file(case.path)
         return Path(str(found)) if Path(str(found)).is_file() else None
     return None
@@ -87,8 +87,8 @@ def build_repository(root: Path, site: Path | None, generated: bool) -> dict[str
     """The models under ``root`` (``<name>/1/model.onnx``); each one's request inputs."""
     feeds: dict[str, Feeds] = {}
     rng = np.random.default_rng(0)
-    files = {name: _distribution_file(CASES[name], site) for name in MODELS}
-    if not generated and all(files.values()):
+    files = {} if generated else {name: _distribution_file(CASES[name], site) for name in MODELS}
+    if files and all(files.values()):
         for name, path in files.items():
             assert path is not None
             (root / name / "1").mkdir(parents=True)
