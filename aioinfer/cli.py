@@ -30,7 +30,7 @@ import anyio
 import numpy as np
 
 import aioinfer
-from aioinfer.errors import AioinferError
+from aioinfer.errors import AioinferError, ServingConfigError
 from aioinfer.model import Port
 from aioinfer.models import default_model_path
 from aioinfer.offline import compile_to_file, is_blob_file, load_model_file
@@ -55,6 +55,7 @@ _SERVE_OPTIONS = (
     "ssl_certfile",
     "ssl_keyfile",
     "grpc_port",
+    "memory_budget",
 )
 """``aioinfer serve`` options passed to ``serve()`` when given (else its defaults)."""
 
@@ -185,6 +186,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="with --model-control-mode explicit: a model to load at the start "
         "(repeatable; '*': every model)",
+    )
+    control.add_argument(
+        "--memory-budget",
+        type=_size,
+        metavar="SIZE",
+        help="memory the loaded models may hold (e.g. 6GiB, 512MB): models load when a "
+        "request needs them, the least recently used idle ones are unloaded to make room",
     )
     _add_limit_options(serve)
     scale = serve.add_argument_group("Ray Serve (the 'ray' extra)")
@@ -420,7 +428,7 @@ def _serve(args: argparse.Namespace) -> None:
     )
 
 
-_RAY_OPTIONS = ("max_request_bytes", "max_sequences")
+_RAY_OPTIONS = ("max_request_bytes", "max_sequences", "memory_budget")
 """``aioinfer serve`` options that ``--ray`` takes too (Ray's proxy owns the connections)."""
 
 
@@ -551,6 +559,16 @@ def _positive_seconds(text: str) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
     return seconds
+
+
+def _size(text: str) -> int:
+    """An argparse type: a size in bytes (``6GiB``, ``512MB``, ``1000000``)."""
+    from aioinfer.serving.repository import parse_bytes
+
+    try:
+        return parse_bytes(text, "--memory-budget")
+    except ServingConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:

@@ -308,3 +308,12 @@ class ModelControlError(ServiceError):
 
     def __init__(self, message: str, kind: ErrorKind = ErrorKind.INVALID_ARGUMENT) -> None:
         super().__init__(message, kind)
+
+
+class ModelMemoryError(ServiceError):
+    """A model that does not fit the server's memory budget (or its own): it alone
+    needs more than the budget, or the budget is held by models that cannot be unloaded
+    (the message names both sizes; RESOURCE_EXHAUSTED unless said otherwise)."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.RESOURCE_EXHAUSTED) -> None:
+        super().__init__(message, kind)
