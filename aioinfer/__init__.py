@@ -10,6 +10,7 @@ from aioinfer.errors import (
     AioinferError,
     BlobDeviceError,
     BlobVersionError,
+    ChatTemplateError,
     CompileError,
     DeviceUnavailableError,
     ExportError,
@@ -35,6 +36,7 @@ from aioinfer.errors import (
     RequestBusyError,
     RequestClosedError,
     ServingConfigError,
+    TextGenerationError,
     TextInputError,
     TextTooLongError,
     TextTypeError,
@@ -60,6 +62,7 @@ from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.state import VariableState
 from aioinfer.queue import AsyncInferQueue
 from aioinfer.results import InferResults
+from aioinfer.text.generator import TextGenerator, generate_text
 
 __version__ = "0.1.0"
 
@@ -73,6 +76,7 @@ __all__ = [
     "BatchStatistics",
     "BlobDeviceError",
     "BlobVersionError",
+    "ChatTemplateError",
     "CompileError",
     "CompiledModel",
     "Core",
@@ -109,6 +113,8 @@ __all__ = [
     "RerankResult",
     "ServingConfigError",
     "TextEmbedder",
+    "TextGenerationError",
+    "TextGenerator",
     "TextInputError",
     "TextReranker",
     "TextTooLongError",
@@ -125,4 +131,5 @@ __all__ = [
     "__version__",
     "compile_model",
     "generate",
+    "generate_text",
 ]

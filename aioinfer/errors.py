@@ -190,6 +190,19 @@ class TextTooLongError(TextInputError):
     off (the message names its index, its token count and the maximum)."""
 
 
+class ChatTemplateError(TextInputError):
+    """Chat messages that cannot become a prompt: the model has no chat template, the
+    template raised (``raise_exception``: messages in an order or of a role it does not
+    take) or failed to render, or a message is not what a chat takes (the message names
+    the role, the field or the template's own words)."""
+
+
+class TextGenerationError(TextInputError):
+    """A text generation argument that cannot be used: a stop string that is not a
+    string, a prompt that is neither text nor token ids, text without a tokenizer (the
+    message names the argument, the expected and the actual)."""
+
+
 # -- serving ----------------------------------------------------------------------------
 
 

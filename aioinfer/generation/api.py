@@ -126,8 +126,8 @@ async def generate_steps(
     scheduler = None if request is not None else scheduler_of(compiled, config)
     if scheduler is None or not scheduler.serves_here():
         async with aclosing(generate_alone(compiled, config, sampling, prompt, request)) as alone:
-            async for step in alone:
-                yield step
+            async for alone_step in alone:
+                yield alone_step
         return
     sequence = scheduler.submit(prompt, sampling)
     try:
