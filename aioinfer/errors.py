@@ -285,6 +285,16 @@ class ServiceError(AioinferError):
         super().__init__(message)
         self.kind = kind
 
+
+class RequestFieldError(ServiceError):
+    """A field of a request that the server refuses (INVALID_ARGUMENT): a value of the
+    wrong type or out of range, or a field it does not support; :attr:`param` names it
+    (``messages[1].content``) for the transports that say which (OpenAI's ``param``)."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message, ErrorKind.INVALID_ARGUMENT)
+        self.param = param
+
     def __reduce__(self) -> tuple[type[ServiceError], tuple[str, ErrorKind]]:
         # Pickled with its kind (an error crossing a process: a Ray replica's answer).
         return type(self), (str(self), self.kind)
