@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import onnx
@@ -23,6 +26,7 @@ from tests.serving.conftest import LiveServer
 
 tokenizers = pytest.importorskip("tokenizers")
 
+ROOT = Path(__file__).resolve().parents[3]
 KEY = "test-key"
 MODEL = "llama_gqa"
 LIMITED = "limited"
@@ -399,3 +403,27 @@ def test_langchain_chat_openai_streams(server: LiveServer, client: openai.OpenAI
     )
     assert len(chunks) > 1
     assert "".join(map(str, chunks)) == whole.choices[0].message.content
+
+
+def test_the_example_client_runs_against_the_server(server: LiveServer) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "examples/openai_client.py",
+            "--base-url",
+            f"http://{server.url}/v1",
+            "--api-key",
+            KEY,
+            "--model",
+            MODEL,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"models: {LIMITED}, {MODEL}, mlp"
+    assert lines[1].startswith("chat: ") and re.fullmatch(r"usage: \d+ \+ 16 tokens", lines[2])
+    assert [line.split(":")[0] for line in lines[3:]] == ["completion 0", "completion 1"]
