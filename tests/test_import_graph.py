@@ -41,10 +41,11 @@ CIRCLES: dict[tuple[str, ...], str] = {
         "aioinfer.plugin.stateful",
         "aioinfer.plugin.sync_request",
         "aioinfer.queue",
+        "aioinfer.text.generator",
     ): "the plugin API names the Core and AsyncInferQueue (type-only), blob reads the "
     "package's __version__ (lazily), and the compiled model / requests name each other; "
-    "generation and the text pipelines join it through the package's __init__, which "
-    "re-exports them, and the Core they compile with",
+    "generation, text generation and the text pipelines join it through the package's "
+    "__init__, which re-exports them, and the Core they compile with",
     ("aioinfer.bench", "aioinfer.cli"): "bench imports cli's private helpers, cli runs bench",
     (
         "aioinfer.devices.batch.plugin",
