@@ -12,7 +12,7 @@ folder, with no ``generate`` key of aioinfer's, is served as a decoder when
 3. the model has an input named ``past_key_values.*`` (optimum's KV cache).
 
 Such a model is compiled with ``STATEFUL`` ``"auto"`` (the cache kept in the request) and
-generates with the end-of-sequence tokens and length of its ``generation_config.json``;
+the ``LATENCY`` hint (one batched step at a time, on every core), and generates with the end-of-sequence tokens and length of its ``generation_config.json``;
 its tokenizer, defaults and chat template are read from the folder by the model's
 :class:`~aioinfer.serving.generation.ModelGeneration`. An aioinfer ``config.json`` in the
 folder overrides any of it.
@@ -36,6 +36,10 @@ from aioinfer.text.tokenizer import read_json_object
 DECODER_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 """How transformers names the architectures that generate text."""
 CACHE_INPUT_PREFIX = "past_key_values."
+DECODER_HINT = "LATENCY"
+"""The hint a decoder folder is compiled with unless its config sets one: its scheduler
+runs one batched step at a time, which every core should compute (THROUGHPUT's streams
+would give each step a share of them)."""
 """optimum's name for the KV cache inputs of a decoder exported with past."""
 
 
@@ -83,7 +87,8 @@ def _served_decoder(entry: ModelEntry, folder: Path) -> ModelEntry:
     if defaults.max_new_tokens is not None:
         generate["max_new_tokens"] = defaults.max_new_tokens
     stateful = entry.config.stateful if entry.config.stateful is not None else "auto"
-    config = dataclasses.replace(entry.config, stateful=stateful, generate=generate)
+    hint = entry.config.hint or DECODER_HINT
+    config = dataclasses.replace(entry.config, stateful=stateful, generate=generate, hint=hint)
     return dataclasses.replace(entry, config=config)
 
 
