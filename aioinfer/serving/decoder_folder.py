@@ -12,10 +12,11 @@ folder, with no ``generate`` key of aioinfer's, is served as a decoder when
 3. the model has an input named ``past_key_values.*`` (optimum's KV cache).
 
 Such a model is compiled with ``STATEFUL`` ``"auto"`` (the cache kept in the request) and
-the ``LATENCY`` hint (one batched step at a time, on every core), and generates with the end-of-sequence tokens and length of its ``generation_config.json``;
-its tokenizer, defaults and chat template are read from the folder by the model's
-:class:`~aioinfer.serving.generation.ModelGeneration`. An aioinfer ``config.json`` in the
-folder overrides any of it.
+the ``LATENCY`` hint (one batched step at a time, on every core), and generates with the
+end-of-sequence tokens and length of its ``generation_config.json``; its tokenizer,
+defaults and chat template are read from the folder by the model's
+:class:`~aioinfer.serving.generation.ModelGeneration`. A config given for the model
+(its ``generate``, ``stateful``, ``hint``) overrides any of it.
 """
 
 from __future__ import annotations

@@ -283,6 +283,12 @@ class TextGenerator:
                     yield TextChunk(text, (step,), reason)
                     return
                 yield TextChunk(text, (step,))
+        # The steps ended on a rule of the config's own (a stop token it names): the text
+        # held back ends the generation.
+        text = stop_strings.feed(detokenizer.flush())
+        yield TextChunk(
+            text if stop_strings.matched else text + stop_strings.flush(), (), FINISH_STOP
+        )
 
     async def complete(
         self, prompt: str | Sequence[int] | Sequence[Message], **options: Any

@@ -164,6 +164,7 @@ class _TextEndpoint:
                 async for index, item in chunks:
                     if isinstance(item, Exception):
                         await writer.fail(_as_service_error(item))
+                        left = -1
                         break
                     choice = choices[index]
                     choice.texts.append(item.text)
@@ -184,6 +185,9 @@ class _TextEndpoint:
                         for choice in choices:
                             choice.texts.insert(0, _echo(generator, request, choice))
                     await writer.finish(choices, tokens)
+                elif left > 0:  # every choice's task ended, one without its last chunk
+                    ended = "a choice ended without a finish reason"
+                    await writer.fail(ServiceError(ended, ErrorKind.INTERNAL))
             group.cancel_scope.cancel()
         if gone:
             raise ServiceError("the client went away", ErrorKind.CANCELLED)
