@@ -12,7 +12,8 @@ folder, with no ``generate`` key of aioinfer's, is served as a decoder when
 3. the model has an input named ``past_key_values.*`` (optimum's KV cache).
 
 Such a model is compiled with ``STATEFUL`` ``"auto"`` (the cache kept in the request) and
-the ``LATENCY`` hint (one batched step at a time, on every core), and generates with the
+the ``LATENCY`` hint (one batched step at a time, on every core), takes as many
+concurrent requests (``max_concurrency``) as its scheduler has places, and generates with the
 end-of-sequence tokens and length of its ``generation_config.json``; its tokenizer,
 defaults and chat template are read from the folder by the model's
 :class:`~aioinfer.serving.generation.ModelGeneration`. A config given for the model
@@ -29,6 +30,7 @@ from typing import Any
 import anyio.to_thread
 
 from aioinfer.errors import RepositoryError
+from aioinfer.generation.config import GenerationConfig
 from aioinfer.offline import is_blob_file
 from aioinfer.serving.repository import ModelEntry
 from aioinfer.text.generator import GenerationDefaults
@@ -89,7 +91,16 @@ def _served_decoder(entry: ModelEntry, folder: Path) -> ModelEntry:
         generate["max_new_tokens"] = defaults.max_new_tokens
     stateful = entry.config.stateful if entry.config.stateful is not None else "auto"
     hint = entry.config.hint or DECODER_HINT
-    config = dataclasses.replace(entry.config, stateful=stateful, generate=generate, hint=hint)
+    # A generation holds one of the model's slots while it runs: as many as the scheduler
+    # has places, so that the slots do not keep its batch smaller.
+    places = GenerationConfig.from_mapping(generate).max_running_sequences
+    config = dataclasses.replace(
+        entry.config,
+        stateful=stateful,
+        generate=generate,
+        hint=hint,
+        max_concurrency=entry.config.max_concurrency or places,
+    )
     return dataclasses.replace(entry, config=config)
 
 

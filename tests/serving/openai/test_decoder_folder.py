@@ -44,7 +44,7 @@ async def test_a_bare_export_is_a_decoder_by_its_inputs_and_an_encoder_is_not(
     shutil.copy(HF_DECODERS / "llama_gqa" / "model.onnx", bare / "model.onnx")
     entry = (await _entries(bare))[0]
     assert entry.config.stateful == "auto" and entry.config.generate == {}
-    assert entry.config.hint == "LATENCY"
+    assert entry.config.hint == "LATENCY" and entry.config.max_concurrency == 32
     encoder = tmp_path / "encoder"
     encoder.mkdir()
     onnx.save(mlp_model(), encoder / "model.onnx")
