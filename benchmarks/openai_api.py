@@ -18,7 +18,9 @@ of its own, on a free 127.0.0.1 port.
 The two take turns within each round (the order alternates by round). Per engine:
 generated tokens/s (all streams' tokens over the time to the last one; the median over
 rounds), and time to first token (each stream's, from the start; p50 and p99 over
-streams and rounds). The ratio of the tokens/s is the cost of the HTTP and text layers.
+streams and rounds). The ratio of the tokens/s is the cost of the HTTP and text layers;
+it is printed per round too (the two runs of a round are next to each other in time, so
+their ratio is the least affected by other load on the machine).
 """
 
 from __future__ import annotations
@@ -196,6 +198,7 @@ async def main() -> None:
     finally:
         server.close()
     rates = {name: statistics.median(f["rate"]) for name, f in figures.items()}
+    paired = [a / b for a, b in zip(figures["openai"]["rate"], figures["in-process"]["rate"])]
     lines = [
         f"{args.streams} streams, {args.new_tokens} new tokens each, prompts of "
         f"{len(ids[0])} tokens, {args.rounds} rounds; {_cpu()}",
@@ -208,6 +211,12 @@ async def main() -> None:
             f"| {name} | {rates[name]:.0f} | {rates[name] / rates['in-process']:.2f}x | "
             f"{percentile(f['first'], 50):.0f} | {percentile(f['first'], 99):.0f} |"
         )
+    lines.append("")
+    lines.append(
+        "openai / in-process tokens/s by round: "
+        + ", ".join(f"{ratio:.2f}" for ratio in paired)
+        + f" (median {statistics.median(paired):.2f})"
+    )
     table = "\n".join(lines)
     print(table)
     if args.output:
