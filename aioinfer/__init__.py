@@ -5,6 +5,7 @@
 event loop.
 """
 
+from aioinfer._version import __version__
 from aioinfer.core import Core, DeviceVersion, compile_model
 from aioinfer.errors import (
     AioinferError,
@@ -63,8 +64,6 @@ from aioinfer.plugin.state import VariableState
 from aioinfer.queue import AsyncInferQueue
 from aioinfer.results import InferResults
 from aioinfer.text.generator import TextGenerator, generate_text
-
-__version__ = "0.1.0"
 
 InferRequest = AsyncInferRequest
 """The request type users hold (``compiled.create_infer_request()``)."""

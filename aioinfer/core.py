@@ -18,9 +18,10 @@ from aioinfer.frontend import ModelSource, read_ir_model, read_stream
 from aioinfer.model import Model, batch_problem
 from aioinfer.plugin.blob import load as load_blob
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.plugin import Plugin
+from aioinfer.plugin.plugin import Plugin, PluginCore
 from aioinfer.plugin.stateful import compile_stateful
 from aioinfer.properties import (
+    ALLOW_AUTO_BATCHING,
     COMMON,
     PERFORMANCE_HINT,
     Property,
@@ -46,7 +47,7 @@ _TARGET_PROPERTIES = ("TARGET_DEVICE", "DEVICE_PRIORITIES")
 ``"BATCH:CPU"``, the list of ``"AUTO:ORT,CPU"``. A device declaring one is virtual."""
 
 
-def _give_core(plugin: Plugin, core: Core) -> None:
+def _give_core(plugin: Plugin, core: PluginCore) -> None:
     """Hand ``core`` to a plugin that compiles through other devices (``BATCH``): such a
     plugin has a ``set_core(core)`` method, as in the plugin API of the big runtimes."""
     set_core = getattr(plugin, "set_core", None)
@@ -429,12 +430,13 @@ class Core:
         asked for: the device opts in (it declares ``ALLOW_AUTO_BATCHING``), the config
         has the ``THROUGHPUT`` hint and does not set ``ALLOW_AUTO_BATCHING`` to NO, the
         model keeps no state and is batchable (:func:`aioinfer.model.batch_problem`)."""
-        declared = plugin.properties
-        if "ALLOW_AUTO_BATCHING" not in declared:
+        if ALLOW_AUTO_BATCHING.name not in plugin.properties:
             return False
         try:  # AUTO passes the hint on without declaring it
-            hint = PERFORMANCE_HINT.parse(config.get("PERFORMANCE_HINT", "LATENCY"))
-            allowed = declared["ALLOW_AUTO_BATCHING"].parse(config.get("ALLOW_AUTO_BATCHING", True))
+            hint = PERFORMANCE_HINT.parse(config.get(PERFORMANCE_HINT.name, "LATENCY"))
+            allowed = ALLOW_AUTO_BATCHING.parse(
+                config.get(ALLOW_AUTO_BATCHING.name, ALLOW_AUTO_BATCHING.default)
+            )
         except ValueError:
             return False  # the device itself reports the bad value
         return (

@@ -254,6 +254,17 @@ OPTIMIZATION_CAPABILITIES = Property(
     configurable=False,
 )
 
+ALLOW_AUTO_BATCHING = Property(
+    "ALLOW_AUTO_BATCHING",
+    "With the THROUGHPUT hint, let the Core batch concurrent requests of a batchable "
+    "model on the BATCH device (a device opts in by declaring this property).",
+    default=True,
+    parse=yes_no,
+)
+"""Shared by the devices whose models the Core may batch (``CPU``, ``AUTO``) and read by
+the Core; not in :data:`COMMON`, since declaring it is how a device opts in (an engine
+device that does not passes the name on to its engine)."""
+
 COMMON: Mapping[str, Property] = MappingProxyType(
     {
         p.name: p

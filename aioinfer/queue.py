@@ -1,17 +1,22 @@
-"""AsyncInferQueue: a pool of infer requests that keeps the device busy."""
+"""AsyncInferQueue: a pool of infer requests that keeps the device busy.
+
+``QueueEngine`` and ``QueueErrors``, what a device implements to run the queue itself,
+live in the plugin API (:mod:`aioinfer.plugin.queue_engine`) and are importable from
+here too.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from aioinfer.errors import RequestClosedError
 from aioinfer.plugin.async_request import invoke_callback
 from aioinfer.plugin.executors import LoopEvent, loop_event
+from aioinfer.plugin.queue_engine import QueueEngine, QueueErrors
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -19,46 +24,6 @@ if TYPE_CHECKING:
     from aioinfer.plugin.async_request import AsyncInferRequest
     from aioinfer.plugin.compiled_model import CompiledModel
     from aioinfer.plugin.sync_request import Inputs
-
-
-class QueueEngine(Protocol):
-    """What runs an ``AsyncInferQueue`` on a device that keeps its jobs itself (see
-    ``CompiledModel.create_queue_engine``): the queue's methods, with its semantics (the
-    conformance suite's queue tests hold for it), ``len()`` and ``engine[id]`` for the
-    requests, and ``userdata``."""
-
-    userdata: list[Any]
-
-    def __len__(self) -> int: ...
-    def __getitem__(self, index: int) -> Any: ...
-    def set_callback(self, callback: Callable[[Any, Any], Any] | None) -> None: ...
-    def is_ready(self) -> bool: ...
-    async def get_idle_request_id(self) -> int: ...
-    async def start_async(
-        self, inputs: Inputs | None, userdata: Any, *, share_inputs: bool = False
-    ) -> None: ...
-    async def wait_all(self) -> None: ...
-    async def close(self) -> None: ...
-
-
-class QueueErrors:
-    """Whether a queue is closed, and the job errors it has not raised yet: the generic
-    queue's and a device's queue engine's alike."""
-
-    _closed: bool
-    _errors: list[BaseException]
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RequestClosedError("this AsyncInferQueue is closed")
-
-    def _raise_pending(self) -> None:
-        """Raise the first job error not raised yet (and forget the others)."""
-        self._check_open()
-        if self._errors:
-            error = self._errors.pop(0)
-            self._errors.clear()
-            raise error
 
 
 class RequestsQueue(QueueErrors):
@@ -78,7 +43,7 @@ class RequestsQueue(QueueErrors):
         self._closed = False
         for index, request in enumerate(self._requests):
             request.set_callback(self._job_done)
-            request._on_idle = self._make_release(index)
+            request.set_idle_callback(self._make_release(index))
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -140,13 +105,14 @@ class RequestsQueue(QueueErrors):
             self._errors.append(request.error)
         if self._callback is not None:
             executor = request.compiled_model.callback_executor
-            await invoke_callback(self._callback, request, userdata, executor)
+            try:
+                await invoke_callback(self._callback, request, userdata, executor)
+            except Exception as exc:
+                self._errors.append(exc)
+                raise  # the request keeps it too: its wait() raises it
 
     def _make_release(self, index: int) -> Callable[[], None]:
         def release() -> None:
-            error = self._requests[index]._callback_error
-            if error is not None:
-                self._errors.append(error)
             self._idle.append(index)
             if self._idle_changed is not None:
                 self._idle_changed.set()

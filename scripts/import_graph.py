@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "foundation",
         (
+            "aioinfer._version",
             "aioinfer.errors",
             "aioinfer.properties",
             "aioinfer.model",
@@ -58,21 +59,30 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("serving", ("aioinfer.serving",)),
     (
         "applications",
-        ("aioinfer.backend", "aioinfer.bench", "aioinfer.cli", "aioinfer.ray", "aioinfer.testing"),
+        (
+            "aioinfer.backend",
+            "aioinfer.bench",
+            "aioinfer.cli",
+            "aioinfer.ray",
+            "aioinfer.testing",
+            "aioinfer.devices.process.__main__",
+        ),
     ),
 )
 """Bottom first: a layer may import the layers below it and its own, never one above.
 
-foundation: errors, property declarations, the model handle and its frontend, opsets,
-results; shared passes: the graph rewrites any device may use (making a model stateful,
-the rewrite helpers), over the model alone; plugin API: what a device implements
-(``Plugin``, compiled model, requests, executors, state, blob framing); devices: the CPU
-device (its compiler and kernels) and the others; core: the ``Core``, the model cache,
-``AsyncInferQueue``, compiled files; generation and pipelines: decoding and the text
-pipelines (tokenizer, pooling) over a compiled model; public
-API: the package's ``__init__``, which re-exports the layers below; serving: the service
-and its transports; applications: what runs the rest (the ONNX backend API, the command
-line, Ray Serve, the conformance suite).
+foundation: the version, errors, property declarations (the shared ones among them), the
+model handle and its frontend, opsets, results; shared passes: the graph rewrites any
+device may use (making a model stateful, the rewrite helpers), over the model alone;
+plugin API: what a device implements (``Plugin``, compiled model, requests, executors,
+queue engine, state, blob framing) and ``PluginCore``, what a plugin needs of the Core;
+devices: the CPU device (its compiler and kernels) and the others; core: the ``Core``,
+the model cache, ``AsyncInferQueue``, compiled files; generation and pipelines: decoding
+and the text pipelines (tokenizer, pooling) over a compiled model; public API: the
+package's ``__init__``, which re-exports the layers below; serving: the service and its
+transports; applications: what runs the rest (the ONNX backend API, the command line, Ray
+Serve, the conformance suite, and the PROCESS device's worker program, which compiles
+with a Core of its own and hands it to the worker as a function).
 """
 
 KINDS = ("module", "type", "lazy")

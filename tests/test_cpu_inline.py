@@ -110,3 +110,31 @@ async def test_an_inline_run_cancelled_before_it_starts_never_runs() -> None:
     again = await request.infer({"x": x})
     np.testing.assert_array_equal(again["y"], last["y"])
     await compiled.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_asyncio_cancel_test_agrees_with_anyios_checkpoint() -> None:
+    """Under asyncio the inline path reads anyio's task state itself: it must see a
+    cancelled scope exactly when anyio's ``checkpoint_if_cancelled`` would raise (a
+    cancelled outer scope, a shield in between, no scope at all)."""
+    from aioinfer.plugin.inline import _asyncio_scope_cancelled
+
+    async def anyio_says() -> bool:
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except anyio.get_cancelled_exc_class():
+            return True
+        return False
+
+    results = []
+    with anyio.CancelScope() as outer:
+        ours = _asyncio_scope_cancelled()
+        results.append((ours, await anyio_says()))
+        outer.cancel()
+        with anyio.CancelScope(shield=True), anyio.CancelScope():
+            ours = _asyncio_scope_cancelled()
+            results.append((ours, await anyio_says()))
+        with anyio.CancelScope():
+            ours = _asyncio_scope_cancelled()
+            results.append((ours, await anyio_says()))
+    assert results == [(False, False), (False, False), (True, True)]

@@ -10,7 +10,8 @@ from aioinfer.plugin.executors import (
     ThreadExecutor,
     streams_for,
 )
-from aioinfer.plugin.plugin import Plugin, VirtualPlugin
+from aioinfer.plugin.plugin import Plugin, PluginCore, VirtualPlugin
+from aioinfer.plugin.queue_engine import QueueEngine
 from aioinfer.plugin.sync_request import SyncInferRequest
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "ExportedModel",
     "LoopExecutor",
     "Plugin",
+    "PluginCore",
+    "QueueEngine",
     "SyncInferRequest",
     "ThreadExecutor",
     "VirtualPlugin",

@@ -316,6 +316,14 @@ class AsyncInferRequest:
         self._callback = callback
         self._callback_userdata = userdata
 
+    def set_idle_callback(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback()`` each time an inference started on this request settles,
+        once the request is idle again and after the callback of :meth:`set_callback`
+        returned: for the owner of a pool of requests (``AsyncInferQueue``) to take the
+        request back. It runs on the event loop, synchronously, and must not raise (the
+        inference is over: nobody would be told). ``None`` removes it."""
+        self._on_idle = callback
+
     # -- lifetime -------------------------------------------------------------------------
 
     async def close(self) -> None:

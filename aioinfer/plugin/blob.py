@@ -27,6 +27,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from aioinfer._version import __version__
 from aioinfer.errors import BlobDeviceError, BlobVersionError, InvalidBlobError
 from aioinfer.model import PORT_KINDS, Port
 
@@ -39,8 +40,6 @@ _DIGEST = 32
 
 def aioinfer_version() -> str:
     """The version written into blobs (and into the model cache's keys)."""
-    from aioinfer import __version__  # the package imports this module's users
-
     return __version__
 
 

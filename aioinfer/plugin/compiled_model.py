@@ -17,8 +17,8 @@ from aioinfer.properties import check_readable, property_name
 
 if TYPE_CHECKING:
     from aioinfer.plugin.plugin import Plugin
+    from aioinfer.plugin.queue_engine import QueueEngine
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
-    from aioinfer.queue import QueueEngine
     from aioinfer.results import InferResults
 
 E = TypeVar("E", bound=Executor)
@@ -107,8 +107,8 @@ class CompiledModel(HasPorts, ABC):
 
     def create_queue_engine(self, jobs: int) -> QueueEngine | None:
         """An engine of the device's own for an ``AsyncInferQueue`` of ``jobs`` requests
-        (see :class:`aioinfer.queue.QueueEngine`), or None: the queue then runs requests
-        of :meth:`create_infer_request`."""
+        (see :class:`aioinfer.plugin.queue_engine.QueueEngine`), or None: the queue then
+        runs requests of :meth:`create_infer_request`."""
         return None
 
     async def infer(self, inputs: Inputs, *, share_inputs: bool = False) -> InferResults:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aioinfer.errors import ImportModelError, InvalidBlobError, PropertyError, UnknownDeviceError
 from aioinfer.plugin.blob import ExportedModel, load
@@ -23,7 +23,6 @@ from aioinfer.properties import (
 )
 
 if TYPE_CHECKING:
-    from aioinfer.core import Core
     from aioinfer.model import Model
     from aioinfer.plugin.compiled_model import CompiledModel
 
@@ -183,10 +182,61 @@ TARGET_DEVICE = Property(
 )
 
 
+class PluginCore(Protocol):
+    """What a plugin that runs models on other devices needs of the Core that loads it
+    (``aioinfer.Core`` is one): the other devices' plugins, and compiling, importing and
+    querying on them. The plugin API names this rather than the Core, which sits above it.
+    """
+
+    def get_plugin(self, device: str) -> Plugin:
+        """The plugin of ``device`` (``"BATCH:CPU"``: ``BATCH``), loaded on first use.
+
+        Raises:
+            UnknownDeviceError: no such device.
+        """
+        ...
+
+    def compile_model(
+        self,
+        model: Model,
+        device: str,
+        config: Mapping[str, Any] | None = None,
+        *,
+        auto_batching: bool = True,
+    ) -> CompiledModel:
+        """``model`` compiled on ``device`` as ``Core.compile_model`` does it (the model
+        cache, variables kept above a device that does not keep them); a virtual device
+        passes ``auto_batching=False`` for its target.
+
+        Raises:
+            UnknownDeviceError, UnsupportedOperatorError, CompileError: as
+                ``Core.compile_model`` raises them (and its config errors).
+        """
+        ...
+
+    def import_model(
+        self, blob: bytes, device: str | None = None, config: Mapping[str, Any] | None = None
+    ) -> CompiledModel:
+        """A compiled model from ``blob`` on ``device`` (None: the one the blob names).
+
+        Raises:
+            InvalidBlobError, BlobVersionError, BlobDeviceError, ImportModelError: as
+                ``Core.import_model`` raises them.
+        """
+        ...
+
+    def query_model(
+        self, model: Model, device: str, config: Mapping[str, Any] | None = None
+    ) -> dict[str, str]:
+        """The nodes of ``model`` that ``device`` runs (node name -> device name)."""
+        ...
+
+
 class VirtualPlugin(Plugin):
     """A device that runs models on another device, its target (``BATCH:CPU``,
-    ``PROCESS:CPU``): the Core that loads it hands itself over (:meth:`set_core`), and
-    the target devices are found there. It declares :data:`TARGET_DEVICE`."""
+    ``PROCESS:CPU``): the Core that loads it hands itself over (:meth:`set_core`, as a
+    :class:`PluginCore`), and the target devices are found there. It declares
+    :data:`TARGET_DEVICE`."""
 
     properties = declare(TARGET_DEVICE, SUPPORTED_PROPERTIES, DEVICE_NAME, NUM_CORES)
 
@@ -207,9 +257,9 @@ class VirtualPlugin(Plugin):
         return self.parse_config(own), rest
 
     def __init__(self) -> None:
-        self._core: Core | None = None
+        self._core: PluginCore | None = None
 
-    def set_core(self, core: Core) -> None:
+    def set_core(self, core: PluginCore) -> None:
         """Called by the Core that loads this plugin."""
         self._core = core
 
@@ -229,7 +279,7 @@ class VirtualPlugin(Plugin):
         return {name: self.device_name for name in self.core.query_model(model, target)}
 
     @property
-    def core(self) -> Core:
+    def core(self) -> PluginCore:
         """The Core this plugin finds and compiles its target devices with.
 
         Raises:

@@ -200,14 +200,14 @@ class StatefulInferRequest(SyncInferRequest):
         self.cancel_token = target.cancel_token
         self.stage_durations = target.stage_durations
         self.node_profile = target.node_profile
-        self._input_names = [p.name for p in self._input_ports]
+        self._input_names = [p.name for p in self.inputs]
         self._variable_names = [v.name for v in compiled_model.variables]
         self._result_indices = compiled_model.result_indices
         self._state_indices = compiled_model.state_indices
         self._variables = VariableStore(compiled_model.variables, self._state_sizes)
 
     def _state_sizes(self) -> dict[str, int]:
-        return dimension_sizes(self._input_ports, self._inputs)
+        return dimension_sizes(self.inputs, self.input_tensors)
 
     @property
     def queued_seconds(self) -> float:
@@ -227,7 +227,7 @@ class StatefulInferRequest(SyncInferRequest):
         """Hand this step's inputs and the variables' values to the target request."""
         target = self.target
         target.clear_inputs()
-        for name, value in zip(self._input_names, self._inputs):
+        for name, value in zip(self._input_names, self.input_tensors):
             if value is not None:
                 target.set_tensor(name, value, share_inputs=True)
         for name, value in zip(self._variable_names, self._variables.feed()):

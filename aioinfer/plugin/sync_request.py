@@ -84,6 +84,38 @@ class SyncInferRequest(ABC):
         0 when it computed at once. Devices with a queue of their own set it; the async
         request adds the time its stages waited for an executor thread."""
 
+    # -- ports and tensors, for the stages -----------------------------------------------
+
+    if TYPE_CHECKING:
+
+        @property
+        def inputs(self) -> list[Port]:
+            """The compiled model's input ports, in order: a port's ``index`` is its
+            position in :attr:`input_tensors`."""
+
+        @property
+        def outputs(self) -> list[Port]:
+            """The compiled model's output ports, in the order :meth:`set_results` takes
+            the arrays."""
+
+        @property
+        def input_tensors(self) -> list[Any]:
+            """The inputs of the next inference, in input order: what the stages compute
+            on. Each is an array (the request's copy, or the caller's with
+            ``share_inputs``), a list of arrays for a sequence input, or None (not set
+            yet, or an empty optional); :meth:`infer_preprocess` has checked that every
+            required one is set. The list is the request's own: read it, and set inputs
+            with :meth:`set_tensor`."""
+    else:
+        # The same, with getters in C: the stages of every inference read them, and a
+        # property in Python would add a function call to each.
+        inputs = property(operator.attrgetter("_input_ports"), doc="The input ports.")
+        outputs = property(operator.attrgetter("_output_ports"), doc="The output ports.")
+        input_tensors = property(
+            operator.attrgetter("_inputs"),
+            doc="The inputs of the next inference, in input order (the request's own list).",
+        )
+
     # -- tensors --------------------------------------------------------------------------
 
     def set_tensor(self, key: str | int | Port, value: Any, *, share_inputs: bool = False) -> None:
@@ -173,8 +205,31 @@ class SyncInferRequest(ABC):
         if inputs is None:
             return
         if type(inputs) is dict or isinstance(inputs, Mapping):
+            by_name, accepts, buffers, kept = (
+                self._input_by_name,
+                self._accepts,
+                self._buffers,
+                self._inputs,
+            )
             for key, value in inputs.items():
-                self.set_tensor(key, value, share_inputs=share_inputs)
+                # set_tensor's common case written out (an array by name that needs no
+                # conversion, copied into its buffer): after an engine's run evicted the
+                # caches, each call and attribute read here costs a few times what it
+                # does in a tight loop (profiled on the real-models benchmark).
+                port = by_name.get(key) if type(key) is str else None
+                test = None if port is None else accepts[port.index]
+                if test is None or not test(value):
+                    self.set_tensor(key, value, share_inputs=share_inputs)
+                    continue
+                index = port.index  # type: ignore[union-attr]
+                buffer = buffers[index]
+                if share_inputs:
+                    kept[index] = value
+                elif buffer is not None and buffer.shape == value.shape:  # dtype: tested
+                    np.copyto(buffer, value)
+                    kept[index] = buffer
+                else:
+                    kept[index] = self._owned(index, value)
             return
         if isinstance(inputs, (str, bytes, bytearray)):
             # A sequence, but of characters: never the inputs by position.

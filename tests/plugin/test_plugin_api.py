@@ -20,12 +20,12 @@ import onnx.helper as oh
 import pytest
 
 import aioinfer as ai
-from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.devices.cpu.plugin import CPUPlugin
 from aioinfer.model import Model
 from aioinfer.plugin import AwaitExecutor, CompiledModel, Executor, Plugin, SyncInferRequest
 from aioinfer.plugin.blob import ExportedModel
 from aioinfer.properties import (
+    ALLOW_AUTO_BATCHING,
     CACHE_DIR,
     DEVICE_NAME,
     LOADED_FROM_CACHE,
@@ -194,7 +194,7 @@ class NegateRequest(SyncInferRequest):
         self.start_pipeline()
 
     def start_pipeline(self) -> None:
-        self._outputs = [-self._scale * np.asarray(self._inputs[0])]
+        self._outputs = [-self._scale * np.asarray(self.input_tensors[0])]
 
     def infer_postprocess(self) -> None:
         outputs, self._outputs = self._outputs, []

@@ -22,7 +22,6 @@ from aioinfer.devices.auto.properties import (
     EXECUTION_DEVICES,
     PASSED_OVER_DEVICES,
 )
-from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.errors import (
     AioinferError,
     CompileError,
@@ -35,8 +34,9 @@ from aioinfer.model import Model
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.blob import ExportedModel
 from aioinfer.plugin.compiled_model import CompiledModel
-from aioinfer.plugin.plugin import VirtualPlugin
+from aioinfer.plugin.plugin import PluginCore, VirtualPlugin
 from aioinfer.properties import (
+    ALLOW_AUTO_BATCHING,
     CACHE_DIR,
     DEVICE_NAME,
     LOADED_FROM_CACHE,
@@ -49,7 +49,6 @@ from aioinfer.properties import (
 )
 
 if TYPE_CHECKING:
-    from aioinfer.core import Core
     from aioinfer.model import Port
     from aioinfer.plugin.executors import Executor
     from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
@@ -77,7 +76,7 @@ def unsupported_nodes(nodes: Sequence[tuple[str, str]], total: int) -> str:
     )
 
 
-def unavailable_reason(core: Core, device: str) -> str | None:
+def unavailable_reason(core: PluginCore, device: str) -> str | None:
     """Why ``device`` cannot run models here (its plugin does not load, or says it cannot:
     the message names e.g. the engine package to install), or None when it can."""
     try:

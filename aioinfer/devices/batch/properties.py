@@ -1,9 +1,15 @@
-"""The BATCH device's own properties, and the one a device declares to let the Core batch
-its models automatically (``ALLOW_AUTO_BATCHING``)."""
+"""The BATCH device's own properties.
+
+``ALLOW_AUTO_BATCHING``, which a device declares to let the Core batch its models on
+BATCH, is a shared declaration of :mod:`aioinfer.properties`; importing it from here
+still works and warns (``DeprecationWarning``)."""
 
 from __future__ import annotations
 
-from aioinfer.properties import Property, non_negative_float, positive_int, yes_no
+import warnings
+from typing import Any
+
+from aioinfer.properties import Property, non_negative_float, positive_int
 
 MAX_BATCH_SIZE = Property(
     "MAX_BATCH_SIZE",
@@ -19,10 +25,17 @@ BATCH_TIMEOUT_MS = Property(
     default=1.0,
     parse=non_negative_float,
 )
-ALLOW_AUTO_BATCHING = Property(
-    "ALLOW_AUTO_BATCHING",
-    "With the THROUGHPUT hint, let the Core batch concurrent requests of a batchable "
-    "model on the BATCH device (a device opts in by declaring this property).",
-    default=True,
-    parse=yes_no,
-)
+
+
+def __getattr__(name: str) -> Any:
+    if name != "ALLOW_AUTO_BATCHING":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        "aioinfer.devices.batch.properties.ALLOW_AUTO_BATCHING moved to "
+        "aioinfer.properties.ALLOW_AUTO_BATCHING",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    from aioinfer.properties import ALLOW_AUTO_BATCHING
+
+    return ALLOW_AUTO_BATCHING

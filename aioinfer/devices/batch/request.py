@@ -36,7 +36,7 @@ class BatchInferRequest(SyncInferRequest):
 
     def enqueue(self) -> None:
         """Join the batch queue with this inference's inputs (runs on the loop)."""
-        self._item = self._batcher.submit(self._inputs, member=True)  # type: ignore[arg-type]
+        self._item = self._batcher.submit(self.input_tensors, member=True)
 
     async def wait_batch(self) -> None:
         """Wait until the batch holding this inference's rows has run.
@@ -66,7 +66,7 @@ class BatchInferRequest(SyncInferRequest):
         """The synchronous path: run this inference alone on the target device."""
         if self._alone is None:
             self._alone = self._target.create_sync_infer_request()
-        self._outputs = list(self._alone.infer(self._inputs, share_inputs=True).to_tuple())
+        self._outputs = list(self._alone.infer(self.input_tensors, share_inputs=True).to_tuple())
         self._item_done = None
         self.queued_seconds = 0.0
 

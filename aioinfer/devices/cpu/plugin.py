@@ -9,7 +9,6 @@ from typing import Any
 
 import onnx_ir as ir
 
-from aioinfer.devices.batch.properties import ALLOW_AUTO_BATCHING
 from aioinfer.devices.cpu import kernels  # noqa: F401  (registers every kernel)
 from aioinfer.devices.cpu.compiler import evaluate_node, lower
 from aioinfer.devices.cpu.inline import CPU_INLINE_RUN_US, cpu_run_times
@@ -33,6 +32,7 @@ from aioinfer.plugin.plugin import Plugin
 from aioinfer.plugin.state import split_ports
 from aioinfer.plugin.sync_request import SyncInferRequest
 from aioinfer.properties import (
+    ALLOW_AUTO_BATCHING,
     CACHE_DIR,
     DEVICE_NAME,
     FULL_DEVICE_NAME,

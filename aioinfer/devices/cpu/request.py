@@ -56,7 +56,7 @@ class CPUInferRequest(SyncInferRequest):
 
     def _state_sizes(self) -> dict[str, int]:
         """What sizes a variable's initial value (see :func:`dimension_sizes`)."""
-        return dimension_sizes(self._input_ports, self._inputs)
+        return dimension_sizes(self.inputs, self.input_tensors)
 
     def query_state(self, guard: Callable[[], None] | None = None) -> list[VariableState]:
         return self._variables.states(guard)
@@ -68,9 +68,9 @@ class CPUInferRequest(SyncInferRequest):
         super().infer_preprocess()
         self._produced = []
         if self._stateful:
-            self._feed = [*self._inputs, *self._variables.feed()]
+            self._feed = [*self.input_tensors, *self._variables.feed()]
         else:
-            self._feed = list(self._inputs)
+            self._feed = list(self.input_tensors)
         self._key = shapes_key(self._feed)
 
     def input_shapes(self) -> tuple[Any, ...]:
@@ -136,10 +136,12 @@ class CPUInferRequest(SyncInferRequest):
 
     def infer_postprocess(self) -> None:
         produced, self._produced = self._produced, []
-        count = len(self._output_ports)
+        count = len(self.outputs)
         if self._stateful:
-            self._variables.commit([_owned(value, self._inputs) for value in produced[count:]])
-        self.set_results([_owned(value, self._inputs) for value in produced[:count]])
+            self._variables.commit(
+                [_owned(value, self.input_tensors) for value in produced[count:]]
+            )
+        self.set_results([_owned(value, self.input_tensors) for value in produced[:count]])
 
 
 def _owned(value: Any, inputs: list[Any]) -> Any:

@@ -3,40 +3,34 @@ started in OpenVINO's completion callback, the event loop told in batches.
 
 The generic queue runs each job as an awaited request (a task, its stages, a waiter
 thread that wakes the loop, the loop that refills the request). With as many requests as
-OpenVINO has streams, a stream stays idle from the end of one job until the loop has
-started the next: on a 2-core AMD EPYC (OpenVINO 2026.4.1, THROUGHPUT hint, two
-requests, alternating turns) the generic queue reached 0.36-0.53x OpenVINO's own
-``AsyncInferQueue`` on the tiny CNN and 0.53-0.77x on the LSTM.
+OpenVINO has streams, a stream then stays idle from the end of one job until the loop
+has started the next: on the small models that left the generic queue at about half of
+OpenVINO's own ``AsyncInferQueue`` (the figures: docs/benchmarks.md, "The OPENVINO
+queue engine").
 
 Here OpenVINO calls :meth:`OpenVINOQueue.completed` on the stream thread that ran the job
 (its request's callback): it copies the outputs and starts the first queued job at once
 on the request that just became free. Jobs are queued by
 :meth:`~OpenVINOQueue.start_async` while every request is busy (checked and copied on
 the loop, up to :data:`QUEUED_PER_REQUEST` per request), so that a request that frees
-finds its next job waiting even when both requests end together. When ``start_async``
-waited for its job to start (one waiting job for two requests), the loop started 27-40 %
-of the jobs (LSTM, tiny CNN; counted under load), each after a loop turn with a request
-idle; with four queued per request, 0.05-5 %. Then it tells the loop (see :mod:`.wake`):
-once the queue has room for half its jobs again, or at once when something waits for
-this end (a callback, an error, a request gone idle); the loop publishes the results, the
-errors and the started jobs of the whole batch in order. Callbacks run on the loop's side
-as in the generic queue (a coroutine function on the loop, a plain one on the callback
-executor), and a request with a callback becomes free only once its callback returned
-(then the loop starts its next job): no user code runs on OpenVINO's threads.
+finds its next job waiting even when both requests end together (with a single waiting
+job the loop would start about a third of the jobs itself, each after a loop turn with a
+request idle). Then it tells the loop (see :mod:`.wake`): once the queue has room for
+half its jobs again, or at once when something waits for this end (a callback, an error,
+a request gone idle); the loop publishes the results, the errors and the started jobs of
+the whole batch in order. Callbacks run on the loop's side as in the generic queue (a
+coroutine function on the loop, a plain one on the callback executor), and a request
+with a callback becomes free only once its callback returned (then the loop starts its
+next job): no user code runs on OpenVINO's threads.
 
 Two things make the callback pay:
 
 - OpenVINO's binding makes a Python thread state for each call on a thread Python does
   not know and frees it afterwards. :func:`keep_thread_state` keeps the first one of
-  each stream thread: 76-82 µs of the process's CPU per tiny-CNN job instead of 90-101,
-  0.85-1.27x OpenVINO's queue instead of 0.65-0.76 (three alternating pairs of runs). Then, with the
-  loop woken as :mod:`.wake` does, 75 µs of the process's CPU per tiny-CNN job against
-  87 with a waiter thread per request (the previous design) and 79 for OpenVINO's own
-  queue, 3.4 context switches per job against 4.8 (and 3.0); 0.94x OpenVINO's queue's
-  throughput against 0.76x (alternating in one process, load average 7).
+  each stream thread, which saves about a sixth of the CPU a tiny model's job costs.
 - OpenVINO calls no Python callback for a job that failed or was cancelled (its binding
-  re-raises the engine's exception instead; verified on 2026.4.1). One thread of the
-  queue looks for such jobs every :data:`FAILURE_CHECK_SECONDS` while jobs run
+  re-raises the engine's exception instead; OpenVINO 2026.4). One thread of the queue
+  looks for such jobs every :data:`FAILURE_CHECK_SECONDS` while jobs run
   (``wait_for(0)`` raises for them) and ends them as a callback would, with their error.
 
 Stateful models keep the generic queue (their steps commit state on the loop).
@@ -58,8 +52,8 @@ import numpy as np
 from aioinfer.errors import InferCancelledError
 from aioinfer.plugin.async_request import RequestState, invoke_callback
 from aioinfer.plugin.executors import LoopEvent, loop_event, spawn_detached
+from aioinfer.plugin.queue_engine import QueueErrors
 from aioinfer.plugin.sync_request import SyncInferRequest
-from aioinfer.queue import QueueErrors
 
 from .bridge import EXIT_JOIN_SECONDS, let_go, stop_at_exit
 from .wake import LoopWake, loop_wake

@@ -84,7 +84,7 @@ class OpenVINOInferRequest(SyncInferRequest):
         )
 
     def _state_sizes(self) -> dict[str, int]:
-        return dimension_sizes(self._input_ports, self._inputs)
+        return dimension_sizes(self.inputs, self.input_tensors)
 
     def query_state(self, guard: Callable[[], None] | None = None) -> list[VariableState]:
         """The variables OpenVINO keeps in this request (see :mod:`.state`)."""
@@ -99,7 +99,7 @@ class OpenVINOInferRequest(SyncInferRequest):
         kept, held = self._kept, self._held
         kept.clear()
         shapes = []
-        for index, value in zip(self._input_indices, self._inputs):
+        for index, value in zip(self._input_indices, self.input_tensors):
             if index is None or value is None:
                 continue  # an input OpenVINO's frontend found unused; an empty optional
             shapes.append(value.shape)
@@ -212,7 +212,9 @@ class OpenVINOInferRequest(SyncInferRequest):
             # starve the others; a cancel asked for meanwhile stops the inference before
             # it starts), then run it to its end: nothing interrupts it once it started.
             self._inline = False
-            await before_inline_run(self._runs.budget)
+            checkpoint = before_inline_run(self._runs.budget)
+            if checkpoint is not None:
+                await checkpoint
             self._run_inline()
             return
         waker = self._completion
@@ -260,7 +262,7 @@ class OpenVINOInferRequest(SyncInferRequest):
         get_output = self._ov.get_output_tensor
         arrays = [
             np.array(get_output(index).data, dtype=port.dtype)
-            for port, index in zip(self._output_ports, self._output_indices)
+            for port, index in zip(self.outputs, self._output_indices)
         ]
         if self._profiling:
             timings = self.node_profile

@@ -6,9 +6,8 @@ whole turn to get it back. In the queue engine that thread is OpenVINO's stream 
 in the completion callback, with the next job already queued on it: the stream waits
 instead of computing. So on Linux the queue's loop also watches an eventfd of its own,
 which the callback writes to with a libc call that keeps the GIL (a write to an eventfd
-never blocks). Then the loop waits for the GIL instead of the stream. Measured on a 2-core
-AMD EPYC (tiny CNN, two requests, alternating turns): 0.92x OpenVINO's own queue against
-0.84x, 3.4 context switches per job against 3.8.
+never blocks). Then the loop waits for the GIL instead of the stream (the figures:
+docs/benchmarks.md, "The OPENVINO queue engine").
 
 Under trio the same eventfd is watched by a system task of the run
 (``trio.lowlevel.wait_readable``) instead of waking the run through its token, whose

@@ -45,14 +45,14 @@ class ORTInferRequest(SyncInferRequest):
         self._terminate_set = False
         """Whether a cancel set ``RunOptions.terminate`` since the last run cleared it
         (setting an option of onnxruntime's costs about as much as a dict of the feed)."""
-        self._input_names = [port.name for port in self._input_ports]
-        self._output_names = [port.name for port in self._output_ports]
+        self._input_names = [port.name for port in self.inputs]
+        self._output_names = [port.name for port in self.outputs]
         # onnxruntime's strings are text: these ports are converted (decided once here).
-        self._text_inputs = frozenset(p.name for p in self._input_ports if _is_text(p))
-        self._text_outputs = [_is_text(port) for port in self._output_ports]
+        self._text_inputs = frozenset(p.name for p in self.inputs if _is_text(p))
+        self._text_outputs = [_is_text(port) for port in self.outputs]
         self._any_text_output = any(self._text_outputs)
         self._plain_inputs = not self._text_inputs and all(
-            port.kind == "tensor" for port in self._input_ports
+            port.kind == "tensor" for port in self.inputs
         )
         """Every input is a required tensor fed as it is (no text, sequence or optional)."""
         self._feed: dict[str, Any] = {}
@@ -69,7 +69,7 @@ class ORTInferRequest(SyncInferRequest):
         """Check the inputs (base class) and make the feed; an optional input left out
         is not fed. Plain inputs whose shapes are those of the last inference that
         passed the check are not checked again: the check depends on the shapes only."""
-        inputs = self._inputs
+        inputs = self.input_tensors
         if self._plain_inputs:
             try:
                 shapes = tuple(map(_shape_of, inputs))

@@ -11,7 +11,8 @@ So a compiled model with several intra-op threads per stream keeps a second, one
 session for runs shorter than ``ORT_SINGLE_THREAD_RUN_US``, made on a thread of its own
 (never on the event loop) the first time a run is that short, and used for the input
 shapes on which it measures faster: per input shapes, a running average of the run
-time on each session; a run goes to the faster one, and one run in
+time on each session (one that rises slowly: a run stretched by the machine's load
+barely moves it); a run goes to the faster one, and one run in
 :data:`RETRY_EVERY` to the other, so that a measurement a burst of load spoiled does not
 decide for good. The two sessions compute the same graph; a
 model whose serialized size is above :data:`MAX_MODEL_BYTES` never gets the second one
@@ -45,7 +46,15 @@ MAX_MODEL_BYTES = 32 << 20
 weights again."""
 
 WEIGHT = 0.25
-"""Weight of the latest run in the running averages."""
+"""Weight of the latest run in the running averages, when it is faster than the average."""
+
+RISE_WEIGHT = 0.05
+"""Weight of a run slower than the average (counted for at most twice the average): on a
+loaded machine a run stretched by a lost time slice is common, more so on the session
+that needs every core, and with one weight for both directions the averages swung with
+it. Measured on the 2-core Xeon under a load average of 6: openWakeWord's mel
+spectrogram (108 us on two threads, 148 on one) went to the one-thread session for 45% of
+its runs, the averages trading places every few hundred runs."""
 
 RETRY_EVERY = 50
 """One run in this many (per input shapes) goes to the slower session, to measure it
@@ -70,9 +79,9 @@ class SingleThreadRuns:
         """The one-thread session, once made."""
         self.failed: BaseException | None = None
         """Why the session could not be made (then every run stays on the other)."""
-        self.wide = RunTimes(limit_seconds, weight=WEIGHT)
+        self.wide = RunTimes(limit_seconds, weight=WEIGHT, rise_weight=RISE_WEIGHT)
         """Per input shapes, the average run time on the compiled model's session."""
-        self.single = RunTimes(limit_seconds, weight=WEIGHT)
+        self.single = RunTimes(limit_seconds, weight=WEIGHT, rise_weight=RISE_WEIGHT)
         """The same on the one-thread session."""
         self.runs: dict[Any, int] = {}
         """Per input shapes, the runs decided on both averages."""

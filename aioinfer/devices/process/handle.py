@@ -30,7 +30,6 @@ from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any
 
-import aioinfer
 from aioinfer.devices.process import worker
 from aioinfer.devices.process.channel import INCOMPLETE, Channel
 from aioinfer.errors import (
@@ -106,7 +105,7 @@ class WorkerHandle:
                 while starting or compiling.
         """
         # The worker imports this aioinfer, wherever it was imported from.
-        root = str(Path(aioinfer.__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[3])
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         process = subprocess.Popen(
             [sys.executable, "-m", "aioinfer.devices.process"],

@@ -179,7 +179,7 @@ class ProcessInferRequest(SyncInferRequest):
             if self.cancel_token.requested:
                 raise InferCancelledError("the inference was cancelled")
             self._sent = next(link.seqs)
-            return self._sent, self._inputs
+            return self._sent, self.input_tensors
 
     def _raise_if_cancelled(self) -> None:
         if self.cancel_token.requested:

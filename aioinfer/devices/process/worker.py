@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Listener
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ import onnx_ir as ir
 import aioinfer.errors
 from aioinfer.devices.process.channel import Channel
 from aioinfer.errors import AioinferError, InferCancelledError
+from aioinfer.model import Model
 
 if TYPE_CHECKING:
     from aioinfer.plugin.compiled_model import CompiledModel
@@ -65,19 +67,20 @@ def error_from(reply: Reply) -> AioinferError:
     return AioinferError(f"{name}: {message}")
 
 
-def compile_in_worker(payload: dict[str, Any]) -> CompiledModel:
-    """Compile the model of ``payload`` on its target device (never auto-batched)."""
-    from aioinfer.core import Core
-    from aioinfer.model import Model
+CompileModel = Callable[[Model, str, dict[str, Any]], "CompiledModel"]
+"""How the worker compiles: ``(model, target device, config) -> compiled model``, as a
+Core compiles on the target device, never auto-batched. The worker's program
+(``__main__``) hands it over, so that the device's modules do not import the Core."""
 
+
+def compile_in_worker(payload: dict[str, Any], compile_model: CompileModel) -> CompiledModel:
+    """Compile the model of ``payload`` on its target device with ``compile_model``."""
     proto = onnx.ModelProto()
     proto.ParseFromString(payload["model"])
     ir_model = ir.serde.deserialize_model(proto)
     if payload["base_dir"]:
         ir.external_data.set_base_dir(ir_model.graph, payload["base_dir"])
-    return Core().compile_model(
-        Model(ir_model), payload["target"], payload["config"], auto_batching=False
-    )
+    return compile_model(Model(ir_model), payload["target"], payload["config"])
 
 
 def describe(compiled: CompiledModel) -> dict[str, Any]:
@@ -226,8 +229,9 @@ class ConnectionServer:
             request.clear_inputs()
 
 
-def main() -> None:
-    """The worker process (``python -m aioinfer.devices.process``).
+def main(compile_model: CompileModel) -> None:
+    """The worker process (``python -m aioinfer.devices.process``), compiling with
+    ``compile_model``.
 
     Reads the authentication key (hex) from stdin, listens on a local socket and writes
     its address to stdout. The first connection is the control connection, on which the
@@ -254,7 +258,7 @@ def main() -> None:
     except (EOFError, OSError, AuthenticationError):  # the parent gave up or died
         return
     connected.set()
-    Control(control, listener).serve()
+    Control(control, listener, compile_model).serve()
 
 
 def _exit_when_orphaned(parent: int, connected: threading.Event) -> None:
@@ -270,9 +274,10 @@ class Control:
     """The control connection's end in the worker: compiles, answers heartbeats, passes
     cancels on, and ends the worker."""
 
-    def __init__(self, channel: Channel, listener: Listener) -> None:
+    def __init__(self, channel: Channel, listener: Listener, compile_model: CompileModel) -> None:
         self.channel = channel
         self.listener = listener
+        self.compile_model = compile_model
         self.servers: dict[int, ConnectionServer] = {}
         self._send_lock = threading.Lock()
 
@@ -304,7 +309,7 @@ class Control:
     def compile(self, payload: dict[str, Any]) -> None:
         """Compile, start the streams and accept the infer requests' connections; reply."""
         try:
-            compiled = compile_in_worker(payload)
+            compiled = compile_in_worker(payload, self.compile_model)
             info = describe(compiled)
         except Exception as exc:
             self.reply(error_reply(exc, "CompileError"))

@@ -32,7 +32,7 @@ class TwoStageInferRequest(SyncInferRequest):
     def infer_preprocess(self) -> None:
         """Check the inputs (base class), then copy them into this request's buffers."""
         super().infer_preprocess()
-        for index, value in enumerate(self._inputs):
+        for index, value in enumerate(self.input_tensors):
             # Every stage on a thread checks the token between units of work.
             if self.cancel_token.requested:
                 raise InferCancelledError("the inference was cancelled")
