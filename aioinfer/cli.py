@@ -3,7 +3,8 @@
 aioinfer run [MODEL_OR_BLOB] [--device AUTO] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
              [--hint LATENCY|THROUGHPUT] [--iterations N] [--seed S]
 aioinfer bench [MODEL] [--hint H] [--requests N] [--duration S | --iterations N] ...
-aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-log]
+aioinfer serve REPOSITORY_OR_MODEL [--model-name NAME] [--host 127.0.0.1] [--port 8000]
+               [--access-log]
                [--switch-interval S] [limits: --max-sequences N --header-timeout S ...]
                [--ssl-certfile PEM --ssl-keyfile PEM] [--api-key KEY | $AIOINFER_API_KEY]
                [--grpc-port PORT]
@@ -151,7 +152,14 @@ def _parser() -> argparse.ArgumentParser:
         "source",
         type=Path,
         metavar="REPOSITORY_OR_MODEL",
-        help="a repository <repo>/<model>/<version>/model.onnx, or one .onnx file",
+        help="a repository <repo>/<model>/<version>/model.onnx, one .onnx file, or one "
+        "exporter's folder (optimum's model.onnx with its config and tokenizer files)",
+    )
+    serve.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="the name of the one model served from a model file or an exporter's folder "
+        "(default: the file's stem or the folder's name)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (0: any)")
@@ -405,6 +413,7 @@ def _print_timing(latencies: list[float], profiling: list[dict[str, Any]]) -> No
 def _serve(args: argparse.Namespace) -> None:
     try:
         from aioinfer.serving import serve
+        from aioinfer.serving.repository import ModelRepository
     except ImportError as exc:
         raise UsageError(
             f"aioinfer serve needs the 'serve' extra ({exc.name} is missing): "
@@ -415,8 +424,11 @@ def _serve(args: argparse.Namespace) -> None:
     if args.ray or args.replicas is not None:
         _serve_on_ray(args, options, api_key)
         return
+    source: Path | ModelRepository = args.source  # a repository: a named single model
+    if args.model_name is not None:
+        source = ModelRepository(args.source, model_name=args.model_name)
     serve(
-        args.source,
+        source,
         host=args.host,
         port=args.port,
         access_log=args.access_log,

@@ -450,7 +450,13 @@ class ModelRepository:
             version with ``model.onnx``, or a config file is invalid.
     """
 
-    def __init__(self, path: str | Path, configs: Mapping[str, ModelConfig] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        configs: Mapping[str, ModelConfig] | None = None,
+        *,
+        model_name: str | None = None,
+    ) -> None:
         self.path = Path(path)
         self._overrides = overrides = dict(configs or {})
         if self.path.is_file():
@@ -458,11 +464,17 @@ class ModelRepository:
                 raise RepositoryError(
                     f"{str(self.path)!r} is not an .onnx file or a directory (nor a .blob)"
                 )
-            name = self.path.stem
+            name = model_name or self.path.stem
             entries = [ModelEntry(name, {"1": self.path}, overrides.get(name, ModelConfig()))]
         elif self.path.is_dir() and exporter_model_file(self.path) is not None:
-            name = self.path.resolve().name
+            name = model_name or self.path.resolve().name
             entries = [self._scan(self.path, overrides.get(name), name)]
+        elif model_name is not None:
+            raise RepositoryError(
+                f"model_name {model_name!r}: {str(self.path)!r} is a repository of models, "
+                "named after their directories (a name is given to one model file or one "
+                "exporter's folder)"
+            )
         elif self.path.is_dir():
             entries = [
                 self._scan(directory, overrides.get(directory.name))

@@ -15,7 +15,7 @@ import uvicorn
 from aioinfer.errors import ServingConfigError
 from aioinfer.serving.connection import ConnectionLimits
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES
-from aioinfer.serving.repository import ModelConfig
+from aioinfer.serving.repository import ModelConfig, ModelRepository
 from aioinfer.serving.rest.app import create_app
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ stream) is cancelled."""
 
 
 def serve(
-    source: str | Path,
+    source: str | Path | ModelRepository,
     host: str = "127.0.0.1",
     port: int = 8000,
     *,

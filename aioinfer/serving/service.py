@@ -56,6 +56,7 @@ from aioinfer.errors import (
 )
 from aioinfer.offline import is_blob_file, load_model_file
 from aioinfer.serving.control import ModelControlMode, startup_models
+from aioinfer.serving.decoder_folder import served_decoder
 from aioinfer.serving.generation import (
     GeneratedToken,
     GenerateRequest,
@@ -303,6 +304,9 @@ class InferenceService:
         self.started = True
 
     async def _compile(self, entry: ModelEntry) -> dict[str, ServedModel]:
+        # An exporter's decoder folder generates with nothing added (STATEFUL, its own
+        # end-of-sequence tokens and defaults): see aioinfer.serving.decoder_folder.
+        entry = await served_decoder(entry)
         versions: dict[str, ServedModel] = {}
         to_serve = entry.served_versions()
         left_out = sorted(set(entry.versions) - set(to_serve), key=int)
