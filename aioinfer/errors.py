@@ -8,6 +8,7 @@ them; the request, compiled model and core stay usable after any of them.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 
 class AioinferError(Exception):
@@ -285,6 +286,10 @@ class ServiceError(AioinferError):
         super().__init__(message)
         self.kind = kind
 
+    def __reduce__(self) -> tuple[type[ServiceError], tuple[Any, ...]]:
+        # Pickled with its kind (an error crossing a process: a Ray replica's answer).
+        return type(self), (str(self), self.kind)
+
 
 class RequestFieldError(ServiceError):
     """A field of a request that the server refuses (INVALID_ARGUMENT): a value of the
@@ -295,9 +300,8 @@ class RequestFieldError(ServiceError):
         super().__init__(message, ErrorKind.INVALID_ARGUMENT)
         self.param = param
 
-    def __reduce__(self) -> tuple[type[ServiceError], tuple[str, ErrorKind]]:
-        # Pickled with its kind (an error crossing a process: a Ray replica's answer).
-        return type(self), (str(self), self.kind)
+    def __reduce__(self) -> tuple[type[ServiceError], tuple[Any, ...]]:
+        return type(self), (str(self), self.param)
 
 
 class ProtocolError(ServiceError):

@@ -384,3 +384,12 @@ async def test_a_sequence_beyond_max_sequences_is_resource_exhausted(tmp_path: P
         assert list(response.outputs[0][1][0]) == [1, 1]
         metrics = service.metrics.of(service.find("acc", None))
         assert metrics.failures["busy"] == 1
+
+
+def test_a_request_field_error_pickles_with_its_param():
+    from aioinfer.errors import RequestFieldError
+
+    error = RequestFieldError("'tools' is not supported", "tools")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is RequestFieldError
+    assert (str(copy), copy.kind, copy.param) == (str(error), ErrorKind.INVALID_ARGUMENT, "tools")
