@@ -8,7 +8,8 @@ scheduler per compiled decoder advances every running sequence in one batched in
 per step, admitting and retiring sequences between steps (:mod:`.scheduler`, with the
 cache layout of :mod:`.cache` and the per-sequence choice of :mod:`.sampling`).
 ``generate(..., request=...)`` runs one generation alone on the caller's request
-(:mod:`.single`).
+(:mod:`.single`). :func:`last_position_logits` rewrites a decoder so that a prefill
+computes the logits of each sequence's last position only (what generation reads).
 """
 
 from aioinfer.generation.api import generate, prompt_ids
@@ -21,6 +22,7 @@ from aioinfer.generation.scheduler import (
     scheduler_of,
     schedulers_of,
 )
+from aioinfer.transforms.last_position import last_position_logits
 
 __all__ = [
     "FINISH_LENGTH",
@@ -31,6 +33,7 @@ __all__ = [
     "Sampling",
     "SchedulerCounts",
     "generate",
+    "last_position_logits",
     "prompt_ids",
     "scheduler_of",
     "schedulers_of",
