@@ -3,16 +3,20 @@ batching and a lockstep onnxruntime batch, on the same random-weight Llama decod
 
     python -m benchmarks.generation --anchor-python ENV/bin/python
         [--streams 1 8 32] [--rounds 2] [--prompt-tokens 64] [--new-tokens 64]
-        [--model-dir DIR] [--anchors openvino_genai onnxruntime] [--output table.md]
+        [--logits last all] [--model-dir DIR] [--anchors openvino_genai onnxruntime]
+        [--output table.md]
 
 The decoder is ``scripts/make_decoder.py --bench``'s (8 layers, hidden 512, 8 heads over
 4 KV heads, vocabulary 32,000: 58M parameters, random weights), exported by optimum to
 ONNX and to fp32 OpenVINO IR; it is made on the first run into ``--model-dir`` (default:
 ``aioinfer/bench-decoder`` in the user's cache folder, about 500 MB), not committed.
 
-- **aioinfer**, in this process: ``compile_model(model, config={"STATEFUL": "auto"})``
-  (no device named: AUTO's choice is printed) and N concurrent ``aioinfer.generate``
-  calls on it, one task each, under asyncio.
+- **aioinfer**, in this process: ``compile_model(last_position_logits(model),
+  config={"STATEFUL": "auto"})`` (no device named: AUTO's choice is printed; a prefill
+  computes the logits of each prompt's last position only) and N concurrent
+  ``aioinfer.generate`` calls on it, one task each, under asyncio. ``--logits all`` adds
+  (or, alone, runs instead) the decoder as exported, every position's logits: the row
+  ``aioinfer (all logits)``.
 - **OpenVINO GenAI** ``ContinuousBatchingPipeline`` (fp32 compute and KV cache) and
   **onnxruntime** with the N prompts as one padded batch in lockstep, each in a worker
   process of the exporters' environment (``benchmarks/generation_anchors.py``; it
@@ -54,10 +58,13 @@ import anyio
 import numpy as np
 
 import aioinfer as ai
+from aioinfer.generation import last_position_logits
 from benchmarks.compare import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 ANCHORS = ("openvino_genai", "onnxruntime")
+FULL = "aioinfer (all logits)"
+STATEFUL = {"STATEFUL": "auto"}
 SEED = 20261207
 
 
@@ -203,6 +210,13 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--warmup-tokens", type=int, default=4)
+    parser.add_argument(
+        "--logits",
+        nargs="+",
+        choices=("last", "all"),
+        default=["last"],
+        help="aioinfer's decoder: last-position logits (last), as exported (all), or both",
+    )
     parser.add_argument("--output", type=Path, help="also write the table here")
     args = parser.parse_args()
     if args.anchors and args.anchor_python is None:
@@ -212,21 +226,25 @@ def main() -> None:
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"machine: {machine()}; load average {load()}; {started}", flush=True)
-    compiled = ai.Core().compile_model(
-        args.model_dir / "onnx" / "model.onnx", config={"STATEFUL": "auto"}
-    )
-    devices = ", ".join(compiled.get_property("EXECUTION_DEVICES"))
+    core = ai.Core()
+    exported = core.read_model(args.model_dir / "onnx" / "model.onnx")
+    variants = {"last": ("aioinfer", last_position_logits), "all": (FULL, lambda m: m)}
+    compiled = {
+        variants[kind][0]: core.compile_model(variants[kind][1](exported), config=STATEFUL)
+        for kind in args.logits
+    }
+    devices = ", ".join(next(iter(compiled.values())).get_property("EXECUTION_DEVICES"))
     print(f"aioinfer {ai.__version__}: AUTO compiled the decoder on {devices}", flush=True)
     anchors = {name: Anchor(name, args.anchor_python, args.model_dir) for name in args.anchors}
     for name, anchor in anchors.items():
         print(f"{name}: {json.dumps(anchor.about)}", flush=True)
 
     def run(engine: str, batch: list[list[int]], new_tokens: int) -> Run:
-        if engine == "aioinfer":
-            return anyio.run(aioinfer_run, compiled, batch, new_tokens)
+        if engine in compiled:
+            return anyio.run(aioinfer_run, compiled[engine], batch, new_tokens)
         return anchors[engine].run(batch, new_tokens)
 
-    engines = ["aioinfer", *anchors]
+    engines = [*compiled, *anchors]
     figures = {(e, n): Figures() for e in engines for n in args.streams}
     try:
         for round_ in range(args.rounds):
@@ -270,9 +288,11 @@ def main() -> None:
         lines += [figures[e, n].row(e, n, anchor) for e in engines]
     low, high = min(args.streams), max(args.streams)
     if low != high:
-        gain = figures["aioinfer", high].tokens_per_second()
-        gain /= figures["aioinfer", low].tokens_per_second()
-        lines += ["", f"aioinfer's tokens/s at N={high}: {gain:.1f}x its own at N={low}."]
+        lines.append("")
+        for engine in compiled:
+            gain = figures[engine, high].tokens_per_second()
+            gain /= figures[engine, low].tokens_per_second()
+            lines.append(f"{engine}'s tokens/s at N={high}: {gain:.1f}x its own at N={low}.")
     table = "\n".join(lines)
     print("\n" + table)
     if args.output:
