@@ -102,11 +102,10 @@ def _chain(value: ir.Value) -> list[ir.Node] | None:
             return chain if weight is not None and weight.ndim == 2 else None
         if not is_op(node, *PER_POSITION):
             return None
-        operands = [v for v in node.inputs if v is not None]
-        flowing = [v for v in operands if constant(v) is None]
-        if len(flowing) != 1 or any(
-            np.ndim(constant(v)) > 1 for v in operands if v is not flowing[0]
-        ):
+        operands = [(v, constant(v)) for v in node.inputs if v is not None]
+        flowing = [v for v, array in operands if array is None]
+        fixed = [array for _, array in operands if array is not None]
+        if len(flowing) != 1 or any(array.ndim > 1 for array in fixed):
             return None
         value = flowing[0]
 
