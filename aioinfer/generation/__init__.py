@@ -9,7 +9,9 @@ per step, admitting and retiring sequences between steps (:mod:`.scheduler`, wit
 cache layout of :mod:`.cache` and the per-sequence choice of :mod:`.sampling`).
 ``generate(..., request=...)`` runs one generation alone on the caller's request
 (:mod:`.single`). :func:`last_position_logits` rewrites a decoder so that a prefill
-computes the logits of each sequence's last position only (what generation reads).
+computes the logits of each sequence's last position only (what generation reads);
+:func:`grouped_query_attention`, so that grouped-query attention does not repeat the
+cache at every step.
 """
 
 from aioinfer.generation.api import generate, prompt_ids
@@ -22,6 +24,7 @@ from aioinfer.generation.scheduler import (
     scheduler_of,
     schedulers_of,
 )
+from aioinfer.transforms.grouped_attention import grouped_query_attention
 from aioinfer.transforms.last_position import last_position_logits
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "Sampling",
     "SchedulerCounts",
     "generate",
+    "grouped_query_attention",
     "last_position_logits",
     "prompt_ids",
     "scheduler_of",
