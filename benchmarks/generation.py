@@ -3,7 +3,7 @@ batching and a lockstep onnxruntime batch, on the same random-weight Llama decod
 
     python -m benchmarks.generation --anchor-python ENV/bin/python
         [--streams 1 8 32] [--rounds 2] [--prompt-tokens 64] [--new-tokens 64]
-        [--logits last all] [--model-dir DIR] [--anchors openvino_genai onnxruntime]
+        [--decoder rewritten exported] [--model-dir DIR] [--anchors openvino_genai onnxruntime]
         [--output table.md]
 
 The decoder is ``scripts/make_decoder.py --bench``'s (8 layers, hidden 512, 8 heads over
@@ -11,12 +11,14 @@ The decoder is ``scripts/make_decoder.py --bench``'s (8 layers, hidden 512, 8 he
 ONNX and to fp32 OpenVINO IR; it is made on the first run into ``--model-dir`` (default:
 ``aioinfer/bench-decoder`` in the user's cache folder, about 500 MB), not committed.
 
-- **aioinfer**, in this process: ``compile_model(last_position_logits(model),
-  config={"STATEFUL": "auto"})`` (no device named: AUTO's choice is printed; a prefill
-  computes the logits of each prompt's last position only) and N concurrent
-  ``aioinfer.generate`` calls on it, one task each, under asyncio. ``--logits all`` adds
-  (or, alone, runs instead) the decoder as exported, every position's logits: the row
-  ``aioinfer (all logits)``.
+- **aioinfer**, in this process: ``compile_model(model, config={"STATEFUL": "auto"})``
+  (no device named: AUTO's choice is printed) and N concurrent ``aioinfer.generate``
+  calls on it, one task each, under asyncio. The model is rewritten for generation
+  (``--decoder rewritten``, the default): ``last_position_logits`` (a prefill computes
+  the logits of each prompt's last position only) of ``grouped_query_attention`` (the
+  KV heads are not repeated at every step). ``--decoder exported`` runs the decoder as
+  exported instead, or beside it (``--decoder rewritten exported``: the row
+  ``aioinfer (as exported)``).
 - **OpenVINO GenAI** ``ContinuousBatchingPipeline`` (fp32 compute and KV cache) and
   **onnxruntime** with the N prompts as one padded batch in lockstep, each in a worker
   process of the exporters' environment (``benchmarks/generation_anchors.py``; it
@@ -51,6 +53,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,13 +61,23 @@ import anyio
 import numpy as np
 
 import aioinfer as ai
-from aioinfer.generation import last_position_logits
+from aioinfer.generation import grouped_query_attention, last_position_logits
 from benchmarks.compare import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 ANCHORS = ("openvino_genai", "onnxruntime")
-FULL = "aioinfer (all logits)"
 STATEFUL = {"STATEFUL": "auto"}
+
+
+def for_generation(model: ai.Model) -> ai.Model:
+    """The decoder rewritten for generation (see the module)."""
+    return last_position_logits(grouped_query_attention(model))
+
+
+VARIANTS: dict[str, tuple[str, Callable[[ai.Model], ai.Model]]] = {
+    "rewritten": ("aioinfer", for_generation),
+    "exported": ("aioinfer (as exported)", lambda model: model),
+}
 SEED = 20261207
 
 
@@ -211,11 +224,11 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--warmup-tokens", type=int, default=4)
     parser.add_argument(
-        "--logits",
+        "--decoder",
         nargs="+",
-        choices=("last", "all"),
-        default=["last"],
-        help="aioinfer's decoder: last-position logits (last), as exported (all), or both",
+        choices=tuple(VARIANTS),
+        default=["rewritten"],
+        help="aioinfer's decoder: rewritten for generation, as exported, or both",
     )
     parser.add_argument("--output", type=Path, help="also write the table here")
     args = parser.parse_args()
@@ -228,10 +241,9 @@ def main() -> None:
     print(f"machine: {machine()}; load average {load()}; {started}", flush=True)
     core = ai.Core()
     exported = core.read_model(args.model_dir / "onnx" / "model.onnx")
-    variants = {"last": ("aioinfer", last_position_logits), "all": (FULL, lambda m: m)}
     compiled = {
-        variants[kind][0]: core.compile_model(variants[kind][1](exported), config=STATEFUL)
-        for kind in args.logits
+        VARIANTS[kind][0]: core.compile_model(VARIANTS[kind][1](exported), config=STATEFUL)
+        for kind in args.decoder
     }
     devices = ", ".join(next(iter(compiled.values())).get_property("EXECUTION_DEVICES"))
     print(f"aioinfer {ai.__version__}: AUTO compiled the decoder on {devices}", flush=True)
