@@ -71,6 +71,8 @@ def _group(graph: ir.Graph, expand: ir.Node) -> bool:
     reshape = _only_reader(expand.outputs[0])
     if not isinstance(heads, int) or not is_op(reshape, "Reshape"):
         return False
+    if not _merges_the_heads(reshape, heads):
+        return False
     readers = []
     for reader, index in reshape.outputs[0].uses():
         kind = _reader_kind(reader, index)
@@ -129,13 +131,44 @@ def _grouped_matmul(graph: ir.Graph, matmul: ir.Node, groups: ir.Value) -> None:
     matmul.replace_input_with(0, grouped.outputs[0])
     trailing = ir.node("Shape", [result], attributes={"start": 3}, name=f"{stem}/trail")
     shape = ir.node("Concat", [leading.outputs[0], trailing.outputs[0]], {"axis": 0})
-    ungrouped = ir.Value(name=f"{stem}/ungrouped", shape=result.shape, type=result.type)
+    ungrouped = ir.Value(shape=result.shape, type=result.type)
     back = ir.Node("", "Reshape", [result, shape.outputs[0]], outputs=[ungrouped])
+    # The product reshaped back takes the product's readers, graph output and name.
+    name = result.name
     result.replace_all_uses_with(ungrouped, replace_graph_outputs=True)
     back.replace_input_with(0, result)
     trailing.replace_input_with(0, result)
-    result.shape = None
+    result.name, result.shape = f"{stem}/grouped_product", None
+    ungrouped.name = name
     graph.insert_after(matmul, [trailing, shape, back])
+
+
+def _merges_the_heads(reshape: ir.Node, heads: int) -> bool:
+    """Whether ``reshape`` makes ``[b, kv * g, L, d]`` of ``[b, kv, g, L, d]`` as
+    ``repeat_kv`` exports it: its shape is a ``Concat`` of four parts whose second is the
+    heads times the group (a constant multiple of ``heads`` above it, or a ``Mul`` of a
+    ``Gather`` of axis 1 of a shape); any other reshape is left alone."""
+    shape = reshape.inputs[1].producer() if reshape.inputs[1] is not None else None
+    if not is_op(shape, "Concat") or len(shape.inputs) != 4:
+        return False
+    merged = _through_unsqueeze(shape.inputs[1])
+    known = _known(merged)
+    if known is not None:
+        merged_heads = int(known.reshape(-1)[0]) if known.size == 1 else 0
+        return merged_heads > heads and merged_heads % heads == 0
+    product = merged.producer() if merged is not None else None
+    if not is_op(product, "Mul"):
+        return False
+    return any(
+        _gathered_axis(operand.producer()) == 1
+        for operand in product.inputs
+        if operand is not None and operand.producer() is not None
+    )
+
+
+def _through_unsqueeze(value: ir.Value | None) -> ir.Value | None:
+    node = value.producer() if value is not None else None
+    return node.inputs[0] if is_op(node, "Unsqueeze") else value
 
 
 def _only_reader(value: ir.Value) -> ir.Node | None:
@@ -165,7 +198,7 @@ def _ints(node: ir.Node, name: str) -> list[int] | None:
     return None
 
 
-def _gathered_axis(node: ir.Node) -> int | None:
+def _gathered_axis(node: ir.Node | None) -> int | None:
     """The index a ``Gather`` along axis 0 takes, when it is a constant scalar."""
     if not is_op(node, "Gather"):
         return None

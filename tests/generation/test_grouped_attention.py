@@ -4,11 +4,13 @@ decode, on every device; greedy generation unchanged; multi-head attention untou
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnx.helper as oh
 import pytest
 
 import aioinfer as ai
 from aioinfer.generation import grouped_query_attention, last_position_logits
-from tests.helpers import hf_decoder
+from tests.helpers import hf_decoder, reference_outputs
 
 DEVICES = ["CPU", "ORT", "OPENVINO"]
 
@@ -66,3 +68,53 @@ async def test_prefill_and_decode_logits_are_the_same_numbers(device: str) -> No
     for case in cases[1::2]:
         tokens = ai.generate(generating, case.input_ids, max_new_tokens=16, config=config)
         assert [t async for t in tokens] == case.output_ids, f"prompt of {len(case.input_ids)}"
+
+
+def repeat_model(merged: list[int]) -> onnx.ModelProto:
+    """``probs [b, 4, 3, 6] @ Reshape(Expand(Unsqueeze(values [b, 2, 6, 5], 2)), merged)``:
+    the 2 value heads repeated twice, merged back as ``merged`` says (0: the batch)."""
+    parts = [
+        oh.make_tensor(f"part{i}", onnx.TensorProto.INT64, [1], [v]) for i, v in enumerate(merged)
+    ]
+    nodes = [
+        oh.make_node("Unsqueeze", ["values", "axis2"], ["unsqueezed"]),
+        oh.make_node("Expand", ["unsqueezed", "repeat"], ["repeated"]),
+        oh.make_node("Concat", [f"part{i}" for i in range(4)], ["merged_shape"], axis=0),
+        oh.make_node("Reshape", ["repeated", "merged_shape"], ["merged"]),
+        oh.make_node("MatMul", ["probs", "merged"], ["out"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "repeat",
+        [
+            oh.make_tensor_value_info("probs", onnx.TensorProto.FLOAT, ["b", 4, 3, 6]),
+            oh.make_tensor_value_info("values", onnx.TensorProto.FLOAT, ["b", 2, 6, 5]),
+        ],
+        [oh.make_tensor_value_info("out", onnx.TensorProto.FLOAT, ["b", 4, 3, 5])],
+        [
+            oh.make_tensor("axis2", onnx.TensorProto.INT64, [1], [2]),
+            oh.make_tensor("repeat", onnx.TensorProto.INT64, [5], [1, 1, 2, 1, 1]),
+            *parts,
+        ],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+@pytest.mark.anyio
+async def test_a_repeat_merged_into_the_heads_is_grouped_and_any_other_merge_left_alone() -> None:
+    core = ai.Core()
+    rng = np.random.default_rng(5)
+    # [b, 2 * 2, 6, 5]: the heads merged, as repeat_kv does: rewritten, the same numbers.
+    heads = repeat_model([0, 4, 6, 5])
+    feeds = {
+        "probs": rng.normal(size=(2, 4, 3, 6)).astype(np.float32),
+        "values": rng.normal(size=(2, 2, 6, 5)).astype(np.float32),
+    }
+    grouped = grouped_query_attention(core.read_model(heads))
+    assert expands(grouped) == 0
+    (want,) = reference_outputs(heads, feeds)
+    result = await core.compile_model(grouped, "ORT").create_infer_request().infer(feeds)
+    np.testing.assert_allclose(np.asarray(result["out"]), want, rtol=1e-5, atol=1e-6)
+    # [b, 2, 2 * 6, 5]: the repeat merged into the positions; not a grouped attention.
+    positions = core.read_model(repeat_model([0, 2, 12, 5]))
+    assert expands(grouped_query_attention(positions)) == 1
