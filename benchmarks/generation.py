@@ -3,7 +3,8 @@ batching and a lockstep onnxruntime batch, on the same random-weight Llama decod
 
     python -m benchmarks.generation --anchor-python ENV/bin/python
         [--streams 1 8 32] [--rounds 2] [--prompt-tokens 64] [--new-tokens 64]
-        [--model-dir DIR] [--anchors openvino_genai onnxruntime] [--output table.md]
+        [--decoder rewritten exported] [--model-dir DIR] [--anchors openvino_genai onnxruntime]
+        [--output table.md]
 
 The decoder is ``scripts/make_decoder.py --bench``'s (8 layers, hidden 512, 8 heads over
 4 KV heads, vocabulary 32,000: 58M parameters, random weights), exported by optimum to
@@ -12,7 +13,12 @@ ONNX and to fp32 OpenVINO IR; it is made on the first run into ``--model-dir`` (
 
 - **aioinfer**, in this process: ``compile_model(model, config={"STATEFUL": "auto"})``
   (no device named: AUTO's choice is printed) and N concurrent ``aioinfer.generate``
-  calls on it, one task each, under asyncio.
+  calls on it, one task each, under asyncio. The model is rewritten for generation
+  (``--decoder rewritten``, the default): ``last_position_logits`` (a prefill computes
+  the logits of each prompt's last position only) of ``grouped_query_attention`` (the
+  KV heads are not repeated at every step). ``--decoder exported`` runs the decoder as
+  exported instead, or beside it (``--decoder rewritten exported``: the row
+  ``aioinfer (as exported)``).
 - **OpenVINO GenAI** ``ContinuousBatchingPipeline`` (fp32 compute and KV cache) and
   **onnxruntime** with the N prompts as one padded batch in lockstep, each in a worker
   process of the exporters' environment (``benchmarks/generation_anchors.py``; it
@@ -47,6 +53,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,10 +61,23 @@ import anyio
 import numpy as np
 
 import aioinfer as ai
+from aioinfer.generation import grouped_query_attention, last_position_logits
 from benchmarks.compare import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 ANCHORS = ("openvino_genai", "onnxruntime")
+STATEFUL = {"STATEFUL": "auto"}
+
+
+def for_generation(model: ai.Model) -> ai.Model:
+    """The decoder rewritten for generation (see the module)."""
+    return last_position_logits(grouped_query_attention(model))
+
+
+VARIANTS: dict[str, tuple[str, Callable[[ai.Model], ai.Model]]] = {
+    "rewritten": ("aioinfer", for_generation),
+    "exported": ("aioinfer (as exported)", lambda model: model),
+}
 SEED = 20261207
 
 
@@ -203,6 +223,13 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--warmup-tokens", type=int, default=4)
+    parser.add_argument(
+        "--decoder",
+        nargs="+",
+        choices=tuple(VARIANTS),
+        default=["rewritten"],
+        help="aioinfer's decoder: rewritten for generation, as exported, or both",
+    )
     parser.add_argument("--output", type=Path, help="also write the table here")
     args = parser.parse_args()
     if args.anchors and args.anchor_python is None:
@@ -212,21 +239,24 @@ def main() -> None:
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"machine: {machine()}; load average {load()}; {started}", flush=True)
-    compiled = ai.Core().compile_model(
-        args.model_dir / "onnx" / "model.onnx", config={"STATEFUL": "auto"}
-    )
-    devices = ", ".join(compiled.get_property("EXECUTION_DEVICES"))
+    core = ai.Core()
+    exported = core.read_model(args.model_dir / "onnx" / "model.onnx")
+    compiled = {
+        VARIANTS[kind][0]: core.compile_model(VARIANTS[kind][1](exported), config=STATEFUL)
+        for kind in args.decoder
+    }
+    devices = ", ".join(next(iter(compiled.values())).get_property("EXECUTION_DEVICES"))
     print(f"aioinfer {ai.__version__}: AUTO compiled the decoder on {devices}", flush=True)
     anchors = {name: Anchor(name, args.anchor_python, args.model_dir) for name in args.anchors}
     for name, anchor in anchors.items():
         print(f"{name}: {json.dumps(anchor.about)}", flush=True)
 
     def run(engine: str, batch: list[list[int]], new_tokens: int) -> Run:
-        if engine == "aioinfer":
-            return anyio.run(aioinfer_run, compiled, batch, new_tokens)
+        if engine in compiled:
+            return anyio.run(aioinfer_run, compiled[engine], batch, new_tokens)
         return anchors[engine].run(batch, new_tokens)
 
-    engines = ["aioinfer", *anchors]
+    engines = [*compiled, *anchors]
     figures = {(e, n): Figures() for e in engines for n in args.streams}
     try:
         for round_ in range(args.rounds):
@@ -270,9 +300,11 @@ def main() -> None:
         lines += [figures[e, n].row(e, n, anchor) for e in engines]
     low, high = min(args.streams), max(args.streams)
     if low != high:
-        gain = figures["aioinfer", high].tokens_per_second()
-        gain /= figures["aioinfer", low].tokens_per_second()
-        lines += ["", f"aioinfer's tokens/s at N={high}: {gain:.1f}x its own at N={low}."]
+        lines.append("")
+        for engine in compiled:
+            gain = figures[engine, high].tokens_per_second()
+            gain /= figures[engine, low].tokens_per_second()
+            lines.append(f"{engine}'s tokens/s at N={high}: {gain:.1f}x its own at N={low}.")
     table = "\n".join(lines)
     print("\n" + table)
     if args.output:

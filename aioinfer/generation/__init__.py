@@ -8,7 +8,10 @@ scheduler per compiled decoder advances every running sequence in one batched in
 per step, admitting and retiring sequences between steps (:mod:`.scheduler`, with the
 cache layout of :mod:`.cache` and the per-sequence choice of :mod:`.sampling`).
 ``generate(..., request=...)`` runs one generation alone on the caller's request
-(:mod:`.single`).
+(:mod:`.single`). :func:`last_position_logits` rewrites a decoder so that a prefill
+computes the logits of each sequence's last position only (what generation reads);
+:func:`grouped_query_attention`, so that grouped-query attention does not repeat the
+cache at every step.
 """
 
 from aioinfer.generation.api import generate, generate_steps, prompt_ids
@@ -21,6 +24,8 @@ from aioinfer.generation.scheduler import (
     scheduler_of,
     schedulers_of,
 )
+from aioinfer.transforms.grouped_attention import grouped_query_attention
+from aioinfer.transforms.last_position import last_position_logits
 
 __all__ = [
     "FINISH_LENGTH",
@@ -34,6 +39,8 @@ __all__ = [
     "Step",
     "generate",
     "generate_steps",
+    "grouped_query_attention",
+    "last_position_logits",
     "prompt_ids",
     "scheduler_of",
     "schedulers_of",

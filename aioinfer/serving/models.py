@@ -18,6 +18,7 @@ import anyio
 import numpy as np
 
 from aioinfer.errors import DeviceUnavailableError, ErrorKind, ServiceError
+from aioinfer.generation.config import GenerationConfig
 from aioinfer.plugin.async_request import AsyncInferRequest
 from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.results import InferResults
@@ -136,7 +137,7 @@ class ServedModel:
         self.version = version
         self.compiled = compiled
         self.config = config
-        self.max_concurrency = config.max_concurrency or _default_concurrency(compiled)
+        self.max_concurrency = config.max_concurrency or _default_concurrency(compiled, config)
         self.max_sequences = config.max_sequences or max_sequences
         self.output_names = [port.name for port in compiled.outputs]
         """The compiled model's output names, in order."""
@@ -327,9 +328,18 @@ class ServedModel:
             await self.compiled.close()
 
 
-def _default_concurrency(compiled: CompiledModel) -> int:
+def _default_concurrency(compiled: CompiledModel, config: ModelConfig) -> int:
     batch = compiled.max_batch_size()
     if batch is not None:
         # Enough inferences in flight to fill a batch per stream, twice over.
         return batch * compiled.streams * 2
-    return int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    requests = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    if config.generate is None:
+        return requests
+    # A generation holds a slot while it runs: every generation the scheduler takes
+    # (running or waiting there) must get one, or a decoder compiled for latency (one
+    # request) would batch nothing; the scheduler's own limits refuse the rest.
+    generate = config.generate
+    if not isinstance(generate, GenerationConfig):
+        generate = GenerationConfig.from_mapping(generate)
+    return max(requests, generate.max_running_sequences + generate.max_waiting_sequences)

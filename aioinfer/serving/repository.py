@@ -226,7 +226,9 @@ class ModelConfig:
     ``batching`` is None (the device decides: the THROUGHPUT hint batches a batchable
     model), False (never batch) or ``{"max_batch_size": N, "timeout_ms": T}`` (the BATCH
     device). ``max_concurrency`` None means: ``MAX_BATCH_SIZE`` x streams x 2 for a
-    batching model, else the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``.
+    batching model, else the compiled model's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS``, and
+    for a model with ``generate`` at least its scheduler's running plus waiting sequences
+    (a generation holds a slot while it runs).
     ``max_sequences`` None means the server's default. ``version_policy`` chooses the
     versions served (:class:`VersionPolicy`; in a config file, its JSON form). ``generate`` (a
     :class:`~aioinfer.generation.GenerationConfig`, or its mapping) serves the model's

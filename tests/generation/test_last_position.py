@@ -1,0 +1,112 @@
+"""The last-position rewrite of a decoder: the logits of the last position only, the same
+numbers, on every device; greedy generation unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+
+import aioinfer as ai
+from aioinfer.errors import InvalidModelError
+from aioinfer.generation import last_position_logits
+from tests.helpers import hf_decoder, reference_outputs
+
+DEVICES = ["CPU", "ORT", "OPENVINO"]
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def prompt_batch(rows: int, width: int, seed: int = 0) -> dict[str, np.ndarray]:
+    ids = np.random.default_rng(seed).integers(3, 300, (rows, width))
+    return {
+        "input_ids": ids,
+        "attention_mask": np.ones((rows, width), np.int64),
+        "position_ids": np.tile(np.arange(width), (rows, 1)),
+    }
+
+
+@pytest.mark.anyio
+async def test_a_prefill_gives_the_last_positions_logits_only_and_the_same_numbers(
+    device: str,
+) -> None:
+    core = ai.Core()
+    folder, cases, eos = hf_decoder("llama_gqa")
+    full = core.read_model(folder / "model.onnx")
+    last = last_position_logits(full)
+    assert str(full.output("logits").shape[1]) != "1"  # the original is not changed
+    assert last.output("logits").shape[1] == 1
+    compiled = {
+        kind: core.compile_model(model, device, {"STATEFUL": "auto"})
+        for kind, model in (("full", full), ("last", last))
+    }
+    feeds = prompt_batch(3, 9)
+    logits = {}
+    for kind, model in compiled.items():
+        request = model.create_infer_request()
+        logits[kind] = np.asarray((await request.infer(feeds))["logits"])
+    assert logits["full"].shape[:2] == (3, 9)
+    assert logits["last"].shape[:2] == (3, 1)
+    np.testing.assert_allclose(logits["last"][:, 0], logits["full"][:, -1], rtol=1e-4, atol=1e-4)
+    # Generation reads the last position anyway: greedy tokens equal transformers'.
+    config = {"eos_token_id": list(eos)}
+    for case in cases[::2]:
+        tokens = ai.generate(compiled["last"], case.input_ids, max_new_tokens=16, config=config)
+        assert [t async for t in tokens] == case.output_ids, f"prompt of {len(case.input_ids)}"
+
+
+def projection_model(after: list[onnx.NodeProto], weight_constant: bool = True) -> onnx.ModelProto:
+    """``hidden [b, s, 4] @ W [4, 6]`` then ``after`` (reading ``projected``, the last one
+    making ``logits``)."""
+    rng = np.random.default_rng(3)
+    weight = oh.make_tensor("W", onnx.TensorProto.FLOAT, [4, 6], rng.normal(size=24).tolist())
+    bias = oh.make_tensor("bias", onnx.TensorProto.FLOAT, [6], rng.normal(size=6).tolist())
+    scale = oh.make_tensor("scale", onnx.TensorProto.FLOAT, [], [0.5])
+    inputs = [oh.make_tensor_value_info("hidden", onnx.TensorProto.FLOAT, ["b", "s", 4])]
+    if not weight_constant:
+        inputs.append(oh.make_tensor_value_info("W", onnx.TensorProto.FLOAT, [4, 6]))
+    graph = oh.make_graph(
+        [oh.make_node("MatMul", ["hidden", "W"], ["projected"]), *after],
+        "projection",
+        inputs,
+        [oh.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["b", "s", 6])],
+        [bias, scale] + ([weight] if weight_constant else []),
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+SOFT_CAP = [
+    oh.make_node("Add", ["projected", "bias"], ["biased"]),
+    oh.make_node("Mul", ["biased", "scale"], ["scaled"]),
+    oh.make_node("Tanh", ["scaled"], ["logits"]),
+]
+
+
+@pytest.mark.anyio
+async def test_elementwise_ops_by_constants_after_the_projection_are_kept(device: str) -> None:
+    proto = projection_model(SOFT_CAP)
+    hidden = np.random.default_rng(4).normal(size=(2, 5, 4)).astype(np.float32)
+    (want,) = reference_outputs(proto, {"hidden": hidden})
+    core = ai.Core()
+    model = last_position_logits(core.read_model(proto))
+    compiled = core.compile_model(model, device)
+    got = np.asarray((await compiled.create_infer_request().infer({"hidden": hidden}))["logits"])
+    assert got.shape == (2, 1, 6)
+    np.testing.assert_allclose(got[:, 0], want[:, -1], rtol=1e-5, atol=1e-6)
+
+
+def test_an_output_that_is_not_a_projection_by_a_constant_is_refused() -> None:
+    core = ai.Core()
+    with pytest.raises(InvalidModelError, match=r"no output 'scores' .*outputs: 'logits'"):
+        last_position_logits(core.read_model(projection_model(SOFT_CAP)), "scores")
+    variable_weight = projection_model([oh.make_node("Identity", ["projected"], ["logits"])], False)
+    with pytest.raises(InvalidModelError, match="output 'logits' is not a MatMul by a constant"):
+        last_position_logits(core.read_model(variable_weight))
+    # A per-position op whose other operand is not a constant: refused, not guessed.
+    mixed = projection_model([oh.make_node("Add", ["projected", "projected"], ["logits"])])
+    with pytest.raises(InvalidModelError, match="cannot be sliced"):
+        last_position_logits(core.read_model(mixed))
