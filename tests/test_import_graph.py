@@ -29,7 +29,6 @@ CIRCLES: dict[tuple[str, ...], str] = {
     ): "the plugin API's compiled model and requests name each other, as a device's do, "
     "and the plugin and queue engine name the compiled model they make and the inputs they "
     "take (every import back is type-only)",
-    ("aioinfer.bench", "aioinfer.cli"): "bench imports cli's private helpers, cli runs bench",
     (
         "aioinfer.devices.batch.plugin",
         "aioinfer.devices.batch.request",
