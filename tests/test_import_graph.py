@@ -21,15 +21,6 @@ SCRIPT = ROOT / "scripts" / "import_graph.py"
 
 CIRCLES: dict[tuple[str, ...], str] = {
     (
-        "aioinfer.plugin.async_request",
-        "aioinfer.plugin.compiled_model",
-        "aioinfer.plugin.plugin",
-        "aioinfer.plugin.queue_engine",
-        "aioinfer.plugin.sync_request",
-    ): "the plugin API's compiled model and requests name each other, as a device's do, "
-    "and the plugin and queue engine name the compiled model they make and the inputs they "
-    "take (every import back is type-only)",
-    (
         "aioinfer.devices.batch.plugin",
         "aioinfer.devices.batch.request",
     ): "the device's own compiled model and request name each other",
