@@ -43,14 +43,6 @@ CIRCLES: dict[tuple[str, ...], str] = {
         "aioinfer.devices.process.plugin",
         "aioinfer.devices.process.request",
     ): "the device's own compiled model and request name each other",
-    (
-        "aioinfer.serving.connection",
-        "aioinfer.serving.rest.uvicorn_http",
-    ): "the uvicorn module names the connection limits (type-only) of the module using it",
-    (
-        "aioinfer.serving.generation",
-        "aioinfer.serving.service",
-    ): "the generation endpoints name the service (type-only) that serves them",
 }
 """Every import circle between files today: members (sorted) -> why it exists."""
 
