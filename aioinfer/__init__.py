@@ -11,6 +11,7 @@ from aioinfer.errors import (
     AioinferError,
     BlobDeviceError,
     BlobVersionError,
+    ChatTemplateError,
     CompileError,
     DeviceUnavailableError,
     ExportError,
@@ -36,6 +37,7 @@ from aioinfer.errors import (
     RequestBusyError,
     RequestClosedError,
     ServingConfigError,
+    TextGenerationError,
     TextInputError,
     TextTooLongError,
     TextTypeError,
@@ -61,6 +63,7 @@ from aioinfer.plugin.compiled_model import CompiledModel
 from aioinfer.plugin.state import VariableState
 from aioinfer.queue import AsyncInferQueue
 from aioinfer.results import InferResults
+from aioinfer.text.generator import TextGenerator, generate_text
 
 InferRequest = AsyncInferRequest
 """The request type users hold (``compiled.create_infer_request()``)."""
@@ -72,6 +75,7 @@ __all__ = [
     "BatchStatistics",
     "BlobDeviceError",
     "BlobVersionError",
+    "ChatTemplateError",
     "CompileError",
     "CompiledModel",
     "Core",
@@ -108,6 +112,8 @@ __all__ = [
     "RerankResult",
     "ServingConfigError",
     "TextEmbedder",
+    "TextGenerationError",
+    "TextGenerator",
     "TextInputError",
     "TextReranker",
     "TextTooLongError",
@@ -124,4 +130,5 @@ __all__ = [
     "__version__",
     "compile_model",
     "generate",
+    "generate_text",
 ]

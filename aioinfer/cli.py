@@ -3,7 +3,8 @@
 aioinfer run [MODEL_OR_BLOB] [--device AUTO] [--input NAME=FILE.npy] [--shape NAME=1,3,32,32]
              [--hint LATENCY|THROUGHPUT] [--iterations N] [--seed S]
 aioinfer bench [MODEL] [--hint H] [--requests N] [--duration S | --iterations N] ...
-aioinfer serve REPOSITORY_OR_MODEL [--host 127.0.0.1] [--port 8000] [--access-log]
+aioinfer serve REPOSITORY_OR_MODEL [--model-name NAME] [--host 127.0.0.1] [--port 8000]
+               [--access-log]
                [--switch-interval S] [limits: --max-sequences N --header-timeout S ...]
                [--ssl-certfile PEM --ssl-keyfile PEM] [--api-key KEY | $AIOINFER_API_KEY]
                [--grpc-port PORT]
@@ -39,7 +40,7 @@ from aioinfer._cli_shared import (
     _read_npy,
     device_label,
 )
-from aioinfer.errors import AioinferError
+from aioinfer.errors import AioinferError, ServingConfigError
 from aioinfer.models import default_model_path
 from aioinfer.offline import compile_to_file, is_blob_file, load_model_file
 
@@ -63,6 +64,7 @@ _SERVE_OPTIONS = (
     "ssl_certfile",
     "ssl_keyfile",
     "grpc_port",
+    "memory_budget",
 )
 """``aioinfer serve`` options passed to ``serve()`` when given (else its defaults)."""
 
@@ -154,7 +156,14 @@ def _parser() -> argparse.ArgumentParser:
         "source",
         type=Path,
         metavar="REPOSITORY_OR_MODEL",
-        help="a repository <repo>/<model>/<version>/model.onnx, or one .onnx file",
+        help="a repository <repo>/<model>/<version>/model.onnx, one .onnx file, or one "
+        "exporter's folder (optimum's model.onnx with its config and tokenizer files)",
+    )
+    serve.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="the name of the one model served from a model file or an exporter's folder "
+        "(default: the file's stem or the folder's name)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (0: any)")
@@ -189,6 +198,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="with --model-control-mode explicit: a model to load at the start "
         "(repeatable; '*': every model)",
+    )
+    control.add_argument(
+        "--memory-budget",
+        type=_size,
+        metavar="SIZE",
+        help="memory the loaded models may hold (e.g. 6GiB, 512MB): models load when a "
+        "request needs them, the least recently used idle ones are unloaded to make room",
     )
     _add_limit_options(serve)
     scale = serve.add_argument_group("Ray Serve (the 'ray' extra)")
@@ -386,6 +402,7 @@ def _print_timing(latencies: list[float], profiling: list[dict[str, Any]]) -> No
 def _serve(args: argparse.Namespace) -> None:
     try:
         from aioinfer.serving import serve
+        from aioinfer.serving.repository import ModelRepository
     except ImportError as exc:
         raise UsageError(
             f"aioinfer serve needs the 'serve' extra ({exc.name} is missing): "
@@ -396,8 +413,11 @@ def _serve(args: argparse.Namespace) -> None:
     if args.ray or args.replicas is not None:
         _serve_on_ray(args, options, api_key)
         return
+    source: Path | ModelRepository = args.source  # a repository: a named single model
+    if args.model_name is not None:
+        source = ModelRepository(args.source, model_name=args.model_name)
     serve(
-        args.source,
+        source,
         host=args.host,
         port=args.port,
         access_log=args.access_log,
@@ -409,7 +429,7 @@ def _serve(args: argparse.Namespace) -> None:
     )
 
 
-_RAY_OPTIONS = ("max_request_bytes", "max_sequences")
+_RAY_OPTIONS = ("max_request_bytes", "max_sequences", "memory_budget")
 """``aioinfer serve`` options that ``--ray`` takes too (Ray's proxy owns the connections)."""
 
 
@@ -502,6 +522,16 @@ def _positive_seconds(text: str) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
     return seconds
+
+
+def _size(text: str) -> int:
+    """An argparse type: a size in bytes (``6GiB``, ``512MB``, ``1000000``)."""
+    from aioinfer.serving.repository import parse_bytes
+
+    try:
+        return parse_bytes(text, "--memory-budget")
+    except ServingConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:

@@ -190,6 +190,19 @@ class TextTooLongError(TextInputError):
     off (the message names its index, its token count and the maximum)."""
 
 
+class ChatTemplateError(TextInputError):
+    """Chat messages that cannot become a prompt: the model has no chat template, the
+    template raised (``raise_exception``: messages in an order or of a role it does not
+    take) or failed to render, or a message is not what a chat takes (the message names
+    the role, the field or the template's own words)."""
+
+
+class TextGenerationError(TextInputError):
+    """A text generation argument that cannot be used: a stop string that is not a
+    string, a prompt that is neither text nor token ids, text without a tokenizer (the
+    message names the argument, the expected and the actual)."""
+
+
 # -- serving ----------------------------------------------------------------------------
 
 
@@ -272,6 +285,16 @@ class ServiceError(AioinferError):
         super().__init__(message)
         self.kind = kind
 
+
+class RequestFieldError(ServiceError):
+    """A field of a request that the server refuses (INVALID_ARGUMENT): a value of the
+    wrong type or out of range, or a field it does not support; :attr:`param` names it
+    (``messages[1].content``) for the transports that say which (OpenAI's ``param``)."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message, ErrorKind.INVALID_ARGUMENT)
+        self.param = param
+
     def __reduce__(self) -> tuple[type[ServiceError], tuple[str, ErrorKind]]:
         # Pickled with its kind (an error crossing a process: a Ray replica's answer).
         return type(self), (str(self), self.kind)
@@ -307,4 +330,13 @@ class ModelControlError(ServiceError):
     mode does not allow it (INVALID_ARGUMENT unless said otherwise)."""
 
     def __init__(self, message: str, kind: ErrorKind = ErrorKind.INVALID_ARGUMENT) -> None:
+        super().__init__(message, kind)
+
+
+class ModelMemoryError(ServiceError):
+    """A model that does not fit the server's memory budget (or its own): it alone
+    needs more than the budget, or the budget is held by models that cannot be unloaded
+    (the message names both sizes; RESOURCE_EXHAUSTED unless said otherwise)."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.RESOURCE_EXHAUSTED) -> None:
         super().__init__(message, kind)

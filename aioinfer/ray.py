@@ -163,8 +163,9 @@ class ModelReplica:
     Args:
         source: the repository directory (the same path on every node).
         model: the model's name in it.
-        max_request_bytes, max_sequences, drain_timeout: as for
-            :class:`~aioinfer.serving.service.InferenceService`.
+        max_request_bytes, max_sequences, drain_timeout, memory_budget: as for
+            :class:`~aioinfer.serving.service.InferenceService` (each replica has its
+            own memory budget: its model is refused if it alone does not fit).
     """
 
     async def __init__(  # type: ignore[misc]  # Ray Serve awaits it
@@ -174,6 +175,7 @@ class ModelReplica:
         max_request_bytes: int = 64 * 2**20,
         max_sequences: int = DEFAULT_MAX_SEQUENCES,
         drain_timeout: float = 30.0,
+        memory_budget: int | str | None = None,
     ) -> None:
         repository = ModelRepository(source)
         repository.models = {model: repository.models[model]}
@@ -183,6 +185,7 @@ class ModelReplica:
             max_request_bytes=max_request_bytes,
             max_sequences=max_sequences,
             drain_timeout=drain_timeout,
+            memory_budget=memory_budget,
         )
         # The replica's process is the model's alone: the settings of ``aioinfer serve``.
         sys.setswitchinterval(SWITCH_INTERVAL)
@@ -197,6 +200,8 @@ class ModelReplica:
         # The service's lifespan (a task group) must end in the task it began in.
         try:
             async with self.service.lifespan():
+                if self.name not in self.service.models:  # over its budget: say why
+                    await self.service.manager.acquire(self.name)
                 loaded.set_result(None)
                 await self._stop.wait()
         except BaseException as exc:
@@ -231,7 +236,7 @@ class ModelReplica:
     def status(self) -> dict[str, Any]:
         """The replica's process id, its open sequences, and its infer requests so far
         and in flight."""
-        models = self.service.models[self.name].values()
+        models = self.service.models.get(self.name, {}).values()  # idle: unloaded
         figures = [metrics for _, metrics in self.service.metrics.figures()]
         return {
             "pid": os.getpid(),
@@ -506,6 +511,7 @@ def build_app(
     drain_timeout: float = 30.0,
     api_key: str | None = None,
     public_metrics: bool = False,
+    memory_budget: int | str | None = None,
 ) -> serve.Application:
     """The Ray Serve application serving the repository ``source`` over the Open
     Inference Protocol (REST), as ``aioinfer serve`` does: ``serve.run(build_app(...))``.
@@ -516,7 +522,8 @@ def build_app(
     (``ingress_options`` over :data:`INGRESS_DEFAULTS`). The repository must be at the
     same path on every node that runs a replica. ``max_request_bytes``,
     ``max_sequences``, ``drain_timeout``, ``api_key`` and ``public_metrics`` are those
-    of :func:`~aioinfer.serving.create_app`.
+    of :func:`~aioinfer.serving.create_app`; ``memory_budget`` is each model replica's
+    own (a replica serves one model: one that alone passes it is refused).
 
     Raises:
         RepositoryError: the repository or a config file is invalid.
@@ -532,7 +539,9 @@ def build_app(
         deployment = serve.deployment(
             name=f"model:{name}", request_router_config=router, **deployment_kwargs
         )(ModelReplica)
-        models[name] = deployment.bind(path, name, max_request_bytes, max_sequences, drain_timeout)
+        models[name] = deployment.bind(
+            path, name, max_request_bytes, max_sequences, drain_timeout, memory_budget
+        )
     return serve.deployment(name="ingress", **ingress)(Ingress).bind(
         path, models, max_request_bytes, api_key, public_metrics
     )

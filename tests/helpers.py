@@ -386,3 +386,16 @@ def replace_compute_stage(request: Any, stage: Callable[[], None], threaded: boo
     if threaded:
         executor = getattr(executor, "_threads", executor)  # a RunExecutor's threads
     request._steps[1] = (name, executor, stage, committing)
+
+
+def matmul_model(width: int, seed: int = 0) -> onnx.ModelProto:
+    """``y = x @ w`` with ``w`` a ``width`` x ``width`` float32 initializer (its bytes:
+    ``4 * width**2``): a model whose memory is its weights, for the memory budget."""
+    weights = np.random.default_rng(seed).standard_normal((width, width)).astype(np.float32)
+    return make_model(
+        [oh.make_node("MatMul", ["x", "w"], ["y"])],
+        [tensor_info("x", np.float32, ["batch", width])],
+        [tensor_info("y", np.float32, ["batch", width])],
+        {"w": weights},
+        name="matmul",
+    )

@@ -11,9 +11,9 @@ cache layout of :mod:`.cache` and the per-sequence choice of :mod:`.sampling`).
 (:mod:`.single`).
 """
 
-from aioinfer.generation.api import generate, prompt_ids
+from aioinfer.generation.api import generate, generate_steps, prompt_ids
 from aioinfer.generation.config import GenerationConfig
-from aioinfer.generation.sampling import FINISH_LENGTH, FINISH_STOP, Sampling
+from aioinfer.generation.sampling import FINISH_LENGTH, FINISH_STOP, Picker, Sampling, Step
 from aioinfer.generation.scheduler import (
     GenerationScheduler,
     GenerationStatistics,
@@ -28,9 +28,12 @@ __all__ = [
     "GenerationConfig",
     "GenerationScheduler",
     "GenerationStatistics",
+    "Picker",
     "Sampling",
     "SchedulerCounts",
+    "Step",
     "generate",
+    "generate_steps",
     "prompt_ids",
     "scheduler_of",
     "schedulers_of",

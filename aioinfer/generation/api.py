@@ -10,7 +10,7 @@ import numpy as np
 
 from aioinfer.errors import InputShapeError, InputTypeError
 from aioinfer.generation.config import GenerationConfig
-from aioinfer.generation.sampling import Sampling
+from aioinfer.generation.sampling import Sampling, Step
 from aioinfer.generation.scheduler import scheduler_of
 from aioinfer.generation.single import generate_alone
 from aioinfer.plugin.async_request import AsyncInferRequest
@@ -64,14 +64,70 @@ async def generate(
         QueueFullError: the scheduler's waiting queue is full (nothing started: retry).
         The errors of ``AsyncInferRequest.infer`` (a failed kernel: ``InferenceError``).
     """
+    steps = generate_steps(
+        compiled,
+        input_ids,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=stop,
+        config=config,
+        request=request,
+    )
+    async with aclosing(steps):
+        async for step in steps:
+            yield step.token
+
+
+async def generate_steps(
+    compiled: CompiledModel,
+    input_ids: Iterable[int] | np.ndarray,
+    *,
+    max_new_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: Iterable[int] = (),
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    logprobs: int | None = None,
+    ignore_eos: bool = False,
+    config: GenerationConfig | Mapping[str, Any] | None = None,
+    request: AsyncInferRequest | None = None,
+) -> AsyncGenerator[Step, None]:
+    """:func:`generate` with more choice and more to tell: yield a :class:`Step` per
+    token (the token; with ``logprobs``, its log-probability and the ``logprobs`` most
+    likely tokens of the step).
+
+    ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]) lower the
+    logits of the tokens generated so far; ``ignore_eos`` generates past the config's
+    end-of-sequence tokens (``stop`` tokens still end it). The other arguments, the
+    scheduling and the errors are :func:`generate`'s (see
+    :class:`~aioinfer.generation.sampling.Sampling`).
+    """
     config = GenerationConfig.for_model(compiled, config)
-    sampling = Sampling.of(config, max_new_tokens, temperature, top_k, top_p, seed, stop)
+    sampling = Sampling.of(
+        config,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        stop,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        logprobs=logprobs,
+        ignore_eos=ignore_eos,
+    )
     prompt = prompt_ids(compiled, config, input_ids)
     scheduler = None if request is not None else scheduler_of(compiled, config)
     if scheduler is None or not scheduler.serves_here():
         async with aclosing(generate_alone(compiled, config, sampling, prompt, request)) as alone:
-            async for token in alone:
-                yield token
+            async for alone_step in alone:
+                yield alone_step
         return
     sequence = scheduler.submit(prompt, sampling)
     try:

@@ -45,7 +45,7 @@ import numpy as np
 from aioinfer.errors import QueueFullError
 from aioinfer.generation.cache import Block, attention_mask, repack, sequence_axes
 from aioinfer.generation.config import GenerationConfig
-from aioinfer.generation.sampling import Sampling, last_logits
+from aioinfer.generation.sampling import Sampling, Step, last_logits
 from aioinfer.histogram import Histogram
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.plugin.compiled_model import CompiledModel
@@ -117,9 +117,9 @@ class GeneratedSequence:
         self.scheduler = scheduler
         self.prompt = prompt
         self.sampling = sampling
-        self.rng = np.random.default_rng(sampling.seed)
+        self.picker = sampling.picker()
         self.phase = Phase.WAITING
-        self.buffer: deque[int] = deque()
+        self.buffer: deque[Step] = deque()
         self.produced = 0
         self.finished = False
         """No token will be added (the last one is in the buffer or was read)."""
@@ -143,7 +143,7 @@ class GeneratedSequence:
         """Whether it needs no more steps (finished, failed or withdrawn)."""
         return self.finished or self.phase is Phase.DONE
 
-    async def next(self) -> int | None:
+    async def next(self) -> Step | None:
         """The next token (None after the last one), waiting for the step that makes it.
 
         Raises:
@@ -161,8 +161,9 @@ class GeneratedSequence:
             self.scheduler.notify()
         return token
 
-    def push(self, token: int) -> None:
+    def push(self, step: Step) -> None:
         """Add a generated token; the sequence finishes after its last one."""
+        token = step.token
         now = time.perf_counter()
         statistics = self.scheduler.statistics
         if self.produced == 0:
@@ -173,7 +174,7 @@ class GeneratedSequence:
             statistics.inter_token_latency.observe(now - self.last_token)
         self.last_token = now
         self.produced += 1
-        self.buffer.append(token)
+        self.buffer.append(step)
         self.next_token = token
         if self.sampling.finish_reason(token, self.produced) is not None:
             self.finished = True
@@ -463,22 +464,23 @@ class GenerationScheduler:
                 request.clear_inputs()
 
     async def _pick(self, rows: Rows[GeneratedSequence], logits: np.ndarray) -> None:
-        """Each live row's next token: greedy rows here, sampled ones (a softmax over the
-        vocabulary each) in a worker thread."""
+        """Each live row's next token: plain greedy rows here, the others (a softmax over
+        the vocabulary each: sampling, penalties, log-probabilities) in a worker
+        thread."""
         live = [(row, s) for row, s in enumerate(rows) if not s.gone]
         greedy = np.argmax(logits, axis=-1)
-        sampled = [(row, s) for row, s in live if s.sampling.temperature != 0]
+        sampled = [(row, s) for row, s in live if not s.sampling.plain]
 
-        def draw() -> dict[int, int]:
-            return {row: s.sampling.pick(logits[row], s.rng) for row, s in sampled}
+        def draw() -> dict[int, Step]:
+            return {row: s.picker.choose(logits[row]) for row, s in sampled}
 
         drawn = await anyio.to_thread.run_sync(draw) if sampled else {}
         for row, sequence in live:
             if sequence.gone:  # withdrawn while the tokens were drawn
                 continue
-            token = drawn[row] if row in drawn else int(greedy[row])
+            step = drawn[row] if row in drawn else Step(int(greedy[row]))
             self._generated_tokens += 1
-            sequence.push(token)
+            sequence.push(step)
 
     async def _rebatch(self) -> None:
         """Rows leave (finished, withdrawn, paused) and join (prefilled, resumed); the

@@ -19,7 +19,7 @@ import anyio
 import numpy as np
 
 from aioinfer.generation.config import GenerationConfig
-from aioinfer.generation.sampling import Sampling, last_logits
+from aioinfer.generation.sampling import Sampling, Step, last_logits
 from aioinfer.plugin.async_request import AsyncInferRequest, RequestState
 from aioinfer.plugin.compiled_model import CompiledModel
 
@@ -30,7 +30,7 @@ async def generate_alone(
     sampling: Sampling,
     prompt: list[int],
     request: AsyncInferRequest | None,
-) -> AsyncGenerator[int, None]:
+) -> AsyncGenerator[Step, None]:
     """The tokens of one generation of ``prompt`` on ``request`` (None: one of the
     compiled model's generation pool), its state reset first; see the module."""
     pool: _RequestPool | None = None
@@ -45,7 +45,7 @@ async def generate_alone(
         ports = {port.name: port for port in running.inputs}
         ids_dtype = ports[config.input_ids].dtype
         mask, positions = config.attention_mask, config.position_ids
-        rng = np.random.default_rng(sampling.seed)
+        picker = sampling.picker()
         running.reset_state()
         stateful = bool(running.query_state())
         sequence, past = list(prompt), 0
@@ -58,8 +58,9 @@ async def generate_alone(
             if positions is not None:
                 inputs[positions] = np.arange(past, total, dtype=ports[positions].dtype)[None]
             results = await running.infer(inputs, share_inputs=True)
-            token = sampling.pick(last_logits(results[config.logits], config.logits)[0], rng)
-            yield token
+            step = picker.choose(last_logits(results[config.logits], config.logits)[0])
+            yield step
+            token = step.token
             if sampling.finish_reason(token, produced) is not None:
                 return
             sequence.append(token)

@@ -40,6 +40,8 @@ from aioinfer.errors import (
 )
 from aioinfer.generation import GenerationConfig, Sampling, generate, prompt_ids
 from aioinfer.serving.models import ServedModel
+from aioinfer.text.chat_template import ChatTemplate
+from aioinfer.text.generator import GenerationDefaults, TextGenerator
 from aioinfer.text.tokenizer import read_library_tokenizer
 
 _logger = logging.getLogger(__name__)
@@ -99,6 +101,21 @@ class ModelGeneration:
         )
         self.steps = 0
         """Tokens generated so far (one inference each): the work generations did."""
+        self.text: TextGenerator | None = None
+        """Text in and out (OpenAI's API): with a tokenizer, the chat template and the
+        defaults of the folder that holds it."""
+        if tokenizer_path is not None:
+            folder = tokenizer_path.parent
+            try:
+                self.text = TextGenerator(
+                    model.compiled,
+                    self.tokenizer,
+                    config=self.config,
+                    chat_template=ChatTemplate.from_folder(folder),
+                    defaults=GenerationDefaults.from_folder(folder),
+                )
+            except AioinferError as exc:  # a broken template or config file
+                raise RepositoryError(f"model {model.name!r}: {exc}") from None
 
     @classmethod
     def beside(cls, model: ServedModel, model_path: Path) -> ModelGeneration:

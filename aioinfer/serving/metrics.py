@@ -25,6 +25,7 @@ from aioinfer.serving.models import ServedModel
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -97,6 +98,40 @@ class ModelMetrics:
         self.failures[reason] += 1
 
 
+class ModelLoadMetrics:
+    """The loads and unloads of one model (all its versions) since the app started: the
+    model manager's figures (:mod:`aioinfer.serving.manager`)."""
+
+    __slots__ = (
+        "bytes",
+        "evictions",
+        "failed_loads",
+        "hits",
+        "load_time",
+        "loads",
+        "misses",
+        "unloads",
+    )
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        """What the model holds now (0: not loaded)."""
+        self.loads = 0
+        """Loads that succeeded."""
+        self.failed_loads = 0
+        """Loads that failed (or were refused by the memory budget)."""
+        self.unloads = 0
+        """Unloads, whatever the cause (evictions, idle unloads, an operator's)."""
+        self.evictions = 0
+        """Unloads to make room for another model under the memory budget."""
+        self.hits = 0
+        """Requests that found the model loaded."""
+        self.misses = 0
+        """Requests that waited for the model's load."""
+        self.load_time = Histogram(LOAD_BUCKETS)
+        """Seconds each successful load took (the evictions it needed included)."""
+
+
 class ServerMetrics:
     """The metrics of one app (a registry of its own, so that several apps in one process
     do not mix their figures)."""
@@ -104,6 +139,9 @@ class ServerMetrics:
     def __init__(self, models: Callable[[], Iterable[ServedModel]]) -> None:
         self._models = models
         self._of: dict[tuple[str, str], ModelMetrics] = {}
+        self._loads: dict[str, ModelLoadMetrics] = {}
+        self.memory_budget: int | None = None
+        """The model manager's budget (bytes; None: none)."""
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self))
 
@@ -115,9 +153,29 @@ class ServerMetrics:
             found = self._of[key] = ModelMetrics()
         return found
 
+    def figures_of(self, model: ServedModel) -> ModelMetrics | None:
+        """The metrics of one served model version, None before its first request."""
+        return self._of.get((model.name, model.version))
+
     def figures(self) -> Iterator[tuple[tuple[str, str], ModelMetrics]]:
         """((model, version), metrics) of every model version that received requests."""
         yield from self._of.items()
+
+    def loads_of(self, name: str) -> ModelLoadMetrics:
+        """The load figures of model ``name``."""
+        found = self._loads.get(name)
+        if found is None:
+            found = self._loads[name] = ModelLoadMetrics()
+        return found
+
+    def load_figures(self) -> Iterator[tuple[str, ModelLoadMetrics]]:
+        """(model, load figures) of every model the manager saw."""
+        yield from self._loads.items()
+
+    def clear_memory(self) -> None:
+        """Every model unloaded (the service closed them): none holds memory."""
+        for figures in self._loads.values():
+            figures.bytes = 0
 
     def models(self) -> Iterable[ServedModel]:
         """The served models (for the figures read from the models at scrape time)."""
@@ -172,6 +230,38 @@ class _Collector(Collector):
         yield from (requests, failures, latency, queue_time, in_flight)
         yield self._batch_sizes()
         yield from self._generation()
+        yield from self._model_loads()
+
+    def _model_loads(self) -> Iterator[Metric]:
+        """The model manager's figures: memory per model, loads, unloads, evictions,
+        hits and misses, load time."""
+        labels = ["model"]
+        memory = GaugeMetricFamily(
+            "aioinfer_model_memory_bytes",
+            "Memory a loaded model holds (measured at its load; 0: not loaded).",
+            labels=labels,
+        )
+        counters = {
+            name: CounterMetricFamily(f"aioinfer_model_{name}", text, labels=labels)
+            for name, text in LOAD_COUNTERS.items()
+        }
+        load_time = HistogramMetricFamily(
+            "aioinfer_model_load_duration_seconds",
+            "Time a model's load took (the unloads it needed included).",
+            labels=labels,
+        )
+        for name, figures in sorted(self._metrics.load_figures()):
+            memory.add_metric([name], figures.bytes)
+            for attribute, family in counters.items():
+                family.add_metric([name], getattr(figures, attribute))
+            load_time.add_metric([name], figures.load_time.cumulative(), figures.load_time.sum)
+        yield from (memory, *counters.values(), load_time)
+        if self._metrics.memory_budget is not None:
+            budget = GaugeMetricFamily(
+                "aioinfer_memory_budget_bytes", "The memory the loaded models may hold."
+            )
+            budget.add_metric([], self._metrics.memory_budget)
+            yield budget
 
     def _generation(self) -> Iterator[Metric]:
         """The generation schedulers' figures, named as vLLM names them (``aioinfer:``
@@ -228,6 +318,18 @@ class _Collector(Collector):
             rows = sum(rows * n for rows, n in sizes.items())
             family.add_metric([model.name, model.version], buckets, rows)
         return family
+
+
+LOAD_COUNTERS = {
+    "loads": "Loads of a model that succeeded.",
+    "failed_loads": "Loads of a model that failed or that the memory budget refused.",
+    "unloads": "Unloads of a model (evictions, idle unloads, an operator's).",
+    "evictions": "Unloads of a model to make room for another under the memory budget.",
+    "hits": "Inference requests that found their model loaded.",
+    "misses": "Inference requests that waited for their model's load.",
+}
+"""The model manager's counters (``aioinfer_model_`` + name, ``_total`` in the text
+format) and their help."""
 
 
 GENERATION_HISTOGRAMS = {

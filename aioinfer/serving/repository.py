@@ -16,6 +16,10 @@ version (a positive integer) holding ``model.onnx``, and optionally ``config.jso
       "generate": {"input_ids": "input_ids", "logits": "logits", "eos_token_id": 0},
                                             // a decoder that generates (docs/generation.md)
       "ray": {"num_replicas": 2},           // Ray Serve deployment options (aioinfer.ray)
+      "pinned": false,                      // never unloaded under the memory budget
+      "idle_unload_s": 600,                 // unloaded once idle this long
+      "memory_bytes": "2GiB",               // accounted at this size, not as measured
+      "memory_budget": "4GiB",              // the most its load may measure
       "version_policy": {"latest": {"num_versions": 1}}
                                             // the versions served, as Triton's (below)
     }
@@ -56,12 +60,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from aioinfer.errors import GenerationError, RepositoryError
+from aioinfer.errors import GenerationError, RepositoryError, ServingConfigError
 from aioinfer.generation import GenerationConfig
 from aioinfer.model import Model, batch_problem
 from aioinfer.properties import num_cores
@@ -227,7 +232,9 @@ class ModelConfig:
     :class:`~aioinfer.generation.GenerationConfig`, or its mapping) serves the model's
     generate endpoints. ``ray`` holds the model's Ray Serve deployment options (see
     :mod:`aioinfer.ray`), unused by ``aioinfer serve``. ``device`` None means: the server
-    chooses (:meth:`compile_plan`).
+    chooses (:meth:`compile_plan`). ``pinned``, ``idle_unload_s``, ``memory_bytes`` and
+    ``memory_budget`` (bytes; in a config file also a size such as ``"2GiB"``) are the
+    model manager's (:mod:`aioinfer.serving.manager`).
     """
 
     device: str | None = None
@@ -242,6 +249,10 @@ class ModelConfig:
     generate: Mapping[str, Any] | GenerationConfig | None = None
     ray: Mapping[str, Any] = field(default_factory=dict)
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    pinned: bool = False
+    idle_unload_s: float | None = None
+    memory_bytes: int | None = None
+    memory_budget: int | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> ModelConfig:
@@ -264,6 +275,10 @@ class ModelConfig:
             "generate": (dict,),
             "ray": (dict,),
             "version_policy": (dict, VersionPolicy),
+            "pinned": (bool,),
+            "idle_unload_s": (int, float),
+            "memory_bytes": (int, str),
+            "memory_budget": (int, str),
         }
         for key, value in values.items():
             if key not in kinds:
@@ -293,6 +308,18 @@ class ModelConfig:
         for key in ("max_concurrency", "max_queue", "max_sequences"):
             if key in values and values[key] < (0 if key == "max_queue" else 1):
                 raise RepositoryError(f"{where}: {key!r} is {values[key]}, too small")
+        if "idle_unload_s" in values and values["idle_unload_s"] <= 0:
+            raise RepositoryError(
+                f"{where}: 'idle_unload_s' must be above 0, got {values['idle_unload_s']}"
+            )
+        sizes = {}
+        for key in ("memory_bytes", "memory_budget"):
+            if key in values:
+                try:
+                    sizes[key] = parse_bytes(values[key], key)
+                except ServingConfigError as exc:
+                    raise RepositoryError(f"{where}: {exc}") from None
+        values = {**values, **sizes}
         policy = values.get("version_policy")
         if isinstance(policy, dict):
             values = {**values, "version_policy": VersionPolicy.from_mapping(policy, where)}
@@ -423,7 +450,13 @@ class ModelRepository:
             version with ``model.onnx``, or a config file is invalid.
     """
 
-    def __init__(self, path: str | Path, configs: Mapping[str, ModelConfig] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        configs: Mapping[str, ModelConfig] | None = None,
+        *,
+        model_name: str | None = None,
+    ) -> None:
         self.path = Path(path)
         self._overrides = overrides = dict(configs or {})
         if self.path.is_file():
@@ -431,11 +464,17 @@ class ModelRepository:
                 raise RepositoryError(
                     f"{str(self.path)!r} is not an .onnx file or a directory (nor a .blob)"
                 )
-            name = self.path.stem
+            name = model_name or self.path.stem
             entries = [ModelEntry(name, {"1": self.path}, overrides.get(name, ModelConfig()))]
         elif self.path.is_dir() and exporter_model_file(self.path) is not None:
-            name = self.path.resolve().name
+            name = model_name or self.path.resolve().name
             entries = [self._scan(self.path, overrides.get(name), name)]
+        elif model_name is not None:
+            raise RepositoryError(
+                f"model_name {model_name!r}: {str(self.path)!r} is a repository of models, "
+                "named after their directories (a name is given to one model file or one "
+                "exporter's folder)"
+            )
         elif self.path.is_dir():
             entries = [
                 self._scan(directory, overrides.get(directory.name))
@@ -522,6 +561,53 @@ class ModelRepository:
                 entry.name,
             )
         return entry
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(value: int | str, what: str = "memory_budget") -> int:
+    """A size in bytes: an integer, or a number with a unit (``"6GiB"``, ``"512MB"``,
+    ``"1.5G"``; SI units are powers of 10, ``KiB``/``MiB``/``GiB``/``TiB`` of 2).
+
+    Raises:
+        ServingConfigError: not a positive size (``what`` names the option).
+    """
+    number: float
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and (
+        match := re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+    ):
+        unit = match.group(2).lower()
+        if unit not in _UNITS:
+            raise ServingConfigError(
+                f"{what}: unknown unit {match.group(2)!r} in {value!r}; expected one of "
+                "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+            )
+        number = float(match.group(1)) * _UNITS[unit]
+    else:
+        raise ServingConfigError(
+            f"{what} must be a number of bytes or a size such as '6GiB', got {value!r}"
+        )
+    if number < 1:
+        raise ServingConfigError(f"{what} must be at least 1 byte, got {value!r}")
+    return int(number)
 
 
 def exporter_model_file(directory: Path) -> Path | None:

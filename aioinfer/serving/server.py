@@ -15,7 +15,7 @@ import uvicorn
 from aioinfer.errors import ServingConfigError
 from aioinfer.serving.connection import ConnectionLimits
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES
-from aioinfer.serving.repository import ModelConfig
+from aioinfer.serving.repository import ModelConfig, ModelRepository
 from aioinfer.serving.rest.app import create_app
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ stream) is cancelled."""
 
 
 def serve(
-    source: str | Path,
+    source: str | Path | ModelRepository,
     host: str = "127.0.0.1",
     port: int = 8000,
     *,
@@ -77,6 +77,7 @@ def serve(
     grpc_port: int | None = None,
     model_control_mode: str = "none",
     load_models: Sequence[str] = (),
+    memory_budget: int | str | None = None,
 ) -> None:
     """Serve the repository (or ``.onnx`` file) ``source`` over HTTP until SIGINT/SIGTERM.
 
@@ -101,7 +102,10 @@ def serve(
     endpoint but health (and ``/metrics`` with ``public_metrics``) needs the key (see
     :func:`create_app`). ``model_control_mode`` ``"explicit"`` loads only ``load_models``
     (``"*"``: all) at the start and lets clients load and unload models at run time;
-    ``"none"`` loads every model and refuses that (see :func:`create_app`).
+    ``"none"`` loads every model and refuses that (see :func:`create_app`). With a
+    ``memory_budget`` (bytes, or a size such as ``"6GiB"``), the models load when a
+    request needs them (at the start, those that fit) and the least recently used idle
+    ones are unloaded to make room (:mod:`aioinfer.serving.manager`).
 
     With ``grpc_port`` (0: any free port), the same models are also served over KServe
     v2 gRPC on ``host:grpc_port``, in the same process and event loop (one service:
@@ -137,6 +141,7 @@ def serve(
         public_metrics=public_metrics,
         model_control_mode=model_control_mode,
         load_models=load_models,
+        memory_budget=memory_budget,
     )
     config = uvicorn.Config(
         app,

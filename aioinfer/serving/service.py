@@ -49,18 +49,21 @@ from aioinfer.errors import (
     AioinferError,
     ErrorKind,
     ModelControlError,
+    ModelMemoryError,
     ServiceError,
     ServingConfigError,
     SharedMemoryError,
 )
 from aioinfer.offline import is_blob_file, load_model_file
 from aioinfer.serving.control import ModelControlMode, startup_models
+from aioinfer.serving.decoder_folder import served_decoder
 from aioinfer.serving.generation import (
     GeneratedToken,
     GenerateRequest,
     ModelGeneration,
     generate_tokens,
 )
+from aioinfer.serving.manager import ModelManager
 from aioinfer.serving.messages import (
     InferenceRequest,
     InferenceResponse,
@@ -72,7 +75,7 @@ from aioinfer.serving.messages import (
 from aioinfer.serving.metrics import ModelMetrics, ServerMetrics, failure_reason
 from aioinfer.serving.model_config import apply_override, triton_model_config
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, SequenceFlags, ServedModel
-from aioinfer.serving.repository import ModelEntry, ModelRepository
+from aioinfer.serving.repository import ModelEntry, ModelRepository, parse_bytes
 from aioinfer.serving.shared_memory import SystemSharedMemory
 from aioinfer.serving.statistics import model_statistics
 
@@ -211,11 +214,17 @@ class InferenceService:
             ``load_models`` are loaded at the start (``"*"``: all), others are loaded
             and unloaded at run time (:meth:`load_model`, :meth:`unload_model`).
         load_models: the models to load at the start in ``explicit`` mode.
+        memory_budget: the memory the loaded models may hold together (bytes, or a size
+            such as ``"6GiB"``; None: no budget). With a budget, models load when a
+            request needs them (at the start, those that fit) and the least recently used
+            idle ones are unloaded to make room (see :mod:`aioinfer.serving.manager`),
+            in either control mode.
+        load_wait: the longest a request waits for its model's load (seconds).
 
     Raises:
-        ServingConfigError: ``max_sequences`` below 1, an unknown model control mode, or
+        ServingConfigError: ``max_sequences`` below 1, an unknown model control mode,
             ``load_models`` outside ``explicit`` mode or naming no model of the
-            repository.
+            repository, or a memory budget that is not a size.
     """
 
     def __init__(
@@ -228,6 +237,8 @@ class InferenceService:
         max_sequences: int = DEFAULT_MAX_SEQUENCES,
         model_control_mode: str = "none",
         load_models: Sequence[str] = (),
+        memory_budget: int | str | None = None,
+        load_wait: float = 60.0,
     ) -> None:
         self.repository = repository
         self.model_control_mode = ModelControlMode.parse(model_control_mode)
@@ -238,12 +249,26 @@ class InferenceService:
         if max_sequences < 1:
             raise ServingConfigError(f"max_sequences must be at least 1, got {max_sequences}")
         self.max_sequences = max_sequences
-        self.models: dict[str, dict[str, ServedModel]] = {}
-        """Model name -> version -> the served model (filled by :meth:`load`)."""
         self.generations: dict[ServedModel, ModelGeneration] = {}
         """The generation of each served model whose config has ``generate``."""
         self.metrics = ServerMetrics(self.served_models)
         """The statistics of every model version (Prometheus families at scrape time)."""
+        budget = None if memory_budget is None else parse_bytes(memory_budget)
+        self.manager = ModelManager(
+            repository,
+            self.metrics,
+            compile=self._compile,
+            retire=self._retire,
+            idle_since=self._idle_since,
+            budget=budget,
+            on_demand=budget is not None or self.model_control_mode is ModelControlMode.NONE,
+            load_wait=load_wait,
+            drain_timeout=drain_timeout,
+        )
+        """Which models are loaded, under the memory budget."""
+        self.models: dict[str, dict[str, ServedModel]] = self.manager.models
+        """Model name -> version -> the served model, for the loaded models (the
+        manager's)."""
         self.closing = False
         """Set by :meth:`drain`: new inferences are refused and the service is not ready."""
         self.shared_memory = SystemSharedMemory()
@@ -267,18 +292,21 @@ class InferenceService:
 
     async def load(self) -> None:
         """Compile every version of the models served from the start (off the event
-        loop): every model, or in ``explicit`` mode the ``load_models``; once.
+        loop): every model, or in ``explicit`` mode the ``load_models`` (under a memory
+        budget, those that fit, in the repository's order); once.
 
         Raises:
             AioinferError: a model cannot be read or compiled (the message names it).
         """
-        for entry in self.repository.models.values():
-            if entry.name in self.models or entry.name not in self._startup:
-                continue
-            self.models[entry.name] = await self._compile(entry)
+        await self.manager.load_at_start(
+            name for name in self.repository.models if name in self._startup
+        )
         self.started = True
 
     async def _compile(self, entry: ModelEntry) -> dict[str, ServedModel]:
+        # An exporter's decoder folder generates with nothing added (STATEFUL, its own
+        # end-of-sequence tokens and defaults): see aioinfer.serving.decoder_folder.
+        entry = await served_decoder(entry)
         versions: dict[str, ServedModel] = {}
         to_serve = entry.served_versions()
         left_out = sorted(set(entry.versions) - set(to_serve), key=int)
@@ -327,7 +355,7 @@ class InferenceService:
         the models."""
         self.closing = False
         await self.load()
-        async with anyio.create_task_group() as group:
+        async with self.manager.running(), anyio.create_task_group() as group:
             group.start_soon(self._drop_idle_sequences)
             try:
                 yield
@@ -338,7 +366,7 @@ class InferenceService:
         with anyio.CancelScope(shield=True):
             for model in self.served_models():
                 await model.close()
-        self.models.clear()  # a later lifespan compiles them again
+        self.manager.clear()  # a later lifespan compiles them again
         self._unloaded_versions.clear()
         self.generations.clear()
         self.shared_memory.close()
@@ -356,8 +384,13 @@ class InferenceService:
         while True:
             timeouts = [m.config.sequence_idle_timeout_s for m in self.served_models()]
             await anyio.sleep(max(0.01, min([*timeouts, 2.0]) / 4))
-            for model in list(self.served_models()):
-                await model.drop_idle_sequences()
+            await self._drop_idle_sequences_once()
+
+    async def _drop_idle_sequences_once(self) -> None:
+        # A pass of its own: the loop's variable must not keep an unloaded model alive
+        # while the loop above sleeps.
+        for model in list(self.served_models()):
+            await model.drop_idle_sequences()
 
     # -- models -----------------------------------------------------------------------------
 
@@ -371,7 +404,11 @@ class InferenceService:
         if versions is None:
             # Triton's wording, which clients match ("Request for unknown model").
             known = ", ".join(map(repr, sorted(self.models))) or "none"
-            unloaded = " (it is in the repository, not loaded)" * (name in self.repository.models)
+            unloaded = ""
+            if name in self.repository.models:
+                state, reason = self.manager.state(name)
+                unloaded = f" (it is in the repository, not loaded: {state.value}"
+                unloaded += f", {reason})" if reason else ")"
             raise ServiceError(
                 f"Request for unknown model: {name!r} is not found{unloaded}; "
                 f"served models: {known}",
@@ -455,15 +492,17 @@ class InferenceService:
         """The models of the repository: ``{"name", "version", "state", "reason"}`` per
         served version (state ``READY``, or ``UNAVAILABLE`` while its device recovers)
         and per version a reload stopped serving (``UNAVAILABLE``, reason
-        ``unloaded``), ``{"name", "state": "UNAVAILABLE", "reason"}`` per model not
-        loaded; with ``ready``, only the versions ready now. As in Triton, a version its
-        model's version policy never served is not listed."""
+        ``unloaded``), ``{"name", "state", "reason"}`` per model not loaded (state
+        ``LOADING``, ``UNLOADING``, or ``UNAVAILABLE`` with the reason: ``unloaded``,
+        evicted, idle, its load failed); with ``ready``, only the versions ready now. As
+        in Triton, a version its model's version policy never served is not listed."""
         entries = []
         for name in self.repository.model_names():
             versions = self.models.get(name)
             if versions is None:
                 if not ready:
-                    entries.append({"name": name, "state": "UNAVAILABLE", "reason": "unloaded"})
+                    managed, reason = self.manager.state(name)
+                    entries.append({"name": name, "state": managed.value, "reason": reason})
                 continue
             states = {
                 version: ("READY" if self.model_ready(model) else "UNAVAILABLE", "")
@@ -495,20 +534,23 @@ class InferenceService:
         if self.closing:
             raise ModelControlError("the server is shutting down", ErrorKind.UNAVAILABLE)
         async with self._control:
+            # The versions' names only: the manager closes the replaced models, and a
+            # reference here would keep their memory.
+            replaced = set(self.models.get(name, ()))
             try:
                 entry = self.repository.refresh(name)
                 if config is not None:
                     override = apply_override(entry.config, config, f"model {name!r}")
                     entry = dataclasses.replace(entry, config=override)
-                versions = await self._compile(entry)
+                await self.manager.load(name, entry)
+            except ModelMemoryError as exc:
+                raise ModelMemoryError(f"failed to load {name!r}: {exc}", exc.kind) from exc
             except AioinferError as exc:
                 raise ModelControlError(f"failed to load {name!r}: {exc}") from exc
-            replaced = self.models.get(name)
-            self.models[name] = versions
-            if replaced is not None:
-                dropped = self._unloaded_versions.get(name, set()) | set(replaced)
+            versions = self.models[name]
+            if replaced:
+                dropped = self._unloaded_versions.get(name, set()) | replaced
                 self._unloaded_versions[name] = dropped - set(versions)
-                await self._retire(list(replaced.values()))
             _logger.info("loaded model %r (versions %s)", name, ", ".join(versions))
 
     async def unload_model(self, name: str) -> None:
@@ -522,22 +564,33 @@ class InferenceService:
         """
         self.model_control_mode.check_allowed()
         async with self._control:
-            versions = self.models.pop(name, None)
             self._unloaded_versions.pop(name, None)
-            if versions is None:
-                if name not in self.repository.model_names():
-                    raise ModelControlError(
-                        f"failed to unload {name!r}: no model {name!r} in the repository"
-                    )
-                return
-            await self._retire(list(versions.values()))
-            _logger.info("unloaded model %r", name)
+            if name not in self.models and name not in self.repository.model_names():
+                raise ModelControlError(
+                    f"failed to unload {name!r}: no model {name!r} in the repository"
+                )
+            await self.manager.unload(name, "unloaded", held_back=True)
 
-    async def _retire(self, models: list[ServedModel]) -> None:
-        """Wait (up to ``drain_timeout``) for the in-flight inferences of ``models``
-        (no longer served), then close them."""
+    def _idle_since(self, name: str) -> float | None:
+        """None while model ``name`` has requests in flight or open sequences; else
+        when its last request ended (``time.perf_counter()``; 0: none yet)."""
+        ended = 0.0
+        figures = self.metrics.figures_of
+        for model in self.models.get(name, {}).values():
+            metrics = figures(model)
+            if metrics is not None:
+                if metrics.in_flight > 0:
+                    return None
+                ended = max(ended, metrics.last_inference)
+            if model.sequences:
+                return None
+        return ended
+
+    async def _retire(self, models: list[ServedModel], timeout: float | None) -> None:
+        """Wait (up to ``timeout`` seconds; None: as long as they run) for the in-flight
+        inferences of ``models`` (no longer served), then close them."""
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(self.drain_timeout):
+            with anyio.move_on_after(timeout):
                 for model in models:
                     figures = dict(self.metrics.figures()).get((model.name, model.version))
                     while figures is not None and figures.in_flight > 0:
@@ -640,6 +693,10 @@ class InferenceService:
             ServiceError: the errors of :meth:`start` on entry; those raised in the
                 block; INTERNAL in place of any other exception.
         """
+        if name in self.models:
+            self.manager.touch(name)
+        else:  # not loaded: wait for its load (NOT_FOUND below for a model not loadable)
+            await self.manager.acquire(name)
         call = self.start(name, version)
         try:
             yield call

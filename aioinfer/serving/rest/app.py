@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -79,7 +80,10 @@ class RestAdapter:
 
     def __init__(self, service: InferenceService) -> None:
         self.service = service
-        self._decoders: dict[ServedModel, RequestDecoder] = {}
+        # Weak: a model the manager unloaded must not stay alive for its decoder.
+        self._decoders: weakref.WeakKeyDictionary[ServedModel, RequestDecoder] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @asynccontextmanager
     async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
@@ -476,6 +480,7 @@ def create_app(
     service_type: Callable[..., InferenceService] = InferenceService,
     model_control_mode: str = "none",
     load_models: Sequence[str] = (),
+    memory_budget: int | str | None = None,
 ) -> Starlette:
     """An ASGI app (Starlette) serving the models of ``source`` over the Open Inference
     Protocol (KServe v2 REST), with Prometheus metrics at ``/metrics``.
@@ -495,7 +500,9 @@ def create_app(
 
     Triton's extensions are served too: statistics, model configuration, the model
     repository (``model_control_mode`` ``"none"`` or ``"explicit"``, with ``load_models``
-    loaded at the start: see :class:`InferenceService`) and system shared memory.
+    loaded at the start: see :class:`InferenceService`) and system shared memory. With a
+    ``memory_budget`` (bytes, or a size such as ``"6GiB"``) models load on demand and the
+    least recently used are unloaded to make room (:mod:`aioinfer.serving.manager`).
 
     Raises:
         RepositoryError: the repository or a config file is invalid.
@@ -511,6 +518,7 @@ def create_app(
         max_sequences=max_sequences,
         model_control_mode=model_control_mode,
         load_models=load_models,
+        memory_budget=memory_budget,
     )
     adapter = RestAdapter(service)
     model = "/v2/models/{model}"

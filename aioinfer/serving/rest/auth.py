@@ -16,6 +16,7 @@ from collections.abc import Collection
 from starlette.types import Scope, Send
 
 from aioinfer.errors import ServingConfigError
+from aioinfer.serving.openai.errors import error_body
 
 HEALTH_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 """The endpoints open without a key."""
@@ -45,7 +46,8 @@ class ApiKeyCheck:
         return any(hmac.compare_digest(given, self._key) for given in _credentials(scope))
 
     async def refuse(self, scope: Scope, send: Send) -> None:
-        """Answer 401 with ``{"error"}`` and a ``WWW-Authenticate`` challenge."""
+        """Answer 401 with ``{"error"}`` (OpenAI's error object on ``/v1/`` paths) and a
+        ``WWW-Authenticate`` challenge."""
         if _credentials(scope):
             message = "the API key is not valid"
             challenge = REALM + b', error="invalid_token"'
@@ -53,7 +55,9 @@ class ApiKeyCheck:
             message = "this endpoint needs the server's API key: send it as "
             message += "'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
             challenge = REALM
-        body = json.dumps({"error": message}).encode()
+        # OpenAI's routes answer with OpenAI's error body, which its clients read.
+        openai = "/v1/" in scope.get("path", "")
+        body = json.dumps(error_body(401, message) if openai else {"error": message}).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
