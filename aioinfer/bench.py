@@ -30,7 +30,7 @@ import anyio.to_thread
 import numpy as np
 
 import aioinfer
-from aioinfer.cli import UsageError, _dims, _inputs, _ms, _pairs, _read_npy, device_label
+from aioinfer._cli_shared import UsageError, _dims, _inputs, _ms, _pairs, _read_npy, device_label
 from aioinfer.models import default_model_path
 from aioinfer.properties import num_cores
 

@@ -31,8 +31,16 @@ import anyio
 import numpy as np
 
 import aioinfer
+from aioinfer._cli_shared import (
+    UsageError,
+    _dims,
+    _inputs,
+    _ms,
+    _pairs,
+    _read_npy,
+    device_label,
+)
 from aioinfer.errors import AioinferError, ServingConfigError
-from aioinfer.model import Port
 from aioinfer.models import default_model_path
 from aioinfer.offline import compile_to_file, is_blob_file, load_model_file
 
@@ -59,10 +67,6 @@ _SERVE_OPTIONS = (
     "memory_budget",
 )
 """``aioinfer serve`` options passed to ``serve()`` when given (else its defaults)."""
-
-
-class UsageError(Exception):
-    """A command-line value that cannot be used (bad syntax, unreadable file)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -375,21 +379,6 @@ async def _run(args: argparse.Namespace) -> None:
     _print_timing(latencies, request.get_profiling_info())
 
 
-def _inputs(
-    ports: Sequence[Port],
-    arrays: dict[str, np.ndarray],
-    shapes: dict[str, tuple[int, ...]],
-    rng: np.random.Generator,
-) -> dict[str, np.ndarray]:
-    """The arrays of every input: read from a file if given, else random."""
-    return {
-        port.name: _convert(port, arrays[port.name])
-        if port.name in arrays
-        else _random(port, shapes.get(port.name), rng)
-        for port in ports
-    }
-
-
 def _print_output(name: str, array: np.ndarray) -> None:
     print(f"  {name}: {array.dtype} {list(array.shape)} {_summary(array)}".rstrip())
     if array.ndim == 2 and array.dtype.kind == "f" and array.size:
@@ -479,18 +468,6 @@ def _is_blob(path: Path) -> bool:
         return False
 
 
-def device_label(asked: str, compiled: aioinfer.CompiledModel) -> str:
-    """The device asked for, with what runs the model when that is another device:
-    ``AUTO (on ORT)``, ``AUTO (on ORT, compiled as BATCH:AUTO)``."""
-    details = []
-    if "EXECUTION_DEVICES" in compiled.supported_properties():
-        details.append(f"on {', '.join(compiled.get_property('EXECUTION_DEVICES'))}")
-    compiled_as = str(compiled.get_property("DEVICE_NAME"))
-    if compiled_as != asked:
-        details.append(f"compiled as {compiled_as}")
-    return f"{asked} ({', '.join(details)})" if details else asked
-
-
 def _info(args: argparse.Namespace) -> None:
     from aioinfer.devices.auto.plugin import unavailable_reason
 
@@ -536,32 +513,6 @@ def _auto_choice(core: aioinfer.Core, path: Path, device: str) -> None:
     print(f"{chosen}: chosen")
 
 
-def _pairs(items: Sequence[str], option: str, form: str) -> dict[str, str]:
-    """Split ``NAME=VALUE`` option values into a dict."""
-    pairs: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value:
-            raise UsageError(f"{option} expects {form}, got {item!r}")
-        if name in pairs:
-            raise UsageError(f"{option} given twice for {name!r}")
-        pairs[name] = value
-    return pairs
-
-
-def _dims(name: str, text: str) -> tuple[int, ...]:
-    """Parse ``1,3,32,32`` (``x`` also separates) into a shape."""
-    try:
-        dims = tuple(int(part) for part in text.replace("x", ",").split(","))
-    except ValueError:
-        raise UsageError(
-            f"--shape {name}: expected comma-separated integers such as 1,3,32,32, got {text!r}"
-        ) from None
-    if any(d < 0 for d in dims):
-        raise UsageError(f"--shape {name}: dimensions must be >= 0, got {text!r}")
-    return dims
-
-
 def _positive_seconds(text: str) -> float:
     """An argparse type: a finite number of seconds above 0."""
     try:
@@ -594,49 +545,11 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _read_npy(name: str, file: str) -> np.ndarray:
-    """Read the .npy file given for input ``name``."""
-    try:
-        return np.asarray(np.load(file, allow_pickle=False))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--input {name}: cannot read {file!r} as a .npy array: {exc}") from None
-
-
-def _convert(port: Port, array: np.ndarray) -> np.ndarray:
-    """``array`` in the port's type when both are of one kind (float64 -> float32)."""
-    if array.dtype != port.dtype and array.dtype.kind == port.dtype.kind:
-        return array.astype(port.dtype)
-    return array
-
-
-def _random(port: Port, shape: tuple[int, ...] | None, rng: np.random.Generator) -> np.ndarray:
-    """A random array for ``port``; dims not static and not given by ``shape`` are 1."""
-    if shape is None:
-        if port.shape is None:
-            raise UsageError(f"input {port.name!r} has unknown rank; give --shape {port.name}=...")
-        shape = tuple(d if isinstance(d, int) else 1 for d in port.shape)
-    dtype = port.dtype
-    if dtype.kind in "fc":
-        return rng.standard_normal(shape).astype(dtype)
-    if dtype.kind in "iu":
-        return rng.integers(0, 10, shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(bool)
-    raise UsageError(
-        f"cannot make random values of type {dtype} for input {port.name!r}; "
-        f"give --input {port.name}=FILE.npy"
-    )
-
-
 def _summary(array: np.ndarray) -> str:
     if array.size == 0 or array.dtype.kind not in "biuf":
         return ""
     values = array.astype(np.float64)
     return f"min {values.min():.6g} max {values.max():.6g} mean {values.mean():.6g}"
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f} ms"
 
 
 if __name__ == "__main__":

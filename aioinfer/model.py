@@ -15,6 +15,9 @@ from aioinfer.errors import InvalidModelError, UnknownInputError
 Dim = int | str | None
 """A dimension: a static size, a symbolic name, or None when unknown."""
 
+Inputs = Mapping[Any, Any] | Sequence[Any]
+"""Inputs of one inference: a dict from name (or index or Port) to array, or a list."""
+
 
 def normalize_dynamic_dims(model: ir.Model) -> None:
     """Rewrite, in place, every dimension that stands for "any size" as an unknown one.

@@ -62,6 +62,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "aioinfer.backend",
             "aioinfer.bench",
+            "aioinfer._cli_shared",
             "aioinfer.cli",
             "aioinfer.ray",
             "aioinfer.testing",
@@ -80,9 +81,9 @@ devices: the CPU device (its compiler and kernels) and the others; core: the ``C
 the model cache, ``AsyncInferQueue``, compiled files; generation and pipelines: decoding
 and the text pipelines (tokenizer, pooling) over a compiled model; public API: the
 package's ``__init__``, which re-exports the layers below; serving: the service and its
-transports; applications: what runs the rest (the ONNX backend API, the command line, Ray
-Serve, the conformance suite, and the PROCESS device's worker program, which compiles
-with a Core of its own and hands it to the worker as a function).
+transports; applications: what runs the rest (the ONNX backend API, the command line and
+what its commands share, Ray Serve, the conformance suite, and the PROCESS device's worker
+program, which compiles with a Core of its own and hands it to the worker as a function).
 """
 
 KINDS = ("module", "type", "lazy")

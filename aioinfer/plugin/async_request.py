@@ -26,12 +26,12 @@ import anyio
 
 from aioinfer.errors import InferCancelledError, RequestBusyError, RequestClosedError
 from aioinfer.plugin.executors import Executor, asyncio_loop, spawn_detached
-from aioinfer.plugin.sync_request import STAGES, Inputs
+from aioinfer.plugin.sync_request import STAGES
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from aioinfer.model import Port
+    from aioinfer.model import Inputs, Port
     from aioinfer.plugin.state import VariableState
     from aioinfer.plugin.sync_request import SyncInferRequest
     from aioinfer.results import InferResults

@@ -6,7 +6,7 @@ import itertools
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TypeVar
 
 from aioinfer.errors import ExportError, RequestClosedError
 from aioinfer.model import HasPorts, Port
@@ -16,12 +16,38 @@ from aioinfer.plugin.executors import Executor, LoopExecutor, ThreadExecutor
 from aioinfer.properties import check_readable, property_name
 
 if TYPE_CHECKING:
-    from aioinfer.plugin.plugin import Plugin
+    from aioinfer.model import Inputs
     from aioinfer.plugin.queue_engine import QueueEngine
-    from aioinfer.plugin.sync_request import Inputs, SyncInferRequest
+    from aioinfer.plugin.sync_request import SyncInferRequest
+    from aioinfer.properties import Property
     from aioinfer.results import InferResults
 
 E = TypeVar("E", bound=Executor)
+
+
+class CompilingPlugin(Protocol):
+    """What a compiled model asks of the plugin that compiled it (a
+    :class:`~aioinfer.plugin.plugin.Plugin`): its name and its properties. A device's
+    compiled model names its own plugin class instead."""
+
+    @property
+    def device_name(self) -> str:
+        """The device's name (``DEVICE_NAME``)."""
+
+    @property
+    def properties(self) -> Mapping[str, Property]:
+        """The properties the device declares, by name."""
+
+    @property
+    def supported_properties(self) -> tuple[str, ...]:
+        """The names of :attr:`properties`."""
+
+    @property
+    def optimization_capabilities(self) -> tuple[str, ...]:
+        """The device-level ``OPTIMIZATION_CAPABILITIES``."""
+
+    def get_property(self, name: str) -> Any:
+        """A device-level property."""
 
 
 class CompiledModel(HasPorts, ABC):
@@ -45,7 +71,7 @@ class CompiledModel(HasPorts, ABC):
 
     def __init__(
         self,
-        plugin: Plugin,
+        plugin: CompilingPlugin,
         name: str,
         inputs: Sequence[Port],
         outputs: Sequence[Port],

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aioinfer.errors import RequestClosedError
 
 if TYPE_CHECKING:
-    from aioinfer.plugin.sync_request import Inputs
+    from aioinfer.model import Inputs
 
 
 class QueueEngine(Protocol):

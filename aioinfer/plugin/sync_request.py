@@ -7,7 +7,7 @@ import operator
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -17,18 +17,31 @@ from aioinfer.errors import (
     MissingInputError,
     UnknownInputError,
 )
-from aioinfer.model import Port, find_port
+from aioinfer.model import Inputs, Port, find_port
 from aioinfer.plugin.profiling import NodeProfile, profiling_info
 from aioinfer.results import InferResults
 
 if TYPE_CHECKING:
-    from aioinfer.plugin.compiled_model import CompiledModel
     from aioinfer.plugin.state import VariableState
 
 STAGES = ("preprocess", "start", "wait", "postprocess")
 
-Inputs = Mapping[Any, Any] | Sequence[Any]
-"""Inputs of one inference: a dict from name (or index or Port) to array, or a list."""
+
+class RequestSource(Protocol):
+    """What a request asks of the compiled model that creates it (a
+    :class:`~aioinfer.plugin.compiled_model.CompiledModel`): its ports and an id for the
+    request. A device's request names its own compiled model class instead."""
+
+    @property
+    def inputs(self) -> list[Port]:
+        """The inputs, in order."""
+
+    @property
+    def outputs(self) -> list[Port]:
+        """The outputs, in order."""
+
+    def next_request_id(self) -> int:
+        """An id for the next request, unique within the compiled model."""
 
 
 class CancelToken:
@@ -53,7 +66,7 @@ class SyncInferRequest(ABC):
     instead (zero-copy: the caller must not modify them until the inference completed).
     """
 
-    def __init__(self, compiled_model: CompiledModel) -> None:
+    def __init__(self, compiled_model: RequestSource) -> None:
         self.compiled_model = compiled_model
         self.id = compiled_model.next_request_id()
         self._input_ports = compiled_model.inputs

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import aclosing
+from contextlib import AbstractAsyncContextManager, aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aioinfer.errors import (
     AioinferError,
@@ -43,9 +43,6 @@ from aioinfer.serving.models import ServedModel
 from aioinfer.text.chat_template import ChatTemplate
 from aioinfer.text.generator import GenerationDefaults, TextGenerator
 from aioinfer.text.tokenizer import read_library_tokenizer
-
-if TYPE_CHECKING:
-    from aioinfer.serving.service import InferenceService
 
 _logger = logging.getLogger(__name__)
 
@@ -222,8 +219,31 @@ class ModelGeneration:
             ) from exc
 
 
+class GenerationCall(Protocol):
+    """What a generation reads and sets of its call (the service's ``InferCall``)."""
+
+    @property
+    def model(self) -> ServedModel:
+        """The model the request goes to."""
+
+    waited: float
+    """Seconds the generation waited for its steps."""
+
+
+class GeneratingService(Protocol):
+    """What a generation asks of the service (``InferenceService``): the call that
+    counts it, and the generation of each model that generates."""
+
+    @property
+    def generations(self) -> Mapping[ServedModel, ModelGeneration]:
+        """The generation of each served model whose config has ``generate``."""
+
+    def call(self, name: str, version: str | None) -> AbstractAsyncContextManager[GenerationCall]:
+        """One request to model ``name`` at ``version``, admitted and counted."""
+
+
 async def generate_tokens(
-    service: InferenceService, name: str, version: str | None, request: GenerateRequest
+    service: GeneratingService, name: str, version: str | None, request: GenerateRequest
 ) -> AsyncGenerator[GeneratedToken, None]:
     """:meth:`InferenceService.generate <aioinfer.serving.service.InferenceService.
     generate>`: the generation, counted in the model's statistics and in flight until it

@@ -93,7 +93,9 @@ async def test_a_callback_error_reaches_the_queue_once_and_stays_with_its_reques
 def test_names_moved_into_the_plugin_layer_are_found_where_they_were() -> None:
     import aioinfer._version as version
     import aioinfer.devices.batch.properties as batch_properties
+    import aioinfer.model as model
     import aioinfer.plugin.queue_engine as queue_engine
+    import aioinfer.plugin.sync_request as sync_request
     import aioinfer.properties as properties
     import aioinfer.queue as queue
 
@@ -102,6 +104,7 @@ def test_names_moved_into_the_plugin_layer_are_found_where_they_were() -> None:
     with pytest.warns(DeprecationWarning, match="aioinfer.properties.ALLOW_AUTO_BATCHING"):
         assert batch_properties.ALLOW_AUTO_BATCHING is properties.ALLOW_AUTO_BATCHING
     assert ai.__version__ == version.__version__
+    assert sync_request.Inputs is model.Inputs  # the alias every layer's signatures use
 
 
 def test_blobs_carry_the_packages_version(core) -> None:

@@ -23,12 +23,12 @@ import json
 import struct
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import onnx_ir as ir
 
 from aioinfer.errors import CompileError, InvalidBlobError, PropertyError
-from aioinfer.plugin.compiled_model import CompiledModel
+from aioinfer.plugin.compiled_model import CompiledModel, CompilingPlugin
 from aioinfer.plugin.executors import AwaitExecutor, Executor
 from aioinfer.plugin.onnx_payload import onnx_payload
 from aioinfer.plugin.state import split_ports
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from aioinfer.plugin.blob import ExportedModel
     from aioinfer.plugin.sync_request import SyncInferRequest
 
-    from .plugin import OpenVINOPlugin
-
 ENGINE_READ_ONLY = (
     "NUM_STREAMS",
     "INFERENCE_NUM_THREADS",
@@ -56,6 +54,15 @@ ENGINE_READ_ONLY = (
 _META_LENGTH = struct.Struct("<I")
 RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
 """ONNX operators that OpenVINO's export gets wrong (see the module)."""
+
+
+class OpenVINOCompiling(CompilingPlugin, Protocol):
+    """What the compiled model asks of the plugin that compiled it
+    (:class:`~.plugin.OpenVINOPlugin`): a compiled model's questions, and which property
+    names are aioinfer's rather than OpenVINO's."""
+
+    def is_own_name(self, name: str) -> bool:
+        """Whether ``name`` is aioinfer's property rather than one of OpenVINO's."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +154,7 @@ class OpenVINOCompiledModel(CompiledModel):
 
     def __init__(
         self,
-        plugin: OpenVINOPlugin,
+        plugin: OpenVINOCompiling,
         ov_compiled_model: Any,
         config: dict[str, Any],
         source: SourceModel,

@@ -43,8 +43,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import numpy as np
@@ -53,20 +53,68 @@ from aioinfer.errors import InferCancelledError
 from aioinfer.plugin.async_request import RequestState, invoke_callback
 from aioinfer.plugin.executors import LoopEvent, loop_event, spawn_detached
 from aioinfer.plugin.queue_engine import QueueErrors
-from aioinfer.plugin.sync_request import SyncInferRequest
+from aioinfer.plugin.sync_request import RequestSource, SyncInferRequest
 
 from .bridge import EXIT_JOIN_SECONDS, let_go, stop_at_exit
 from .wake import LoopWake, loop_wake
 
 if TYPE_CHECKING:
-    from aioinfer.model import Port
-    from aioinfer.plugin.sync_request import Inputs
+    from aioinfer.model import Inputs, Port
+    from aioinfer.plugin.executors import Executor
     from aioinfer.results import InferResults
 
-    from .compiled_model import OpenVINOCompiledModel
-    from .request import OpenVINOInferRequest
-
 Callback = Callable[[Any, Any], Any]
+
+
+class JobRequest(Protocol):
+    """What the queue runs jobs on: a request of the device
+    (:class:`~.request.OpenVINOInferRequest`), its OpenVINO request and its job steps."""
+
+    @property
+    def ov_request(self) -> Any:
+        """OpenVINO's ``InferRequest``."""
+
+    @property
+    def compiled_model(self) -> RequestSource:
+        """The compiled model that made the request."""
+
+    @property
+    def results(self) -> InferResults | None:
+        """The results last published."""
+
+    def prepare_job(self, inputs: Inputs | None, *, share_inputs: bool) -> None:
+        """Check and set a job's inputs."""
+
+    def launch_job(self) -> None:
+        """Start the prepared job in OpenVINO."""
+
+    def finish_job(self, succeeded: bool) -> list[np.ndarray]:
+        """The ended job's outputs (raises its failure)."""
+
+    def cancel(self) -> None:
+        """Cancel the running job."""
+
+    def set_results(self, arrays: Sequence[np.ndarray]) -> None:
+        """Publish a job's outputs."""
+
+    def get_tensor(self, key: str | int | Port) -> np.ndarray:
+        """An input or an output of the last job."""
+
+    def get_profiling_info(self) -> list[dict[str, Any]]:
+        """The last job's stage durations."""
+
+
+class JobModel(RequestSource, Protocol):
+    """What the queue asks of the compiled model it runs
+    (:class:`~.compiled_model.OpenVINOCompiledModel`, which makes the queue)."""
+
+    @property
+    def callback_executor(self) -> Executor:
+        """Where plain callbacks run."""
+
+    def create_sync_infer_request(self) -> JobRequest:
+        """A request to run jobs on."""
+
 
 QUEUED_PER_REQUEST = 4
 """How many jobs per request :meth:`OpenVINOQueue.start_async` may queue while every
@@ -98,7 +146,7 @@ class QueueRequest:
     profiling; ``wait()`` and ``wait_for()`` as on any request. Jobs are started through
     the queue only."""
 
-    def __init__(self, request: OpenVINOInferRequest, owner: OpenVINOQueue) -> None:
+    def __init__(self, request: JobRequest, owner: OpenVINOQueue) -> None:
         self._request = request
         self._owner = owner
         self._index = len(owner)
@@ -112,9 +160,9 @@ class QueueRequest:
         """The exception the queue's callback raised for the last job, if it did."""
 
     @property
-    def compiled_model(self) -> OpenVINOCompiledModel:
+    def compiled_model(self) -> Any:
         """The compiled model the queue runs."""
-        return self._request.compiled_model  # type: ignore[return-value]
+        return self._request.compiled_model
 
     @property
     def inputs(self) -> list[Port]:
@@ -257,9 +305,9 @@ class OpenVINOQueue(QueueErrors):
     lock) only when no job is queued.
     """
 
-    def __init__(self, compiled_model: OpenVINOCompiledModel, jobs: int) -> None:
+    def __init__(self, compiled_model: JobModel, jobs: int) -> None:
         self._requests: list[QueueRequest] = []
-        self._syncs: list[OpenVINOInferRequest] = []
+        self._syncs: list[JobRequest] = []
         for _ in range(jobs):
             sync = compiled_model.create_sync_infer_request()
             self._syncs.append(sync)

@@ -37,8 +37,8 @@ from .state import OpenVINOVariables
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from aioinfer.model import Inputs
     from aioinfer.plugin.state import VariableState
-    from aioinfer.plugin.sync_request import Inputs
 
     from .compiled_model import OpenVINOCompiledModel
 

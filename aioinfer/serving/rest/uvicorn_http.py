@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 from starlette.types import Scope
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
@@ -41,9 +41,6 @@ from aioinfer.errors import ClientDisconnectedError
 from aioinfer.serving.rest.app import OipApp, RestAdapter
 from aioinfer.serving.rest.body import check_declared, too_large
 from aioinfer.serving.rest.disconnect import disconnected_error, disconnected_instead_of
-
-if TYPE_CHECKING:
-    from aioinfer.serving.connection import ConnectionLimits
 
 UVICORN_INTERNALS: Mapping[str, tuple[str, ...]] = {
     "uvicorn.protocols.http.httptools_impl:HttpToolsProtocol": (
@@ -104,7 +101,24 @@ the attributes used of it (methods, class attributes, or attributes its ``__init
 sets)."""
 
 
-def limited_protocol(limits: ConnectionLimits) -> type[LimitedHttpProtocol]:
+class HeaderLimits(Protocol):
+    """What :class:`LimitedHttpProtocol` reads of the server's limits (a
+    :class:`~aioinfer.serving.connection.ConnectionLimits`, which makes the protocol)."""
+
+    @property
+    def header_timeout(self) -> float:
+        """Seconds until a request's headers must be complete."""
+
+    @property
+    def max_header_count(self) -> int:
+        """Header lines a request may have."""
+
+    @property
+    def max_header_bytes(self) -> int:
+        """Bytes of request line and headers a request may have."""
+
+
+def limited_protocol(limits: HeaderLimits) -> type[LimitedHttpProtocol]:
     """uvicorn's ``http`` option for ``limits``: a protocol class that enforces them."""
     return type("LimitedHttpProtocol", (LimitedHttpProtocol,), {"limits": limits})
 
@@ -275,7 +289,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     request's), so the raw count may lag by one chunk.
     """
 
-    limits: ClassVar[ConnectionLimits]
+    limits: ClassVar[HeaderLimits]
     """Set on the subclass that :func:`limited_protocol` makes."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
