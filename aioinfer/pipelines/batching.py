@@ -20,8 +20,9 @@ that batch go back to the pool in their place, and another caller runs them.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import anyio
@@ -76,12 +77,14 @@ class BatchStatistics:
         tokens: their real tokens.
         padded_tokens: the tokens the device computed (each batch's texts times its
             longest); ``padded_tokens / tokens`` is the padding's overhead.
+        batch_sizes: how many batches ran of each number of texts.
     """
 
     batches: int = 0
     texts: int = 0
     tokens: int = 0
     padded_tokens: int = 0
+    batch_sizes: Counter[int] = field(default_factory=Counter)
 
 
 @dataclass(eq=False)
@@ -199,6 +202,7 @@ class TokenBatcher(Generic[R]):
             stats.texts += len(batch)
             stats.tokens += sum(lengths)
             stats.padded_tokens += len(batch) * max(lengths)
+            stats.batch_sizes[len(batch)] += 1
             for item, result in zip(batch, results):
                 item.result = result
                 item.call.remaining -= 1
