@@ -19,14 +19,15 @@ a reranker takes ``query`` (BYTES ``[1]``) and ``documents`` (BYTES ``[n]``) and
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 
 from aioinfer.core import Core
-from aioinfer.errors import ErrorKind, ServiceError
+from aioinfer.errors import AioinferError, ErrorKind, ServiceError
 from aioinfer.model import Port
 from aioinfer.pipelines import RerankResult, TextEmbedder, TextReranker
 from aioinfer.pipelines.encoder import TextPipeline
@@ -146,6 +147,8 @@ class ServedTextModel(ServedModel):
         config = dataclasses.replace(config, max_concurrency=concurrency)
         super().__init__(name, version, pipeline.compiled, config, max_sequences)
         self.pipeline = pipeline
+        self.task = "embed" if isinstance(pipeline, TextEmbedder) else "rerank"
+        """What the model does: ``"embed"`` or ``"rerank"``."""
         if isinstance(pipeline, TextEmbedder):
             self._inputs = [_text_port(0, TEXT_INPUT, ("n",))]
             self._outputs = [_float_port(0, EMBEDDINGS_OUTPUT, ("n", pipeline.dimensions or -1))]
@@ -213,21 +216,22 @@ class ServedTextModel(ServedModel):
 
         Raises:
             ServiceError: UNAVAILABLE, the model's queue is full; INVALID_ARGUMENT, the
-                model is a reranker.
-            TextInputError: bad texts, ids or ``dimensions`` (see
-                :meth:`TextEmbedder.embed`).
+                model is a reranker, or texts, ids or ``dimensions`` the embedder refuses
+                (see :meth:`TextEmbedder.embed`); the kind of any other error of the
+                runtime (:meth:`ErrorKind.of`).
         """
         embedder = self.embedder
         async with self.slot():
-            encodings: list[Encoding]
-            if texts and not isinstance(texts[0], str):
-                encodings = embedder.token_encodings(texts, truncate=truncate)  # type: ignore[arg-type]
-            else:
-                encodings = await embedder.tokenize(texts, truncate=truncate)  # type: ignore[arg-type]
-            normalize = True if dimensions is not None else None
-            vectors = await embedder.embed_encodings(
-                encodings, normalize=normalize, dimensions=dimensions
-            )
+            with _service_errors():
+                encodings: list[Encoding]
+                if texts and not isinstance(texts[0], str):
+                    encodings = embedder.token_encodings(texts, truncate=truncate)  # type: ignore[arg-type]
+                else:
+                    encodings = await embedder.tokenize(texts, truncate=truncate)  # type: ignore[arg-type]
+                normalize = True if dimensions is not None else None
+                vectors = await embedder.embed_encodings(
+                    encodings, normalize=normalize, dimensions=dimensions
+                )
         return vectors, sum(len(encoding) for encoding in encodings)
 
     async def rerank(
@@ -238,12 +242,13 @@ class ServedTextModel(ServedModel):
 
         Raises:
             ServiceError: UNAVAILABLE, the model's queue is full; INVALID_ARGUMENT, the
-                model is an embedder.
-            TextInputError: a bad query, documents or ``top_n``.
+                model is an embedder, or a query, documents or ``top_n`` the reranker
+                refuses; the kind of any other error of the runtime.
         """
         reranker = self.reranker
         async with self.slot():
-            return await reranker.rerank(query, documents, top_n=top_n, truncate=truncate)
+            with _service_errors():
+                return await reranker.rerank(query, documents, top_n=top_n, truncate=truncate)
 
     async def infer(
         self, inputs: dict[str, np.ndarray], sequence: SequenceFlags | None
@@ -289,6 +294,17 @@ class ServedTextModel(ServedModel):
         """Close the pipeline: its compiled model and its tokenizer's thread."""
         await super().close()
         self.pipeline.tokenizer.close()
+
+
+@contextmanager
+def _service_errors() -> Iterator[None]:
+    """An error of the runtime as the service's, of its kind (:meth:`ErrorKind.of`)."""
+    try:
+        yield
+    except ServiceError:
+        raise
+    except AioinferError as exc:
+        raise ServiceError(str(exc), ErrorKind.of(exc)) from exc
 
 
 def _texts(name: str, array: np.ndarray) -> list[str]:
