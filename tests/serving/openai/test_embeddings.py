@@ -256,3 +256,18 @@ def test_a_decoder_export_is_not_a_text_model(tmp_path: Path) -> None:
     assert text_pipeline_folder(ModelRepository(folder).models["decoder"]) is not None
     (folder / "generation_config.json").write_text("{}")
     assert text_pipeline_folder(ModelRepository(folder).models["decoder"]) is None
+
+
+def test_langchain_openai_embeddings(live: LiveGrpcServer, reference: dict[str, Any]) -> None:
+    langchain_openai = pytest.importorskip("langchain_openai")
+    ref = reference["embeddings"]
+    embeddings = langchain_openai.OpenAIEmbeddings(
+        model="st-embedder",
+        base_url=f"http://{live.url}/v1",
+        api_key="none",
+        check_embedding_ctx_length=False,  # it would send tiktoken's ids, not the model's
+    )
+    vectors = embeddings.embed_documents(ref["texts"])
+    query = embeddings.embed_query(ref["texts"][2])
+    np.testing.assert_allclose(vectors, ref["normalized"], atol=1e-5)
+    np.testing.assert_allclose(query, ref["normalized"][2], atol=1e-5)
