@@ -22,6 +22,13 @@ infinity-emb has dependency pins of its own: give it its own environment (and th
     python3 -m venv /work/venv-infinity
     /work/venv-infinity/bin/pip install "infinity-emb[all]"
 
+It runs with its optimum (onnxruntime) engine on the same ``onnx/model.onnx``, from a
+folder of links (:func:`infinity_view`: infinity-emb 0.0.78 hands optimum 2 an absolute
+ONNX path, which optimum refuses); its torch engine would need the model's torch
+weights, which the exported folder does not hold. It is told the folder's pooling
+(``--pooling-method mean``): its automatic choice gave vectors far from
+sentence-transformers' (smallest cosine 0.23).
+
 A server that is missing is reported as such, and the others are still measured.
 """
 
@@ -35,6 +42,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,18 +75,34 @@ def server_command(name: str, model_dir: Path, port: int, infinity_python: str) 
             str(port),
         ]
     if name == "infinity":
+        # run in infinity_view(): its optimum engine finds only relative ONNX paths
         return [
             str(Path(infinity_python).with_name("infinity_emb")), "v2", "--log-level", "warning",
-            "--model-id", str(model_dir), "--served-model-name", model_dir.name,
-            "--engine", "optimum", "--port", str(port), "--url-prefix", "/v1",
+            "--model-id", ".", "--served-model-name", model_dir.name,
+            "--engine", "optimum", "--pooling-method", "mean", "--port", str(port),
+            "--url-prefix", "/v1",
         ]  # fmt: skip
     raise ValueError(f"unknown server {name!r}")
 
 
+def infinity_view(model_dir: Path) -> Path:
+    """The folder as infinity-emb 0.0.78's optimum engine reads it (with optimum 2): the
+    ONNX model at the top (a link to ``onnx/model.onnx``), beside links to the other
+    files; it is run from there with ``--model-id .``."""
+    view = Path(tempfile.gettempdir()) / f"infinity-view-{model_dir.name}"
+    view.mkdir(exist_ok=True)
+    for item in [*model_dir.iterdir(), model_dir / "onnx" / "model.onnx"]:
+        if item.name != "onnx" and not (view / item.name).exists():
+            (view / item.name).symlink_to(item.resolve())
+    return view
+
+
 @contextmanager
-def running(command: list[str], port: int, timeout: float = 300) -> Iterator[None]:
+def running(
+    command: list[str], port: int, cwd: Path = ROOT, timeout: float = 300
+) -> Iterator[None]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-    process = subprocess.Popen(command, cwd=ROOT, env=env)
+    process = subprocess.Popen(command, cwd=cwd, env=env)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -193,7 +217,8 @@ def main() -> None:
             port = free_port()
             command = server_command(name, args.model_dir, port, args.infinity_python)
             try:
-                with running(command, port):
+                cwd = infinity_view(args.model_dir) if name == "infinity" else ROOT
+                with running(command, port, cwd):
                     url = f"http://127.0.0.1:{port}/v1"
                     done, latencies, sample = anyio.run(
                         load, url, args.model_dir.name, sentences, args.clients, args.seconds

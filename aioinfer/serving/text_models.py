@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import anyio
 import numpy as np
 import onnx_ir as ir
 
@@ -104,7 +105,7 @@ async def load_text_model(
             or outputs its pipeline needs.
         CompileError: the device cannot compile the model.
     """
-    found = text_pipeline_folder(entry)
+    found = await anyio.to_thread.run_sync(text_pipeline_folder, entry)
     if found is None:
         return None
     model = await core.read_model_async(str(path))
