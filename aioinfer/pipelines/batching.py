@@ -3,15 +3,17 @@
 An encoder's cost grows with the padded tokens of a batch (its size times its longest
 text), not with the real ones: mixed lengths batched in arrival order are padded to about
 twice what they hold. :class:`TokenBatcher` keeps the texts of every pending call in one
-pool and forms each batch around the oldest pending text of the call that runs it, adding
-the pooled texts whose lengths pad least (neighbours in length order) while the padded
-tokens stay under a budget; the rows are split back to their calls.
+pool and forms each batch around the oldest pending text, adding the pooled texts whose
+lengths pad least (neighbours in length order) while the padded tokens stay under a
+budget; the rows are split back to their calls. Seeding with the oldest text serves calls
+in arrival order: a call's texts of several lengths are done within a few batches of
+its turn, and a call arriving while others wait cannot take the next batch before them.
 
-There is no scheduler task: each caller runs batches for its own texts while fewer than
-``batches_in_flight`` run, so a batch starts as soon as a slot frees, and the calls that
-arrived meanwhile are merged into it. A caller whose texts went into others' batches
-waits for them. A long text is padded only with texts near its length, and every caller
-gets a slot in its turn, so one long text holds the others back by at most one batch.
+There is no scheduler task: any caller with texts not yet done runs the next batch while
+fewer than ``batches_in_flight`` run, so a batch starts as soon as a slot frees, and the
+calls that arrived meanwhile are merged into it. A caller whose texts went into others'
+batches waits for them. A long text is padded only with texts near its length and is
+taken in its turn, so one long text holds the others back by at most one batch.
 
 A caller cancelled while its batch runs cancels that inference; the other calls' texts of
 that batch go back to the pool in their place, and another caller runs them.
@@ -20,8 +22,9 @@ that batch go back to the pool in their place, and another caller runs them.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import anyio
@@ -76,12 +79,14 @@ class BatchStatistics:
         tokens: their real tokens.
         padded_tokens: the tokens the device computed (each batch's texts times its
             longest); ``padded_tokens / tokens`` is the padding's overhead.
+        batch_sizes: how many batches ran of each number of texts.
     """
 
     batches: int = 0
     texts: int = 0
     tokens: int = 0
     padded_tokens: int = 0
+    batch_sizes: Counter[int] = field(default_factory=Counter)
 
 
 @dataclass(eq=False)
@@ -132,9 +137,10 @@ class TokenBatcher(Generic[R]):
         self._notify()
         try:
             while call.remaining and call.error is None:
-                own = next((item for item in self._pending if item.call is call), None)
-                if own is not None and self._in_flight < self.batching.batches_in_flight:
-                    await self._run_batch(self._take_batch(own), call)
+                if self._pending and self._in_flight < self.batching.batches_in_flight:
+                    # around the oldest waiting text, whoever's it is: calls end in
+                    # arrival order rather than all together once the pool drains
+                    await self._run_batch(self._take_batch(self._pending[0]), call)
                 else:
                     await self._wait_for_change()
         finally:
@@ -199,6 +205,7 @@ class TokenBatcher(Generic[R]):
             stats.texts += len(batch)
             stats.tokens += sum(lengths)
             stats.padded_tokens += len(batch) * max(lengths)
+            stats.batch_sizes[len(batch)] += 1
             for item, result in zip(batch, results):
                 item.result = result
                 item.call.remaining -= 1

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aioinfer.errors import ModelFolderError, TextInputError
+from aioinfer.errors import ModelFolderError, TextInputError, TextTooLongError, TextTypeError
 from aioinfer.pipelines.encoder import TextPipeline, check_texts
 from aioinfer.pipelines.folder import FEATURE_EXTRACTION, SENTENCE_TRANSFORMERS
 from aioinfer.pipelines.pooling import normalize as l2_normalize
 from aioinfer.pipelines.pooling import pool
+from aioinfer.text.tokenizer import Encoding
 
 _TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
 
@@ -80,11 +81,90 @@ class TextEmbedder(TextPipeline):
             TextTooLongError: ``truncate`` is False and a text is too long.
             InferenceError: the encoder failed.
         """
+        encodings = await self.tokenize(
+            texts, prompt_name=prompt_name, prompt=prompt, truncate=truncate
+        )
+        return await self.embed_encodings(encodings, normalize=normalize, dimensions=dimensions)
+
+    @property
+    def dimensions(self) -> int | None:
+        """The length of the model's vectors (None: the model does not say before it
+        runs)."""
+        port = next(port for port in self.compiled.outputs if port.name == self._output)
+        width = port.shape[-1] if port.shape else None
+        return width if isinstance(width, int) else None
+
+    async def tokenize(
+        self,
+        texts: Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        truncate: bool = True,
+    ) -> list[Encoding]:
+        """The encodings of ``texts`` as :meth:`embed` computes them (the prompt
+        prepended; arguments and errors as there), for a caller that counts their tokens
+        before :meth:`embed_encodings`."""
         items = check_texts(texts)
         prefix = self._prompt(prompt_name, prompt)
         if prefix:
             items = [prefix + text for text in items]
-        vectors = np.stack(await self._encode(items, truncate))
+        return await self.tokenizer.encode(items, truncate=truncate)
+
+    def token_encodings(
+        self, token_ids: Sequence[Sequence[int]], *, truncate: bool = True
+    ) -> list[Encoding]:
+        """Encodings of texts given as token ids, taken as the encoder reads them: no
+        special token is added, and with ``truncate`` a longer list keeps its first
+        :attr:`max_length` ids.
+
+        Raises:
+            TextInputError: an empty list (of lists, or of ids), an id outside the
+                vocabulary; a list longer than :attr:`max_length` when ``truncate`` is
+                False (TextTooLongError).
+            TextTypeError: an id that is not an int.
+        """
+        if not token_ids:
+            raise TextInputError("token ids: expected at least one list, got an empty list")
+        vocabulary = self.tokenizer.vocab_size
+        limit = self.max_length
+        encodings = []
+        for index, ids in enumerate(token_ids):
+            if not ids:
+                raise TextInputError(f"token ids[{index}]: expected at least one id, got none")
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise TextTypeError(f"token ids[{index}]: expected ints, got {list(ids)!r:.80}")
+            array = np.asarray(ids, dtype=np.int64)
+            if array.min() < 0 or array.max() >= vocabulary:
+                raise TextInputError(
+                    f"token ids[{index}]: expected ids from 0 to {vocabulary - 1} (the "
+                    f"vocabulary), got {int(array.min())} to {int(array.max())}"
+                )
+            if limit is not None and len(array) > limit:
+                if not truncate:
+                    raise TextTooLongError(
+                        f"text {index} has {len(array)} tokens, more than the model's "
+                        f"maximum of {limit} (truncation is off)"
+                    )
+                array = array[:limit]
+            encodings.append(Encoding(array, np.zeros_like(array)))
+        return encodings
+
+    async def embed_encodings(
+        self,
+        encodings: Sequence[Encoding],
+        *,
+        normalize: bool | None = None,
+        dimensions: int | None = None,
+    ) -> np.ndarray:
+        """The embeddings of texts already encoded (:meth:`tokenize`,
+        :meth:`token_encodings`); ``normalize`` and ``dimensions`` as :meth:`embed`.
+
+        Raises:
+            TextInputError: ``dimensions`` out of range.
+            InferenceError: the encoder failed.
+        """
+        vectors = np.stack(await self._batcher.run(encodings))
         if dimensions is not None:
             width = vectors.shape[1]
             if isinstance(dimensions, bool) or not isinstance(dimensions, int):

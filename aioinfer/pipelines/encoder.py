@@ -19,6 +19,7 @@ import numpy as np
 
 from aioinfer.core import Core
 from aioinfer.errors import ModelFolderError, TextInputError, TextTypeError
+from aioinfer.model import Model
 from aioinfer.pipelines.batching import BatchStatistics, TokenBatcher, TokenBatching
 from aioinfer.pipelines.folder import TextModelFolder, read_folder
 from aioinfer.plugin.compiled_model import CompiledModel
@@ -105,6 +106,7 @@ class TextPipeline:
         *,
         batching: TokenBatching | None = None,
         core: Core | None = None,
+        model: Model | None = None,
     ) -> P:
         """Read ``folder`` (recognized by its files: see :mod:`aioinfer.pipelines.folder`)
         and compile its model for ``device`` with ``config``, off the event loop.
@@ -118,6 +120,8 @@ class TextPipeline:
             batching: how concurrent calls are batched (the defaults of
                 :class:`~aioinfer.TokenBatching` otherwise).
             core: the Core to compile with (a new one otherwise).
+            model: the folder's ONNX model, already read (a server reads it first to
+                tell an encoder from a decoder); read from the folder otherwise.
 
         Raises:
             ModelFolderError: the folder is not of a layout this pipeline reads, lacks its
@@ -134,7 +138,8 @@ class TextPipeline:
             lambda: Tokenizer.from_folder(found.tokenizer, max_length=found.max_length)
         )
         try:
-            compiled = await (core or Core()).compile_model_async(found.onnx, device, config)
+            source = found.onnx if model is None else model
+            compiled = await (core or Core()).compile_model_async(source, device, config)
         except BaseException:
             tokenizer.close()
             raise

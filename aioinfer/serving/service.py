@@ -39,6 +39,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -78,6 +79,7 @@ from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, SequenceFlags, Served
 from aioinfer.serving.repository import ModelEntry, ModelRepository, parse_bytes
 from aioinfer.serving.shared_memory import SystemSharedMemory
 from aioinfer.serving.statistics import model_statistics
+from aioinfer.serving.text_models import ServedTextModel, load_text_model
 
 _logger = logging.getLogger(__name__)
 
@@ -319,6 +321,12 @@ class InferenceService:
             )
         try:
             for version, path in to_serve.items():
+                if entry.folder is not None:  # an embedding or reranking folder?
+                    text_model = await self._compile_text_model(entry, version, path)
+                    if text_model is not None:
+                        versions[version] = text_model
+                        _logger.info("%s", text_model.describe())
+                        continue
                 decided: tuple[str, ...] = ()
                 try:
                     if is_blob_file(path):  # compiled ahead, for the device it names
@@ -347,6 +355,16 @@ class InferenceService:
                     await done.close()
             raise
         return versions
+
+    async def _compile_text_model(
+        self, entry: ModelEntry, version: str, path: Path
+    ) -> ServedTextModel | None:
+        """``entry`` served through its text pipeline, or None when its folder is not
+        an embedder's or a reranker's (see :mod:`aioinfer.serving.text_models`)."""
+        try:
+            return await load_text_model(self.core, entry, version, path, self.max_sequences)
+        except AioinferError as exc:
+            raise type(exc)(f"model {entry.name!r} version {version}: {exc}") from exc
 
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:

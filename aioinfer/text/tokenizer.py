@@ -177,6 +177,11 @@ class Tokenizer:
         items = list(texts)
         return await self._executor.run(lambda: self.encode_sync(items, truncate=truncate))
 
+    @property
+    def vocab_size(self) -> int:
+        """The number of token ids (added tokens included)."""
+        return int(self._full.get_vocab_size(with_added_tokens=True))
+
     def token_to_id(self, token: str) -> int | None:
         """The id of ``token`` in the vocabulary, or None."""
         result = self._full.token_to_id(token)

@@ -193,3 +193,29 @@ def test_batching_settings_are_checked(setting: dict[str, Any]) -> None:
     name = next(iter(setting))
     with pytest.raises(aioinfer.InvalidPropertyValueError, match=f"TokenBatching.{name}"):
         aioinfer.TokenBatching(**setting)
+
+
+async def test_calls_are_served_in_arrival_order() -> None:
+    """A call arriving while others wait does not take the next batch before them (each
+    arrival wakes the waiting callers, and the newest used to run its own texts first)."""
+    gate = anyio.Event()
+    finished: list[int] = []
+
+    async def compute(batch: Sequence[Encoding]) -> list[int]:
+        await gate.wait()
+        await anyio.sleep(0)  # as a device's inference, which always yields
+        return [len(e) for e in batch]
+
+    batcher = TokenBatcher(compute, aioinfer.TokenBatching(batches_in_flight=1))
+
+    async def call(index: int, length: int) -> None:
+        await batcher.run(encodings(length))
+        finished.append(index)
+
+    async with anyio.create_task_group() as tg:
+        for index, length in enumerate([10, 40, 80, 160, 320]):  # lengths apart: one batch each
+            tg.start_soon(call, index, length)
+            await anyio.wait_all_tasks_blocked()
+        gate.set()
+    assert finished == [0, 1, 2, 3, 4]
+    assert batcher.statistics.batches == 5
