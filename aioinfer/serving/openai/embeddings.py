@@ -25,6 +25,7 @@ from aioinfer.errors import ErrorKind, ServiceError
 from aioinfer.serving.models import ServedModel
 from aioinfer.serving.openai.errors import OPENAI_STATUS, error_response
 from aioinfer.serving.rest.body import read_body
+from aioinfer.serving.rest.disconnect import unless_disconnected
 from aioinfer.serving.service import InferenceService
 from aioinfer.serving.text_models import ServedTextModel
 
@@ -153,8 +154,11 @@ class EmbeddingRoutes:
                     "dimensions", f"expected 1 to {width} (the model's), got {dimensions}"
                 )
             with _refusal_of("input"):
-                vectors, tokens = await model.embed(
-                    texts, dimensions=dimensions, truncate=truncate is not False
+                vectors, tokens = await unless_disconnected(
+                    request.receive,
+                    lambda: model.embed(
+                        texts, dimensions=dimensions, truncate=truncate is not False
+                    ),
                 )
             data = [
                 {"object": "embedding", "index": i, "embedding": _encode_vector(v, encoding_format)}
@@ -203,8 +207,9 @@ class EmbeddingRoutes:
         async with self.service.call(name, None) as call:
             model = _text_model(call.model, "rerank")
             with _refusal_of("documents"):
-                ranked = await model.rerank(
-                    query, texts, top_n=top_n, truncate=truncate is not False
+                ranked = await unless_disconnected(
+                    request.receive,
+                    lambda: model.rerank(query, texts, top_n=top_n, truncate=truncate is not False),
                 )
             results = []
             for item in ranked:

@@ -271,3 +271,25 @@ def test_langchain_openai_embeddings(live: LiveGrpcServer, reference: dict[str, 
     query = embeddings.embed_query(ref["texts"][2])
     np.testing.assert_allclose(vectors, ref["normalized"], atol=1e-5)
     np.testing.assert_allclose(query, ref["normalized"][2], atol=1e-5)
+
+
+def test_a_client_that_goes_away_stops_its_texts(live: LiveGrpcServer) -> None:
+    """A client that gives up on a large request stops its work: the control (the same
+    request answered) computes every text; after a client that times out at a quarter of
+    the control's time, and a wait as long as the control again, fewer texts were
+    computed than it sent."""
+    import time
+
+    statistics = live.service.models["feature-extraction"]["1"].pipeline.statistics
+    texts = [f"word{i} " * 120 for i in range(2000)]
+    body = {"model": "feature-extraction", "input": texts}
+    url = f"http://{live.url}/v1/embeddings"
+    before, start = statistics.texts, time.perf_counter()
+    assert httpx.post(url, json=body, timeout=300).status_code == 200
+    control = time.perf_counter() - start
+    assert statistics.texts - before == len(texts)
+    before = statistics.texts
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url, json=body, timeout=control / 4)
+    time.sleep(control)
+    assert statistics.texts - before < len(texts)
