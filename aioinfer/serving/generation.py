@@ -41,7 +41,7 @@ from aioinfer.errors import (
 from aioinfer.generation import GenerationConfig, Sampling, generate, prompt_ids
 from aioinfer.serving.models import ServedModel
 from aioinfer.text.chat_template import ChatTemplate
-from aioinfer.text.generator import GenerationDefaults, TextGenerator
+from aioinfer.text.generator import GenerationDefaults, TextGenerator, context_length
 from aioinfer.text.tokenizer import read_library_tokenizer
 
 _logger = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class ModelGeneration:
                     config=self.config,
                     chat_template=ChatTemplate.from_folder(folder),
                     defaults=GenerationDefaults.from_folder(folder),
+                    max_context=context_length(folder),
                 )
             except AioinferError as exc:  # a broken template or config file
                 raise RepositoryError(f"model {model.name!r}: {exc}") from None

@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from aioinfer.errors import ChatTemplateError, TextGenerationError
+from aioinfer.errors import ChatTemplateError, ModelFolderError, TextGenerationError
 from aioinfer.generation.api import generate_steps
 from aioinfer.generation.config import GenerationConfig, token_ids
 from aioinfer.generation.sampling import FINISH_STOP, Step
@@ -115,12 +115,16 @@ class TextGenerator:
         config: GenerationConfig | Mapping[str, Any] | None = None,
         chat_template: ChatTemplate | None = None,
         defaults: GenerationDefaults | None = None,
+        max_context: int | None = None,
     ) -> None:
         self.compiled = compiled
         self.tokenizer = tokenizer
         self.config = GenerationConfig.for_model(compiled, config)
         self.chat_template = chat_template
         self.defaults = defaults or GenerationDefaults()
+        self.max_context = max_context
+        """The most tokens a sequence may hold, prompt and generated (the model's
+        ``max_position_embeddings``); None: not known, not checked."""
 
     @classmethod
     def from_folder(
@@ -154,6 +158,7 @@ class TextGenerator:
             config=values,
             chat_template=ChatTemplate.from_folder(folder),
             defaults=defaults,
+            max_context=context_length(folder),
         )
 
     def render_chat(
@@ -235,6 +240,7 @@ class TextGenerator:
                     f"stop must be a string or a list of strings, got {value!r}"
                 )
         ids = await self.prompt_ids(prompt)
+        max_tokens = self._fit_context(len(ids), max_tokens)
         sampling = dict(self.defaults.sampling or {})
         steps = generate_steps(
             self.compiled,
@@ -290,6 +296,31 @@ class TextGenerator:
             text if stop_strings.matched else text + stop_strings.flush(), (), FINISH_STOP
         )
 
+    def _fit_context(self, prompt: int, max_tokens: int | None) -> int | None:
+        """``max_tokens`` within the model's context: as asked when it fits, the room
+        left when none was asked and the config's length would pass the context.
+
+        Raises:
+            TextGenerationError: the prompt fills the context, or the prompt and
+                ``max_tokens`` pass it (both lengths named).
+        """
+        context = self.max_context
+        if context is None:
+            return max_tokens
+        if prompt >= context:
+            raise TextGenerationError(
+                f"this model's maximum context length is {context} tokens; the prompt "
+                f"has {prompt}, leaving no room to generate"
+            )
+        if max_tokens is None:
+            return min(self.config.max_new_tokens, context - prompt)
+        if prompt + max_tokens > context:
+            raise TextGenerationError(
+                f"this model's maximum context length is {context} tokens; {prompt} in "
+                f"the prompt and {max_tokens} asked for (max_tokens) pass it"
+            )
+        return max_tokens
+
     async def complete(
         self, prompt: str | Sequence[int] | Sequence[Message], **options: Any
     ) -> TextChunk:
@@ -334,3 +365,22 @@ async def generate_text(
     async with aclosing(generator.stream(prompt, **options)) as chunks:
         async for chunk in chunks:
             yield chunk
+
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""The keys of a Hugging Face ``config.json`` that give a model's context length, in the
+order they are read."""
+
+
+def context_length(folder: str | Path) -> int | None:
+    """The context length of the model exported to ``folder`` (its ``config.json``'s
+    :data:`CONTEXT_KEYS`), or None when it does not say."""
+    try:
+        values = read_json_object(Path(folder) / "config.json")
+    except ModelFolderError:
+        return None
+    for key in CONTEXT_KEYS:
+        value = values.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

@@ -108,3 +108,19 @@ async def test_chat_without_a_template_is_refused(compiled: ai.CompiledModel) ->
         await bare.complete([{"role": "user", "content": "Hi"}])
     with pytest.raises(ai.TextGenerationError, match="stop must be a string"):
         await bare.complete("Hi", stop=[3])
+
+
+async def test_the_models_context_length_bounds_a_generation(generator: TextGenerator) -> None:
+    """The folder's ``max_position_embeddings`` (256) bounds prompt plus generation: a
+    request past it is refused naming both lengths, and without ``max_tokens`` the
+    generation stops where the context ends instead of running past it."""
+    assert generator.max_context == 256
+    prompt = [5] * 250
+    with pytest.raises(ai.TextGenerationError, match="maximum context length is 256"):
+        await generator.complete(prompt, max_tokens=16, temperature=0)
+    with pytest.raises(ai.TextGenerationError, match="no room"):
+        await generator.complete([5] * 256, temperature=0)
+    result = await generator.complete(prompt, temperature=0, ignore_eos=True)
+    assert len(result.token_ids) == 6 and result.finish_reason == "length"
+    fits = await generator.complete(prompt, max_tokens=6, temperature=0, ignore_eos=True)
+    assert fits.token_ids == result.token_ids

@@ -251,6 +251,18 @@ def test_max_tokens_and_max_completion_tokens(client: openai.OpenAI) -> None:
     assert chat.usage is not None and chat.usage.completion_tokens == 5
 
 
+def test_a_request_past_the_context_length_is_400(client: openai.OpenAI) -> None:
+    """The model's ``max_position_embeddings`` (256) bounds prompt plus ``max_tokens``:
+    past it, a 400 that names both; without ``max_tokens``, the room left."""
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 256"):
+        client.completions.create(model=MODEL, prompt=[5] * 250, max_tokens=16, temperature=0)
+    answer = client.completions.create(
+        model=MODEL, prompt=[5] * 250, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert answer.usage is not None and answer.usage.completion_tokens == 6
+    assert answer.choices[0].finish_reason == "length"
+
+
 def test_logprobs(client: openai.OpenAI) -> None:
     chat = client.chat.completions.create(
         model=MODEL,
