@@ -62,9 +62,7 @@ def _generates(model: Model, stateful: Any) -> bool:
     """Whether ``model`` is a decoder ``STATEFUL`` makes stateful (``stateful``: the
     parsed property) whose logits can be kept at the last position."""
     graph = model.ir.graph
-    pairs = stateful_pairs(graph, stateful) if stateful else {}
-    return (
-        bool(pairs)
-        and LOGITS_OUTPUT not in pairs.values()
-        and slices_last_position(graph, LOGITS_OUTPUT)
-    )
+    if not stateful or not slices_last_position(graph, LOGITS_OUTPUT):
+        return False
+    pairs = stateful_pairs(graph, stateful)
+    return bool(pairs) and LOGITS_OUTPUT not in pairs.values()
