@@ -3,13 +3,18 @@ grouped (:func:`aioinfer.generation.grouped_query_attention`, which every compil
 applies), on each device, alternating.
 
     python -m benchmarks.generation_steps DIR/onnx/model.onnx
-        [--devices CPU ORT OPENVINO] [--rows 32] [--past 96] [--rounds 3]
+        [--devices CPU ORT OPENVINO] [--rows 32] [--past 96] [--rounds 3] [--handoff]
 
 Each device compiles both models with its own plugin (no ``STATEFUL``: the Core's
 rewrites are not applied, so the exported one keeps its repeat), and each step is fed a
 cache of ``--past`` random positions and one token per row. Per round and model: two
 untimed steps, then the median of five; the table gives the median over rounds and the
 per-round ratios (the machine is shared: only those carry).
+
+``--handoff`` measures instead how the cache goes from one step to the next on
+onnxruntime (the grouped decoder, four steps from ``--past`` positions, the cache of
+each step fed to the next): as numpy arrays (``run``), as onnxruntime's own values
+(``run_with_ort_values``), and through aioinfer's ``ORT`` device with ``STATEFUL``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 import aioinfer as ai
 from aioinfer.generation import grouped_query_attention
@@ -56,6 +62,77 @@ def step_seconds(request: ai.InferRequest, feeds: dict[str, np.ndarray]) -> floa
     return statistics.median(times)
 
 
+def handoff(model: ai.Model, rows: int, past: int, rounds: int) -> None:
+    """Print the median step of each way of handing the cache on (see the module)."""
+    from aioinfer.devices.ort.session import ModelBytes
+
+    feeds = step_feeds(model, rows, past)
+    cache = {name: value for name, value in feeds.items() if name.startswith("past_")}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(ModelBytes.from_model(model).model, options)
+    binding = session._sess
+    names = [o.name for o in session.get_outputs()]
+    compiled = ai.Core().compile_model(model, "ORT", {"STATEFUL": "auto"})
+    request = compiled.create_infer_request()
+
+    def step(position: int) -> dict[str, np.ndarray]:
+        return {
+            "input_ids": feeds["input_ids"],
+            "attention_mask": np.ones((rows, position + 1), np.int64),
+            "position_ids": np.full((rows, 1), position, np.int64),
+        }
+
+    def as_numpy() -> list[float]:
+        values, times = dict(cache), []
+        for k in range(4):
+            fed = {**step(past + k), **values}
+            start = time.perf_counter()
+            produced = dict(zip(names, binding.run(names, fed, None)))
+            times.append(time.perf_counter() - start)
+            values = {n: produced[n.replace("past_key_values", "present")] for n in values}
+        return times
+
+    def as_ort_values() -> list[float]:
+        values = {n: _ort_value(v) for n, v in cache.items()}
+        times = []
+        for k in range(4):
+            fed = {n: _ort_value(v) for n, v in step(past + k).items()}
+            start = time.perf_counter()
+            produced = dict(zip(names, binding.run_with_ort_values({**fed, **values}, names, None)))
+            times.append(time.perf_counter() - start)
+            values = {n: produced[n.replace("past_key_values", "present")] for n in values}
+        return times
+
+    def through_aioinfer() -> list[float]:
+        for state in request.query_state():
+            state.state = cache[state.name]
+        times = []
+        for k in range(4):
+            fed = step(past + k)
+            start = time.perf_counter()
+            request.infer_sync(fed)
+            times.append(time.perf_counter() - start)
+        return times
+
+    ways = {"numpy arrays": as_numpy, "OrtValues": as_ort_values, "ORT, STATEFUL": through_aioinfer}
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(rounds):
+        for way, run in ways.items():
+            times[way].append(statistics.median(run()[1:]))
+    print(f"\n{rows} rows from {past} cached positions\n")
+    print("| cache handed on as | step, median | per round |")
+    print("|---|---:|---|")
+    for way, seconds in times.items():
+        rounds_text = ", ".join(f"{t * 1000:.0f}" for t in seconds)
+        print(f"| {way} | {statistics.median(seconds) * 1000:.0f} ms | {rounds_text} |")
+
+
+def _ort_value(array: np.ndarray) -> object:
+    """``array`` as the value ``run_with_ort_values`` takes (sharing its memory)."""
+    return ort.OrtValue.ortvalue_from_numpy(array)._ortvalue
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, help="the decoder's model.onnx")
@@ -63,11 +140,16 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--past", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--handoff", action="store_true", help="the cache between steps")
     args = parser.parse_args()
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.1f}", flush=True)
     core = ai.Core()
     exported = core.read_model(args.model)
     grouped = grouped_query_attention(exported)
+    if args.handoff:
+        handoff(grouped, args.rows, args.past, args.rounds)
+        print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
+        return
     feeds = step_feeds(exported, args.rows, args.past)
     print(f"\n{args.rows} rows, {args.past} cached positions\n")
     print("| Device | as exported | grouped | as exported / grouped, per round |")
