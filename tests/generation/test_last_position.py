@@ -157,3 +157,23 @@ def test_an_output_that_is_not_a_projection_by_a_constant_is_refused() -> None:
     mixed = projection_model([oh.make_node("Add", ["projected", "projected"], ["logits"])])
     with pytest.raises(InvalidModelError, match="cannot be sliced"):
         last_position_logits(core.read_model(mixed))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("virtual", ["AUTO", "AUTO:CPU", "PROCESS:CPU"])
+async def test_a_virtual_device_compiles_its_target_with_the_choice_made_above(
+    virtual: str,
+) -> None:
+    # The Core rewrites once, above the virtual device: its target's compile must not
+    # choose again (with ALL, the target would otherwise take the default, LAST).
+    core = ai.Core()
+    exported = core.read_model(hf_decoder("llama_gqa")[0] / "model.onnx")
+    feeds = prompt_batch(2, 5)
+    for logits, positions in (("ALL", 5), ("LAST", 1), (None, 1)):
+        config = {"STATEFUL": "auto"} if logits is None else {"STATEFUL": "auto", "LOGITS": logits}
+        compiled = core.compile_model(exported, virtual, config)
+        try:
+            got = await compiled.create_infer_request().infer(feeds)
+            assert np.asarray(got["logits"]).shape[:2] == (2, positions), (virtual, logits)
+        finally:
+            await compiled.close()
