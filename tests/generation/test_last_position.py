@@ -62,6 +62,19 @@ async def test_a_prefill_gives_the_last_positions_logits_only_and_the_same_numbe
         for case in cases[::2]:
             tokens = ai.generate(compiled[kind], case.input_ids, max_new_tokens=16, config=config)
             assert [t async for t in tokens] == case.output_ids, f"{kind}: {len(case.input_ids)}"
+        # Alone on a request (not through the scheduler): either shape too.
+        case = cases[1]
+        request = compiled[kind].create_infer_request()
+        alone = ai.generate(
+            compiled[kind], case.input_ids, max_new_tokens=16, config=config, request=request
+        )
+        assert [t async for t in alone] == case.output_ids, f"{kind}, alone"
+
+
+def test_the_rewrite_applied_twice_slices_once() -> None:
+    model = ai.Core().read_model(projection_model(SOFT_CAP))
+    twice = last_position_logits(last_position_logits(model))
+    assert [node.op_type for node in twice.ir.graph].count("Slice") == 1
 
 
 @pytest.mark.anyio
