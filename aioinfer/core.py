@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import sys
 import threading
@@ -28,6 +29,7 @@ from aioinfer.properties import (
     parse_config,
     property_name,
 )
+from aioinfer.transforms.compile_rewrites import compile_rewrites
 
 PLUGIN_GROUP = "aioinfer.plugins"
 """Entry-point group under which a package registers a device (name = device name)."""
@@ -45,6 +47,14 @@ priority list that is installed and can run the model (see docs/auto.md)."""
 _TARGET_PROPERTIES = ("TARGET_DEVICE", "DEVICE_PRIORITIES")
 """The properties that take what follows the colon of a device string: the target of
 ``"BATCH:CPU"``, the list of ``"AUTO:ORT,CPU"``. A device declaring one is virtual."""
+
+
+_REWRITTEN: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "aioinfer_model_rewritten", default=False
+)
+"""True within a compile whose model was rewritten (:func:`compile_rewrites`): a virtual
+device compiling its target there gets the model as rewritten, and ``LOGITS`` was taken
+from the config, so its compile must not choose again."""
 
 
 def _give_core(plugin: Plugin, core: PluginCore) -> None:
@@ -378,6 +388,12 @@ class Core:
         model cache when it was compiled before with the same device, config and aioinfer
         version, else compiled and stored there (see :mod:`aioinfer.cache`).
 
+        Before any device sees it, the model gets the rewrites every device shares
+        (:mod:`aioinfer.transforms.compile_rewrites`: grouped-query attention without a
+        repeated cache; with ``LOGITS`` ``"LAST"``, the default for a decoder that
+        ``STATEFUL`` makes stateful, logits of the last position only, ``[batch, 1,
+        vocab]``; ``"ALL"`` keeps every position).
+
         A device that does not handle ``STATEFUL`` itself (``Plugin.handles_state``
         False) gets its variables kept above it (see :mod:`aioinfer.plugin.stateful`):
         the device compiles the model with its state ports, through the model cache,
@@ -390,9 +406,30 @@ class Core:
             UnsupportedOperatorError: an operator the device cannot run (named).
             NotBatchableError: ``BATCH`` was asked for a model it cannot batch.
             ModelReadError: ``model`` could not be read.
+            InvalidModelError: ``LOGITS`` ``"LAST"`` for a model whose logits cannot be
+                sliced (named).
         """
         model = model if isinstance(model, Model) else self.read_model(model)
         plugin, config = self._device_config(device, config)
+        if _REWRITTEN.get():
+            return self._compile(plugin, model, config, device, auto_batching)
+        model, config = compile_rewrites(model, config)
+        rewritten = _REWRITTEN.set(True)
+        try:
+            return self._compile(plugin, model, config, device, auto_batching)
+        finally:
+            _REWRITTEN.reset(rewritten)
+
+    def _compile(
+        self,
+        plugin: Plugin,
+        model: Model,
+        config: dict[str, Any],
+        device: str,
+        auto_batching: bool,
+    ) -> CompiledModel:
+        """:meth:`compile_model` once the model is rewritten: automatic batching, the
+        variables above a device that keeps none, the model cache."""
         if auto_batching and self._batches_automatically(plugin, model, config):
             if self._settings:  # the BATCH device's own settings apply too
                 config = {**self._settings_for("BATCH", {"TARGET_DEVICE": device}), **config}

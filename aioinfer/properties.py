@@ -208,6 +208,16 @@ STATEFUL = Property(
     "docs/stateful.md). Read back: the pairs made.",
     parse=_stateful,
 )
+LOGITS = Property(
+    "LOGITS",
+    "Which positions a decoder's 'logits' output holds: 'LAST' (the last one, "
+    "[batch, 1, vocab]: a prefill projects one position per sequence onto the "
+    "vocabulary) or 'ALL' (every position fed, as exported). Default: 'LAST' for a "
+    "model that STATEFUL makes stateful and whose 'logits' come from a projection "
+    "that can be sliced, 'ALL' otherwise (see docs/generation.md). The Core applies it "
+    "before the device compiles; read it from the output's shape.",
+    parse=lambda value: None if value is None else choice("LAST", "ALL")(value),
+)
 PERF_COUNT = Property(
     "PERF_COUNT",
     "Record per-node timings in get_profiling_info (off by default: no cost).",

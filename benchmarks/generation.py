@@ -3,7 +3,7 @@ batching and a lockstep onnxruntime batch, on the same random-weight Llama decod
 
     python -m benchmarks.generation --anchor-python ENV/bin/python
         [--streams 1 8 32] [--rounds 2] [--prompt-tokens 64] [--new-tokens 64]
-        [--decoder rewritten exported] [--model-dir DIR] [--anchors openvino_genai onnxruntime]
+        [--decoder default all-logits] [--model-dir DIR] [--anchors openvino_genai onnxruntime]
         [--output table.md]
 
 The decoder is ``scripts/make_decoder.py --bench``'s (8 layers, hidden 512, 8 heads over
@@ -13,12 +13,12 @@ ONNX and to fp32 OpenVINO IR; it is made on the first run into ``--model-dir`` (
 
 - **aioinfer**, in this process: ``compile_model(model, config={"STATEFUL": "auto"})``
   (no device named: AUTO's choice is printed) and N concurrent ``aioinfer.generate``
-  calls on it, one task each, under asyncio. The model is rewritten for generation
-  (``--decoder rewritten``, the default): ``last_position_logits`` (a prefill computes
-  the logits of each prompt's last position only) of ``grouped_query_attention`` (the
-  KV heads are not repeated at every step). ``--decoder exported`` runs the decoder as
-  exported instead, or beside it (``--decoder rewritten exported``: the row
-  ``aioinfer (as exported)``).
+  calls on it, one task each, under asyncio. That compile groups the query heads of the
+  grouped-query attention (the KV heads are not repeated at every step) and, ``LOGITS``
+  being ``LAST`` by default for such a decoder, keeps the logits of each prompt's last
+  position only. ``--decoder all-logits`` runs the decoder with ``LOGITS`` ``ALL`` (every
+  position projected onto the vocabulary, as exported) instead, or beside it
+  (``--decoder default all-logits``: the row ``aioinfer (LOGITS ALL)``).
 - **OpenVINO GenAI** ``ContinuousBatchingPipeline`` (fp32 compute and KV cache) and
   **onnxruntime** with the N prompts as one padded batch in lockstep, each in a worker
   process of the exporters' environment (``benchmarks/generation_anchors.py``; it
@@ -53,7 +53,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,23 +60,15 @@ import anyio
 import numpy as np
 
 import aioinfer as ai
-from aioinfer.generation import grouped_query_attention, last_position_logits
 from benchmarks.compare import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 ANCHORS = ("openvino_genai", "onnxruntime")
-STATEFUL = {"STATEFUL": "auto"}
-
-
-def for_generation(model: ai.Model) -> ai.Model:
-    """The decoder rewritten for generation (see the module)."""
-    return last_position_logits(grouped_query_attention(model))
-
-
-VARIANTS: dict[str, tuple[str, Callable[[ai.Model], ai.Model]]] = {
-    "rewritten": ("aioinfer", for_generation),
-    "exported": ("aioinfer (as exported)", lambda model: model),
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "default": ("aioinfer", {"STATEFUL": "auto"}),
+    "all-logits": ("aioinfer (LOGITS ALL)", {"STATEFUL": "auto", "LOGITS": "ALL"}),
 }
+"""aioinfer's compiles of the decoder: the engine's name and the compile config."""
 SEED = 20261207
 
 
@@ -227,8 +218,8 @@ def main() -> None:
         "--decoder",
         nargs="+",
         choices=tuple(VARIANTS),
-        default=["rewritten"],
-        help="aioinfer's decoder: rewritten for generation, as exported, or both",
+        default=["default"],
+        help="aioinfer's compile: the default, with LOGITS ALL, or both",
     )
     parser.add_argument("--output", type=Path, help="also write the table here")
     args = parser.parse_args()
@@ -242,7 +233,7 @@ def main() -> None:
     core = ai.Core()
     exported = core.read_model(args.model_dir / "onnx" / "model.onnx")
     compiled = {
-        VARIANTS[kind][0]: core.compile_model(VARIANTS[kind][1](exported), config=STATEFUL)
+        VARIANTS[kind][0]: core.compile_model(exported, config=VARIANTS[kind][1])
         for kind in args.decoder
     }
     devices = ", ".join(next(iter(compiled.values())).get_property("EXECUTION_DEVICES"))

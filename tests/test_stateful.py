@@ -37,7 +37,8 @@ def decoder() -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def stateful_decoder(decoder: onnx.ModelProto) -> ai.CompiledModel:
-    return ai.Core().compile_model(decoder, "CPU", {"STATEFUL": "auto"})
+    # Every position's logits, as exported: the tests compare them with a full pass.
+    return ai.Core().compile_model(decoder, "CPU", {"STATEFUL": "auto", "LOGITS": "ALL"})
 
 
 def empty_cache(decoder: onnx.ModelProto, batch: int) -> dict[str, np.ndarray]:

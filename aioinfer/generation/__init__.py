@@ -8,10 +8,12 @@ scheduler per compiled decoder advances every running sequence in one batched in
 per step, admitting and retiring sequences between steps (:mod:`.scheduler`, with the
 cache layout of :mod:`.cache` and the per-sequence choice of :mod:`.sampling`).
 ``generate(..., request=...)`` runs one generation alone on the caller's request
-(:mod:`.single`). :func:`last_position_logits` rewrites a decoder so that a prefill
-computes the logits of each sequence's last position only (what generation reads);
-:func:`grouped_query_attention`, so that grouped-query attention does not repeat the
-cache at every step.
+(:mod:`.single`). Compiling applies two rewrites by default (see
+:mod:`aioinfer.transforms.compile_rewrites`), also given here as functions:
+:func:`last_position_logits` (``LOGITS`` ``"LAST"``, the default with ``STATEFUL``), so
+that a prefill computes the logits of each sequence's last position only (what
+generation reads), and :func:`grouped_query_attention` (always), so that grouped-query
+attention does not repeat the cache at every step.
 """
 
 from aioinfer.generation.api import generate, generate_steps, prompt_ids

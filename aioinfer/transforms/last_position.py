@@ -13,7 +13,8 @@ position before that ``MatMul``::
 The ops allowed between the ``MatMul`` and the output are elementwise, with constant
 operands of rank at most 1 (a bias, a scale, a soft cap's ``Tanh``): they act on each
 position alone, so the last position's logits are the same numbers as before. A step fed
-one token per row (a decode step) is unchanged.
+one token per row (a decode step) is unchanged. A projection already fed the last position
+is left as it is, so the pass may run twice.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import onnx_ir as ir
 
 from aioinfer.errors import InvalidModelError
 from aioinfer.model import Model
-from aioinfer.transforms.rewrite import constant, initializer, is_op, single_use
+from aioinfer.transforms.rewrite import constant, initializer, ints, is_op, single_use
 
 
 def last_position_logits(model: Model, output: str = "logits") -> Model:
@@ -39,6 +40,13 @@ def last_position_logits(model: Model, output: str = "logits") -> Model:
     copy = model.ir.clone()
     LastPositionPass(output)(copy)
     return Model(copy)
+
+
+def slices_last_position(graph: ir.Graph, output: str = "logits") -> bool:
+    """Whether :class:`LastPositionPass` can keep the last position of ``graph``'s output
+    ``output`` (it has one, made by a projection the pass recognises)."""
+    value = next((v for v in graph.outputs if v.name == output), None)
+    return value is not None and _chain(value) is not None
 
 
 PER_POSITION = frozenset({"Add", "Sub", "Mul", "Div", "Tanh", "Cast", "Identity"})
@@ -71,6 +79,8 @@ class LastPositionPass(ir.passes.InPlacePass):
         projection = chain[0]
         hidden = projection.inputs[0]
         assert hidden is not None
+        if _is_last_position(hidden):
+            return ir.passes.PassResult(model, modified=False)
         stem = f"{projection.name or self.output}/last_position"
         bounds = [
             initializer(graph, f"{stem}/{name}", np.array([bound], np.int64))
@@ -108,6 +118,15 @@ def _chain(value: ir.Value) -> list[ir.Node] | None:
         if len(flowing) != 1 or any(array.ndim > 1 for array in fixed):
             return None
         value = flowing[0]
+
+
+def _is_last_position(value: ir.Value) -> bool:
+    """Whether ``value`` is a ``Slice`` of the last position of axis -2 (this pass's)."""
+    node = value.producer()
+    if not is_op(node, "Slice") or len(node.inputs) < 4:
+        return False
+    starts, ends, axes = (ints(v) for v in node.inputs[1:4])
+    return starts == [-1] and axes == [-2] and ends is not None and ends[0] >= 0
 
 
 def _one_position(shape: ir.Shape | None) -> ir.Shape | None:

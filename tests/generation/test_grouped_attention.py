@@ -3,14 +3,19 @@ decode, on every device; greedy generation unchanged; multi-head attention untou
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx.helper as oh
 import pytest
 
 import aioinfer as ai
-from aioinfer.generation import grouped_query_attention, last_position_logits
+from aioinfer.generation import grouped_query_attention
+from aioinfer.transforms.compile_rewrites import compile_rewrites
 from tests.helpers import hf_decoder, reference_outputs
+
+ort = pytest.importorskip("onnxruntime")
 
 DEVICES = ["CPU", "ORT", "OPENVINO"]
 
@@ -31,6 +36,42 @@ def test_the_repeat_of_each_layers_keys_and_values_goes_and_mha_is_left_alone() 
     assert len(list(grouped_query_attention(mha).ir.graph)) == len(list(mha.ir.graph))
 
 
+def test_every_compile_groups_the_query_heads_and_leaves_mha_alone() -> None:
+    core = ai.Core()
+    gqa = core.read_model(hf_decoder("llama_gqa")[0] / "model.onnx")
+    for config in ({}, {"STATEFUL": "auto"}, {"STATEFUL": "auto", "LOGITS": "ALL"}):
+        rewritten, rest = compile_rewrites(gqa, config)
+        assert expands(gqa) - expands(rewritten) == 4, config
+        assert "LOGITS" not in rest
+    mha = core.read_model(hf_decoder("llama_mha")[0] / "model.onnx")
+    assert compile_rewrites(mha, {"LOGITS": "ALL"})[0] is mha  # not even copied
+
+
+def exported_logits(path: Path, steps: list[tuple[np.ndarray, int]], rows: int) -> list[np.ndarray]:
+    """The logits of each step of the decoder at ``path`` as exported (onnxruntime on the
+    file itself, the cache handed from each step to the next)."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    cache = {
+        i.name: np.zeros((rows, i.shape[1], 0, i.shape[3]), np.float32)
+        for i in session.get_inputs()
+        if i.name.startswith("past_key_values.")
+    }
+    logits = []
+    for fed, past in steps:
+        total = past + fed.shape[1]
+        feeds = {
+            "input_ids": fed,
+            "attention_mask": np.ones((rows, total), np.int64),
+            "position_ids": np.tile(np.arange(past, total), (rows, 1)),
+            **cache,
+        }
+        outputs = dict(zip(names, session.run(None, feeds), strict=True))
+        cache = {name: outputs[name.replace("past_key_values", "present")] for name in cache}
+        logits.append(outputs["logits"])
+    return logits
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("device", DEVICES)
 async def test_prefill_and_decode_logits_are_the_same_numbers(device: str) -> None:
@@ -38,15 +79,18 @@ async def test_prefill_and_decode_logits_are_the_same_numbers(device: str) -> No
     folder, cases, eos = hf_decoder("llama_gqa")
     exported = core.read_model(folder / "model.onnx")
     compiled = {
-        "repeat": core.compile_model(exported, device, {"STATEFUL": "auto"}),
+        # Compiled as given, the repeat is grouped by default.
+        "default": core.compile_model(exported, device, {"STATEFUL": "auto", "LOGITS": "ALL"}),
         "grouped": core.compile_model(
-            grouped_query_attention(exported), device, {"STATEFUL": "auto"}
+            grouped_query_attention(exported), device, {"STATEFUL": "auto", "LOGITS": "ALL"}
         ),
     }
     rows, width = 3, 7
     ids = np.random.default_rng(1).integers(3, 300, (rows, width + 4))
     steps = [(ids[:, :width], 0)] + [(ids[:, i : i + 1], i) for i in range(width, width + 4)]
-    logits: dict[str, list[np.ndarray]] = {}
+    logits: dict[str, list[np.ndarray]] = {
+        "exported": exported_logits(folder / "model.onnx", steps, rows)
+    }
     for kind, model in compiled.items():
         request = model.create_infer_request()
         logits[kind] = []
@@ -58,12 +102,13 @@ async def test_prefill_and_decode_logits_are_the_same_numbers(device: str) -> No
                 "position_ids": np.tile(np.arange(past, total), (rows, 1)),
             }
             logits[kind].append(np.asarray((await request.infer(feeds))["logits"]))
-    for want, got in zip(logits["repeat"], logits["grouped"], strict=True):
-        assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    # With the last-position rewrite too: greedy tokens equal transformers'.
-    both = last_position_logits(grouped_query_attention(exported))
-    generating = core.compile_model(both, device, {"STATEFUL": "auto"})
+    for kind in compiled:
+        for want, got in zip(logits["exported"], logits[kind], strict=True):
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # With the last-position rewrite too (both by default): greedy tokens equal
+    # transformers'.
+    generating = core.compile_model(exported, device, {"STATEFUL": "auto"})
     config = {"eos_token_id": list(eos)}
     for case in cases[1::2]:
         tokens = ai.generate(generating, case.input_ids, max_new_tokens=16, config=config)

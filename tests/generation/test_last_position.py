@@ -41,8 +41,9 @@ async def test_a_prefill_gives_the_last_positions_logits_only_and_the_same_numbe
     assert str(full.output("logits").shape[1]) != "1"  # the original is not changed
     assert last.output("logits").shape[1] == 1
     compiled = {
-        kind: core.compile_model(model, device, {"STATEFUL": "auto"})
-        for kind, model in (("full", full), ("last", last))
+        "full": core.compile_model(full, device, {"STATEFUL": "auto", "LOGITS": "ALL"}),
+        "last": core.compile_model(last, device, {"STATEFUL": "auto", "LOGITS": "ALL"}),
+        "default": core.compile_model(full, device, {"STATEFUL": "auto"}),
     }
     feeds = prompt_batch(3, 9)
     logits = {}
@@ -52,11 +53,70 @@ async def test_a_prefill_gives_the_last_positions_logits_only_and_the_same_numbe
     assert logits["full"].shape[:2] == (3, 9)
     assert logits["last"].shape[:2] == (3, 1)
     np.testing.assert_allclose(logits["last"][:, 0], logits["full"][:, -1], rtol=1e-4, atol=1e-4)
+    # A decoder compiled with STATEFUL gets the rewrite by default.
+    assert compiled["default"].output("logits").shape[1] == 1
+    np.testing.assert_allclose(logits["default"], logits["last"], rtol=1e-5, atol=1e-5)
     # Generation reads the last position anyway: greedy tokens equal transformers'.
     config = {"eos_token_id": list(eos)}
-    for case in cases[::2]:
-        tokens = ai.generate(compiled["last"], case.input_ids, max_new_tokens=16, config=config)
-        assert [t async for t in tokens] == case.output_ids, f"prompt of {len(case.input_ids)}"
+    for kind in ("last", "full"):
+        for case in cases[::2]:
+            tokens = ai.generate(compiled[kind], case.input_ids, max_new_tokens=16, config=config)
+            assert [t async for t in tokens] == case.output_ids, f"{kind}: {len(case.input_ids)}"
+        # Alone on a request (not through the scheduler): either shape too.
+        case = cases[1]
+        request = compiled[kind].create_infer_request()
+        alone = ai.generate(
+            compiled[kind], case.input_ids, max_new_tokens=16, config=config, request=request
+        )
+        assert [t async for t in alone] == case.output_ids, f"{kind}, alone"
+
+
+def test_the_rewrite_applied_twice_slices_once() -> None:
+    model = ai.Core().read_model(projection_model(SOFT_CAP))
+    twice = last_position_logits(last_position_logits(model))
+    assert [node.op_type for node in twice.ir.graph].count("Slice") == 1
+
+
+@pytest.mark.anyio
+async def test_logits_default_to_the_last_position_for_a_stateful_decoder_only(
+    device: str,
+) -> None:
+    core = ai.Core()
+    folder = hf_decoder("llama_gqa")[0]
+    exported = core.read_model(folder / "model.onnx")
+    feeds = prompt_batch(2, 5)
+    cache = {
+        p.name: np.zeros((2, 2, 0, 16), np.float32)
+        for p in exported.inputs
+        if p.name.startswith("past_key_values.")
+    }
+    cases = [  # config, feeds, positions of the logits
+        ({"STATEFUL": "auto"}, feeds, 1),
+        ({"STATEFUL": "auto", "LOGITS": "ALL"}, feeds, 5),
+        ({"STATEFUL": "auto", "LOGITS": "last"}, feeds, 1),
+        ({}, {**feeds, **cache}, 5),  # not stateful: as exported
+        ({"LOGITS": "LAST"}, {**feeds, **cache}, 1),
+    ]
+    for config, fed, positions in cases:
+        compiled = core.compile_model(exported, device, config)
+        assert (str(compiled.output("logits").shape[1]) == "1") == (positions == 1), config
+        got = await compiled.create_infer_request().infer(fed)
+        assert np.asarray(got["logits"]).shape[:2] == (2, positions), config
+        await compiled.close()
+    # The model read is not changed by compiling it.
+    assert str(exported.output("logits").shape[1]) == "sequence_length"
+
+
+def test_a_bad_logits_value_or_a_last_position_that_cannot_be_sliced_is_refused() -> None:
+    core = ai.Core()
+    model = core.read_model(projection_model(SOFT_CAP))
+    with pytest.raises(ai.InvalidPropertyValueError, match=r"'LOGITS'.*LAST, ALL"):
+        core.compile_model(model, "CPU", {"LOGITS": "FIRST"})
+    mixed = projection_model([oh.make_node("Add", ["projected", "projected"], ["logits"])])
+    with pytest.raises(InvalidModelError, match="cannot be sliced"):
+        core.compile_model(core.read_model(mixed), "CPU", {"LOGITS": "LAST"})
+    # Without LOGITS the same model compiles as exported.
+    assert str(core.compile_model(core.read_model(mixed), "CPU").output("logits").shape[1]) == "s"
 
 
 def projection_model(after: list[onnx.NodeProto], weight_constant: bool = True) -> onnx.ModelProto:
@@ -110,3 +170,23 @@ def test_an_output_that_is_not_a_projection_by_a_constant_is_refused() -> None:
     mixed = projection_model([oh.make_node("Add", ["projected", "projected"], ["logits"])])
     with pytest.raises(InvalidModelError, match="cannot be sliced"):
         last_position_logits(core.read_model(mixed))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("virtual", ["AUTO", "AUTO:CPU", "PROCESS:CPU"])
+async def test_a_virtual_device_compiles_its_target_with_the_choice_made_above(
+    virtual: str,
+) -> None:
+    # The Core rewrites once, above the virtual device: its target's compile must not
+    # choose again (with ALL, the target would otherwise take the default, LAST).
+    core = ai.Core()
+    exported = core.read_model(hf_decoder("llama_gqa")[0] / "model.onnx")
+    feeds = prompt_batch(2, 5)
+    for logits, positions in (("ALL", 5), ("LAST", 1), (None, 1)):
+        config = {"STATEFUL": "auto"} if logits is None else {"STATEFUL": "auto", "LOGITS": logits}
+        compiled = core.compile_model(exported, virtual, config)
+        try:
+            got = await compiled.create_infer_request().infer(feeds)
+            assert np.asarray(got["logits"]).shape[:2] == (2, positions), (virtual, logits)
+        finally:
+            await compiled.close()
