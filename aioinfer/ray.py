@@ -233,17 +233,19 @@ class ModelReplica(ReplicaGeneration):
 
     def status(self) -> dict[str, Any]:
         """The replica's process id, its open sequences, its infer requests so far and
-        in flight, and its generations with a place in the running batch (the
-        ``aioinfer:num_requests_running`` gauge of ``aioinfer serve``)."""
+        in flight, its generations with a place in the running batch (the
+        ``aioinfer:num_requests_running`` gauge of ``aioinfer serve``) and the tokens
+        they generated so far."""
         models = self.service.models.get(self.name, {}).values()  # idle: unloaded
         figures = [metrics for _, metrics in self.service.metrics.figures()]
-        schedulers = [s for model in models for s in schedulers_of(model.compiled)]
+        counts = [s.counts() for model in models for s in schedulers_of(model.compiled)]
         return {
             "pid": os.getpid(),
             "sequences": sum(len(model.sequences) for model in models),
             "requests": sum(metrics.requests for metrics in figures),
             "in_flight": sum(metrics.in_flight for metrics in figures),
-            "running_generations": sum(s.counts().running for s in schedulers),
+            "running_generations": sum(c.running for c in counts),
+            "generated_tokens": sum(c.generated_tokens for c in counts),
         }
 
 
