@@ -167,9 +167,9 @@ async def test_a_client_that_goes_away_frees_its_sequence_on_the_replica(
         received = 0
         async for _ in events(response):
             received += 1
-            if received == 3:
+            if received == 3:  # the control: it runs while the client reads
+                running = await replica_status()
                 break
-        running = await replica_status()  # the control: it runs while the client reads
     # The client closed its connection after 3 events.
     assert running["running_generations"] == 1
     with anyio.fail_after(60):
