@@ -43,12 +43,15 @@ LONG = 240
 def decoder_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A repository of one decoder: optimum's files beside version 1's ``model.onnx``,
     and a config on the CPU device, whose steps (milliseconds each) leave a generation
-    of :data:`LONG` tokens running long after its first ones reach the client."""
+    of :data:`LONG` tokens running long after its first ones reach the client; one
+    running sequence per replica, none waiting (and room for more requests: the
+    scheduler refuses, not the model's queue)."""
     root = tmp_path_factory.mktemp("decoder-repo")
     (root / MODEL / "1").mkdir(parents=True)
     for file in (HF_DECODERS / MODEL).iterdir():
         shutil.copy(file, root / MODEL / ("1" if file.name == "model.onnx" else "") / file.name)
-    config = {"device": "CPU", "stateful": "auto", "generate": {"eos_token_id": [2]}}
+    limits = {"eos_token_id": [2], "max_running_sequences": 1, "max_waiting_sequences": 0}
+    config = {"device": "CPU", "stateful": "auto", "generate": limits, "max_concurrency": 8}
     (root / MODEL / "config.json").write_text(json.dumps(config))
     return root
 
@@ -177,3 +180,31 @@ async def test_a_client_that_goes_away_frees_its_sequence_on_the_replica(
             await anyio.sleep(0.05)
     generated = status["generated_tokens"] - before["generated_tokens"]
     assert 3 <= generated < LONG  # stopped, not run to its end
+
+
+async def test_a_full_replica_refuses_with_a_retryable_503(on_ray: str) -> None:
+    refusal = "(max_running_sequences 1, max_waiting_sequences 0); retry later"
+    chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, "stream": True}
+    body = {"input_ids": HELLO, "parameters": {"max_new_tokens": LONG}}
+    url = f"{on_ray}/v2/models/{MODEL}/generate_stream"
+    async with (
+        httpx.AsyncClient(timeout=120) as client,
+        client.stream("POST", url, json=body) as running,
+    ):
+        lines = running.aiter_lines()
+        assert (await anext(lines)).startswith("data: ")  # it holds the replica's place
+        refused = await client.post(url, json={"input_ids": HELLO})
+        assert refused.status_code == 503
+        assert refusal in refused.json()["error"]
+        openai_refused = await client.post(f"{on_ray}/v1/chat/completions", json=chat)
+        assert openai_refused.status_code == 503
+        assert openai_refused.headers["retry-after"] == "1"
+        assert refusal in openai_refused.json()["error"]["message"]
+        status = await replica_status()  # the control: the first one still runs
+        assert status["running_generations"] == 1
+        await lines.aclose()
+    with anyio.fail_after(60):
+        while (await replica_status())["running_generations"] != 0:
+            await anyio.sleep(0.05)
+    answer = await stream_tokens(on_ray, {"max_new_tokens": 2})  # room again
+    assert len(answer) == 2
