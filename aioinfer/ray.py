@@ -21,6 +21,10 @@ current replicas, and remembers the choice while the replica lives, so that addi
 replicas does not move open sequences. Other requests go to the less loaded of two
 random replicas, as Ray's default router does.
 
+A model that generates does so in each replica, in that replica's generation
+scheduler; the ingress streams a generation from one replica, token by token (see
+:mod:`aioinfer.ray_generation`), for the REST, gRPC and OpenAI routes alike.
+
 A replica that dies answers its in-flight requests with UNAVAILABLE (HTTP 503, to
 retry); Ray starts a new one meanwhile. A client that goes away cancels the forwarded
 call, and Ray cancels it on the replica.
@@ -49,12 +53,6 @@ from typing import Any
 import anyio
 import ray
 from ray import serve
-from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
-from ray.serve.exceptions import (
-    BackPressureError,
-    DeploymentUnavailableError,
-    ReplicaUnavailableError,
-)
 from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import (
     LocalityMixin,
@@ -64,14 +62,21 @@ from ray.serve.request_router import (
 )
 
 from aioinfer.errors import (
-    ErrorKind,
     RayDeploymentError,
     RayPlacementError,
     RepositoryError,
     ServiceError,
     ServingConfigError,
 )
+from aioinfer.generation import schedulers_of
 from aioinfer.model import Port
+from aioinfer.ray_generation import (
+    REPLICA_GONE,
+    GenerationDescription,
+    RemoteGeneration,
+    ReplicaGeneration,
+    replica_gone,
+)
 from aioinfer.serving.messages import InferenceRequest, InferenceResponse, datatype
 from aioinfer.serving.models import DEFAULT_MAX_SEQUENCES, SequenceFlags, ServedModel
 from aioinfer.serving.repository import ModelConfig, ModelRepository
@@ -133,32 +138,24 @@ INGRESS_DEFAULTS: Mapping[str, Any] = {
 """The ingress's options: it decodes and forwards (no compute to reserve a CPU for), and
 holds every request in flight while its replica computes."""
 
-_REPLICA_GONE = (
-    RayActorError,  # the replica's process died (killed, out of memory)
-    ReplicaUnavailableError,
-    DeploymentUnavailableError,
-    BackPressureError,  # max_queued_requests reached
-    WorkerCrashedError,
-    NodeDiedError,
-    ObjectLostError,
-)
-"""Ray's errors for a call whose replica went away or could not take it: retryable."""
-
 
 @dataclass(frozen=True)
 class ModelDescription:
-    """What a model replica tells the ingress of its model: its config and the ports of
-    each version."""
+    """What a model replica tells the ingress of its model: its config, the ports of
+    each version, and the generation of each version that generates."""
 
     config: ModelConfig
     versions: dict[str, tuple[list[Port], list[Port]]]
     """Version -> (inputs, outputs)."""
+    generations: dict[str, GenerationDescription]
+    """Version -> its generation, for the versions that generate."""
 
 
-class ModelReplica:
+class ModelReplica(ReplicaGeneration):
     """A replica of one model's deployment: an inference service over that model alone
     (the versions its version policy serves), loaded in the constructor and drained when
-    Ray stops the replica.
+    Ray stops the replica. A model that generates has its generation scheduler here;
+    the ingress streams generations with :meth:`generate` and :meth:`generate_text`.
 
     Args:
         source: the repository directory (the same path on every node).
@@ -215,11 +212,12 @@ class ModelReplica:
         await self._lifespan
 
     def describe(self) -> ModelDescription:
-        """The model's config and the ports of each version."""
+        """The model's config, the ports of each version, its generations."""
         versions = self.service.models[self.name]
         return ModelDescription(
             versions[max(versions, key=int)].config,
             {v: (list(m.inputs), list(m.outputs)) for v, m in versions.items()},
+            self.describe_generations(),
         )
 
     async def infer(
@@ -234,15 +232,20 @@ class ModelReplica:
             return exc
 
     def status(self) -> dict[str, Any]:
-        """The replica's process id, its open sequences, and its infer requests so far
-        and in flight."""
+        """The replica's process id, its open sequences, its infer requests so far and
+        in flight, its generations with a place in the running batch (the
+        ``aioinfer:num_requests_running`` gauge of ``aioinfer serve``) and the tokens
+        they generated so far."""
         models = self.service.models.get(self.name, {}).values()  # idle: unloaded
         figures = [metrics for _, metrics in self.service.metrics.figures()]
+        counts = [s.counts() for model in models for s in schedulers_of(model.compiled)]
         return {
             "pid": os.getpid(),
             "sequences": sum(len(model.sequences) for model in models),
             "requests": sum(metrics.requests for metrics in figures),
             "in_flight": sum(metrics.in_flight for metrics in figures),
+            "running_generations": sum(c.running for c in counts),
+            "generated_tokens": sum(c.generated_tokens for c in counts),
         }
 
 
@@ -334,6 +337,10 @@ class RemoteModel(ServedModel):
     def check_admission(self) -> None:
         pass  # the replica admits
 
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[float]:
+        yield 0.0  # the replica holds one for the generation
+
 
 class RemoteCall(InferCall):
     """An infer request at the ingress: counted there, run on a replica."""
@@ -353,12 +360,8 @@ class RemoteCall(InferCall):
         key = None if sequence is None else f"{model.version}\0{sequence.id!r}"
         try:
             answer = await model.handle.remote(request, model.version, sequence_key=key)
-        except _REPLICA_GONE as exc:
-            raise ServiceError(
-                f"model {model.name!r} version {model.version}: its replica went away during "
-                f"the inference ({type(exc).__name__}); retry the request",
-                ErrorKind.UNAVAILABLE,
-            ) from exc
+        except REPLICA_GONE as exc:
+            raise replica_gone(model, exc) from exc
         if isinstance(answer, ServiceError):
             raise answer
         self.waited = answer.queued_seconds
@@ -369,7 +372,9 @@ class RayIngressService(InferenceService):
     """The ingress's service: the models' ports come from their replicas, and
     inferences are forwarded to them (``handles``: model name -> its deployment): a
     call is a :class:`RemoteCall`, admitted by the replica (:class:`RemoteModel` admits
-    everything)."""
+    everything). A model that generates has a
+    :class:`~aioinfer.ray_generation.RemoteGeneration` in :attr:`generations`, whose
+    tokens and text come from a replica."""
 
     call_type = RemoteCall
 
@@ -388,10 +393,14 @@ class RayIngressService(InferenceService):
         for name, handle in self.handles.items():
             if name not in self.models:
                 description: ModelDescription = await handle.describe.remote()
-                self.models[name] = {
+                versions: dict[str, ServedModel] = {
                     version: RemoteModel(name, version, ports, description.config, handle)
                     for version, ports in description.versions.items()
                 }
+                self.models[name] = versions
+                for version, generation in description.generations.items():
+                    model = versions[version]
+                    self.generations[model] = RemoteGeneration(model, generation, handle)
         self.started = True
 
     @asynccontextmanager
@@ -405,6 +414,7 @@ class RayIngressService(InferenceService):
             with anyio.CancelScope(shield=True):
                 await self.drain()
             self.models.clear()
+            self.generations.clear()
             self.started = False
 
 

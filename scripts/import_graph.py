@@ -65,6 +65,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "aioinfer._cli_shared",
             "aioinfer.cli",
             "aioinfer.ray",
+            "aioinfer.ray_generation",
             "aioinfer.testing",
             "aioinfer.devices.process.__main__",
         ),
