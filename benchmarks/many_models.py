@@ -55,6 +55,7 @@ import onnx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from aioinfer.serving.repository import parse_bytes
 from benchmarks.real_models import CASES, Case
 
 MODELS = (
@@ -289,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--ratio", type=float, default=3.0, help="the models' total / budget")
+    parser.add_argument("--budget", help="the budget (e.g. 207MiB) instead of total / ratio")
     parser.add_argument("--zipf", type=float, default=1.0, help="popularity ~ 1 / rank**zipf")
     parser.add_argument("--generated", action="store_true", help="generated models")
     parser.add_argument("--output", type=Path, help="write the figures as JSON")
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         feeds = build_repository(repo, args.site, args.generated)
         own, sizes = calibrate(repo, log, list(feeds))
         total = sum(sizes.values())
-        budget = int(total / args.ratio)
+        budget = int(total / args.ratio) if args.budget is None else parse_bytes(args.budget)
         print(f"server alone {_mib(own)}; models {_mib(total)} in all; budget {_mib(budget)}")
         for name, size in sizes.items():
             print(f"  {name:14} {_mib(size):>9}")

@@ -19,11 +19,22 @@ keeps them, its plans, an engine's session), at least the size of its model file
 the model's. Loads and unloads therefore run one at a time in the process, off the
 event loop: they never hold up the requests of the loaded models. What else runs during
 a load can only add to its measure, so a model's known size is the least of its loads'.
-What loads do not show (arenas that requests grow, what the allocator keeps) is caught
-by the resident memory itself: while the server has gained more than the budget since
-before its first load, idle models are unloaded, least recently used first. After an
-unload the manager collects the garbage and gives the allocator's free pages back to
-the system (``malloc_trim`` on glibc), so that the resident memory falls back.
+
+**What its inferences allocate.** Under a budget, a load ends with a warm-up inference
+on example inputs (zeros; see :func:`~aioinfer.serving.service.example_inputs`) whose
+peak resident memory, sampled on a thread, gives what the model's inferences allocate
+per byte of their inputs. Each inference then holds its share (that ratio times its
+inputs' bytes) of the budget while it runs: when the loaded models and the running
+inferences leave too little, it waits (up to ``load_wait``; idle models are unloaded
+meanwhile), and a load waits for the running inferences to give back what it needs.
+For that memory to go back to the system after each run, the service turns off
+onnxruntime's arena for the models it serves under a budget, and the manager sets
+glibc to return freed memory at once (:func:`return_memory_promptly`). What is still
+not accounted (the requests' bodies, the libraries an engine loads on first use, what
+a load measured short) is caught by the resident memory itself: while the server has
+gained more than the budget since before its first load, idle models are unloaded,
+least recently used first. After an unload the manager collects the garbage and gives
+the allocator's free pages back to the system (``malloc_trim`` on glibc).
 
 **Never under a request.** A model with requests in flight or open sequences (a
 stateful model's, a generation's) is busy: eviction picks the least recently used idle
@@ -260,8 +271,8 @@ class ModelManager:
         self._warm_up = warm_up
         self._running = 0
         """What the inferences running now reserved of the budget (bytes)."""
-        self._wanted: list[int] = []
-        """What the inferences waiting for memory each need (bytes)."""
+        self._wanted: list[tuple[int]] = []
+        """The inferences waiting for memory, first come first: what each needs."""
         self._freed = anyio.Event()
         """Set (and replaced) when reserved memory is given back or a model unloaded."""
         self._wake = anyio.Event()
@@ -418,8 +429,10 @@ class ModelManager:
         ``input_bytes`` bytes of inputs allocates (what its warm-up allocated per input
         byte) against the budget. When the loaded models and the running inferences
         leave too little, it waits for them to give memory back (idle models are
-        unloaded meanwhile), up to ``load_wait`` seconds; when no other inference runs,
-        it runs whatever it needs (nothing it could wait for would free memory).
+        unloaded meanwhile), up to ``load_wait`` seconds, behind the inferences that
+        waited first (a large one is not passed by small ones forever); when no other
+        inference runs, it runs whatever it needs (nothing it could wait for would
+        free memory).
 
         Raises:
             ServiceError: UNAVAILABLE, the memory did not free within ``load_wait``
@@ -433,12 +446,17 @@ class ModelManager:
         if need == 0 or budget is None:
             yield
             return
-        if self._running and self.used_bytes() + self._running + need > budget:
-            self._wanted.append(need)
+
+        def fits() -> bool:
+            return not self._running or self.used_bytes() + self._running + need <= budget
+
+        if self._wanted or not fits():
+            place = (need,)  # this inference's place in the line (compared by identity)
+            self._wanted.append(place)
             self._wake.set()
             try:
                 with anyio.fail_after(self.load_wait):
-                    while self._running and self.used_bytes() + self._running + need > budget:
+                    while self._wanted[0] is not place or not fits():
                         await self._freed.wait()
             except TimeoutError:
                 raise ServiceError(
@@ -448,7 +466,8 @@ class ModelManager:
                     ErrorKind.UNAVAILABLE,
                 ) from None
             finally:
-                self._wanted.remove(need)
+                self._wanted = [other for other in self._wanted if other is not place]
+                self._notify_freed()  # the next in line looks again
         self._running += need
         try:
             yield
@@ -710,7 +729,7 @@ class ModelManager:
             with anyio.move_on_after(min(tick, max(0.01, min(limits, default=1.0) / 4))):
                 await self._wake.wait()
             self._wake = anyio.Event()
-            wanted = max(self._wanted, default=0)
+            wanted = max((need for (need,) in self._wanted), default=0)
             if self._over_budget(wanted):
                 why = "for a running inference" if wanted else "the server's memory over the budget"
                 async with self._lock:

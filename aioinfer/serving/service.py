@@ -800,14 +800,24 @@ class InferenceService:
         return generate_tokens(self, name, version, request)
 
 
+EXAMPLE_DIM = 64
+"""The size an example input gets in a dimension that is not static, but the first: a
+size that the strided convolutions of image models accept, and on which an inference
+allocates in proportion to its inputs as on larger ones."""
+
+
 def example_inputs(ports: Sequence[Any]) -> dict[str, np.ndarray] | None:
-    """Zeros for each of the tensor ``ports`` (1 for each dimension that is not static);
-    None when a port's rank is unknown or it is not a tensor."""
+    """Zeros for each of the tensor ``ports``: of its static dimensions, 1 for a first
+    dimension that is not (the batch), :data:`EXAMPLE_DIM` for any other; None when a
+    port's rank is unknown or it is not a tensor."""
     inputs = {}
     for port in ports:
         if port.kind != "tensor" or port.shape is None:
             return None
-        shape = tuple(dim if isinstance(dim, int) else 1 for dim in port.shape)
+        shape = tuple(
+            dim if isinstance(dim, int) else (1 if axis == 0 else EXAMPLE_DIM)
+            for axis, dim in enumerate(port.shape)
+        )
         inputs[port.name] = np.zeros(shape, port.dtype)
     return inputs
 

@@ -94,9 +94,10 @@ def test_an_inferences_memory_is_measured_at_load_and_given_back_after_it(
             answers = [infer(server.url, "wide") for _ in range(3)]
         after = resident()
     np.testing.assert_allclose(answers[0], np.full((1, WIDTH), rows * 0.6224593), rtol=1e-4)
-    # The warm-up at load saw at least one intermediate tensor; each run allocates it...
-    assert measured >= tensor, measured
-    assert peak[0] - before >= tensor, (before, peak[0])
+    # The warm-up at load saw an intermediate tensor (sampled: half of it at least);
+    # each run allocates it...
+    assert measured >= tensor / 2, measured
+    assert peak[0] - before >= tensor / 2, (before, peak[0])
     # ... and gives it back (onnxruntime's arena off under a budget, glibc told to return).
     assert after - before <= tensor / 4, (before, after)
 
