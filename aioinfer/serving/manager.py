@@ -193,6 +193,9 @@ class ManagedModel:
     """What the model holds while loaded (or reserves while it loads)."""
     known_bytes: int = 0
     """What its last load measured: the estimate of its next one."""
+    loading_bytes: int = 0
+    """The most its load held at once (the compile's copies of the weights included,
+    which it frees before it ends), at the least measured: reserved with its load."""
     run_bytes: int = 0
     """What its warm-up inference allocated on top (its activations, at the least
     measured): reserved with its load."""
@@ -525,7 +528,7 @@ class ModelManager:
                 # room is made for what it held last time, up to the whole budget.
                 least = entry.config.memory_bytes or model_file_bytes(entry)
                 self._check_fits(name, least, entry)
-                need = self._estimate(managed, least, managed.run_bytes)
+                need = self._estimate(managed, least, managed.run_bytes, managed.loading_bytes)
                 await self._make_room(need, name, f"to load {name!r}")
                 managed.bytes = held + need  # reserved while it loads and warms up
                 # Inferences running now give their memory back first (new ones wait).
@@ -536,7 +539,10 @@ class ModelManager:
                 before = resident_memory()
                 if self._own is None:
                     self._own = before
-                versions = await self._compile(entry)
+                with PeakMemory() as peak:
+                    versions = await self._compile(entry)
+                loading = peak.highest - before
+                managed.loading_bytes = min(managed.loading_bytes or loading, loading)
                 if self._warm_up is not None and self.budget is not None:
                     await self._measure_warm_up(managed, versions)
                 measured = resident_memory() - before
@@ -631,11 +637,14 @@ class ModelManager:
             await self._unload(managed, reason, self.drain_timeout)
             return True
 
-    def _estimate(self, managed: ManagedModel, least: int, running: int = 0) -> int:
+    def _estimate(
+        self, managed: ManagedModel, least: int, running: int = 0, loading: int = 0
+    ) -> int:
         """What a load of ``managed`` will hold: what its last load measured, at least
         ``least`` (its files or its declared size), with ``running`` bytes of an
-        inference on top, at most the budget."""
-        need = max(managed.known_bytes, least) + running
+        inference on top, or the ``loading`` bytes the load itself held at once if
+        more; at most the budget."""
+        need = max(max(managed.known_bytes, least) + running, loading)
         return need if self.budget is None else min(need, self.budget)
 
     def _check_fits(self, name: str, size: int, entry: ModelEntry) -> None:
