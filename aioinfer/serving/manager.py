@@ -82,6 +82,11 @@ FIRST_RETRY_S = 1.0
 """Seconds after a failed load before a request may try again (doubled per failure)."""
 LAST_RETRY_S = 60.0
 """The longest wait between the tries of a model that keeps failing to load."""
+FIRST_LOAD_FACTOR = 4
+"""What a model's first load is taken to hold at once, in times its model files: the
+read model, its serialized copy for the engine and the engine's own (onnxruntime held
+3.9-4.0 times the weights of the benchmark's generated MatMul models while it loaded
+them). Its later loads reserve what the first one measured."""
 
 
 def format_bytes(size: float) -> str:
@@ -528,7 +533,10 @@ class ModelManager:
                 # room is made for what it held last time, up to the whole budget.
                 least = entry.config.memory_bytes or model_file_bytes(entry)
                 self._check_fits(name, least, entry)
-                need = self._estimate(managed, least, managed.run_bytes, managed.loading_bytes)
+                loading = managed.loading_bytes
+                if not loading and entry.config.memory_bytes is None:  # a first load
+                    loading = FIRST_LOAD_FACTOR * least
+                need = self._estimate(managed, least, managed.run_bytes, loading)
                 await self._make_room(need, name, f"to load {name!r}")
                 managed.bytes = held + need  # reserved while it loads and warms up
                 # Inferences running now give their memory back first (new ones wait).
