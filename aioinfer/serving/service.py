@@ -375,8 +375,9 @@ class InferenceService:
 
     async def _warm_up(self, versions: dict[str, ServedModel]) -> int:
         """Run one inference on each of ``versions`` (just loaded) on its
-        :func:`example_inputs`; not for a model that keeps state or generates. The bytes of the inputs given to the inferences that
-        ran (0: none ran); a model that refuses its example inputs is left alone."""
+        :func:`example_inputs`; not for a model that keeps state or generates. The
+        bytes of the inputs given to the inferences that ran (0: none ran); a model
+        that refuses its example inputs is left alone."""
         given = 0
         for served in versions.values():
             config = served.config
