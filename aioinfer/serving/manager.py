@@ -19,11 +19,22 @@ keeps them, its plans, an engine's session), at least the size of its model file
 the model's. Loads and unloads therefore run one at a time in the process, off the
 event loop: they never hold up the requests of the loaded models. What else runs during
 a load can only add to its measure, so a model's known size is the least of its loads'.
-What loads do not show (arenas that requests grow, what the allocator keeps) is caught
-by the resident memory itself: while the server has gained more than the budget since
-before its first load, idle models are unloaded, least recently used first. After an
-unload the manager collects the garbage and gives the allocator's free pages back to
-the system (``malloc_trim`` on glibc), so that the resident memory falls back.
+
+**What its inferences allocate.** Under a budget, a load ends with a warm-up inference
+on example inputs (zeros; see :func:`~aioinfer.serving.service.example_inputs`) whose
+peak resident memory, sampled on a thread, gives what the model's inferences allocate
+per byte of their inputs. Each inference then holds its share (that ratio times its
+inputs' bytes) of the budget while it runs: when the loaded models and the running
+inferences leave too little, it waits (up to ``load_wait``; idle models are unloaded
+meanwhile), and a load waits for the running inferences to give back what it needs.
+For that memory to go back to the system after each run, the service turns off
+onnxruntime's arena for the models it serves under a budget, and the manager sets
+glibc to return freed memory at once (:func:`return_memory_promptly`). What is still
+not accounted (the requests' bodies, the libraries an engine loads on first use, what
+a load measured short) is caught by the resident memory itself: while the server has
+gained more than the budget since before its first load, idle models are unloaded,
+least recently used first. After an unload the manager collects the garbage and gives
+the allocator's free pages back to the system (``malloc_trim`` on glibc).
 
 **Never under a request.** A model with requests in flight or open sequences (a
 stateful model's, a generation's) is busy: eviction picks the least recently used idle
@@ -50,6 +61,7 @@ import ctypes.util
 import enum
 import gc
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -70,6 +82,11 @@ FIRST_RETRY_S = 1.0
 """Seconds after a failed load before a request may try again (doubled per failure)."""
 LAST_RETRY_S = 60.0
 """The longest wait between the tries of a model that keeps failing to load."""
+FIRST_LOAD_FACTOR = 4
+"""What a model's first load is taken to hold at once, in times its model files: the
+read model, its serialized copy for the engine and the engine's own (onnxruntime held
+3.9-4.0 times the weights of the benchmark's generated MatMul models while it loaded
+them). Its later loads reserve what the first one measured."""
 
 
 def format_bytes(size: float) -> str:
@@ -103,6 +120,25 @@ def model_file_bytes(entry: ModelEntry) -> int:
 
 
 _LIBC = ctypes.util.find_library("c")
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+"""glibc's ``mallopt`` parameters (malloc.h)."""
+RETURN_THRESHOLD = 128 * 2**10
+"""Under a budget, allocations from this size up are mapped on their own and unmapped
+when freed, and free memory at the top of the heap beyond it goes back to the system:
+glibc's defaults move the first threshold up to 32 MiB as blocks are freed, after which
+the memory of engines' runs stays in the heap (the benchmark's accounts fell from 720
+to 445 MiB with this)."""
+
+
+def return_memory_promptly() -> None:
+    """Make glibc's allocator give freed memory back to the system at once (for the
+    whole process: the budget is the process's), instead of keeping it for reuse."""
+    if _LIBC is not None:
+        mallopt = getattr(ctypes.CDLL(_LIBC), "mallopt", None)
+        if mallopt is not None:
+            mallopt(_M_MMAP_THRESHOLD, RETURN_THRESHOLD)
+            mallopt(_M_TRIM_THRESHOLD, RETURN_THRESHOLD)
 
 
 def release_free_memory() -> None:
@@ -124,6 +160,32 @@ class ModelState(enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
+class PeakMemory:
+    """The highest :func:`resident_memory` while the block runs, sampled every
+    ``interval`` seconds on a thread of its own (the block may run on the event loop)."""
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval = interval
+        self.highest = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="aioinfer-peak-memory")
+
+    def __enter__(self) -> PeakMemory:
+        self.highest = resident_memory()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.highest = max(self.highest, resident_memory())
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(psutil.Error):
+                self.highest = max(self.highest, resident_memory())
+
+
 @dataclass(eq=False)
 class ManagedModel:
     """One model of the repository as the manager sees it."""
@@ -136,6 +198,15 @@ class ManagedModel:
     """What the model holds while loaded (or reserves while it loads)."""
     known_bytes: int = 0
     """What its last load measured: the estimate of its next one."""
+    loading_bytes: int = 0
+    """The most its load held at once (the compile's copies of the weights included,
+    which it frees before it ends), at the least measured: reserved with its load."""
+    run_bytes: int = 0
+    """What its warm-up inference allocated on top (its activations, at the least
+    measured): reserved with its load."""
+    run_bytes_per_input_byte: float = 0.0
+    """What its inferences allocate per byte of their inputs (its warm-up's measure):
+    what each of its inferences reserves of the budget while it runs."""
     last_used: float = 0.0
     """When a request last came for it (``time.perf_counter()``)."""
     waiting: int = 0
@@ -169,6 +240,9 @@ class ModelManager:
             waiting up to the timeout it is given (None: as long as they run).
         idle_since: None while model ``name`` is busy (requests in flight, open
             sequences); else when its last request ended (``time.perf_counter()``).
+        warm_up: runs one example inference on each version of a model just loaded
+            and returns the bytes of the inputs it gave them (0: none ran; see
+            :meth:`InferenceService._warm_up`); None: no warm-up.
         budget: the bytes the loaded models may hold together.
         on_demand: whether a request may load a model that never loaded (one the
             manager unloaded, idle or evicted, is loaded again on demand anyway).
@@ -184,6 +258,7 @@ class ModelManager:
         compile: Callable[[ModelEntry], Awaitable[dict[str, ServedModel]]],
         retire: Callable[[list[ServedModel], float | None], Awaitable[None]],
         idle_since: Callable[[str], float | None],
+        warm_up: Callable[[dict[str, ServedModel]], Awaitable[int]] | None = None,
         budget: int | None = None,
         on_demand: bool = True,
         load_wait: float = 60.0,
@@ -201,6 +276,15 @@ class ModelManager:
         self._compile = compile
         self._retire = retire
         self._idle_since = idle_since
+        self._warm_up = warm_up
+        self._running = 0
+        """What the inferences running now reserved of the budget (bytes)."""
+        self._wanted: list[tuple[int]] = []
+        """The inferences waiting for memory, first come first: what each needs."""
+        self._freed = anyio.Event()
+        """Set (and replaced) when reserved memory is given back or a model unloaded."""
+        self._wake = anyio.Event()
+        """Set to run the watch at once (an inference waits for memory)."""
         self._managed: dict[str, ManagedModel] = {}
         self._lock = anyio.Lock()
         self._group: TaskGroup | None = None
@@ -226,6 +310,14 @@ class ModelManager:
     def used_bytes(self) -> int:
         """What the loaded (and loading, and unloading) models hold."""
         return sum(managed.bytes for managed in self._managed.values())
+
+    def running_bytes(self) -> int:
+        """What the inferences running now reserved of the budget."""
+        return self._running
+
+    def _notify_freed(self) -> None:
+        freed, self._freed = self._freed, anyio.Event()
+        freed.set()
 
     # -- the lifetime -------------------------------------------------------------------
 
@@ -339,6 +431,58 @@ class ModelManager:
             managed.waiting -= 1
         managed.last_used = time.perf_counter()
 
+    @asynccontextmanager
+    async def inference_memory(self, name: str, input_bytes: int) -> AsyncIterator[None]:
+        """Hold, while the block runs, what an inference of model ``name`` on
+        ``input_bytes`` bytes of inputs allocates (what its warm-up allocated per input
+        byte) against the budget. When the loaded models and the running inferences
+        leave too little, it waits for them to give memory back (idle models are
+        unloaded meanwhile), up to ``load_wait`` seconds, behind the inferences that
+        waited first (a large one is not passed by small ones forever); when no other
+        inference runs, it runs whatever it needs (nothing it could wait for would
+        free memory).
+
+        Raises:
+            ServiceError: UNAVAILABLE, the memory did not free within ``load_wait``
+                seconds (retryable).
+        """
+        managed = self._managed.get(name)
+        budget = self.budget
+        need = 0
+        if managed is not None and budget is not None:
+            need = int(managed.run_bytes_per_input_byte * input_bytes)
+        if need == 0 or budget is None:
+            yield
+            return
+
+        def fits() -> bool:
+            return not self._running or self.used_bytes() + self._running + need <= budget
+
+        if self._wanted or not fits():
+            place = (need,)  # this inference's place in the line (compared by identity)
+            self._wanted.append(place)
+            self._wake.set()
+            try:
+                with anyio.fail_after(self.load_wait):
+                    while self._wanted[0] is not place or not fits():
+                        await self._freed.wait()
+            except TimeoutError:
+                raise ServiceError(
+                    f"model {name!r}: its inference needs {format_bytes(need)} of the memory "
+                    f"budget, which the loaded models and the running inferences did not "
+                    f"leave within {self.load_wait:g} s; retry later",
+                    ErrorKind.UNAVAILABLE,
+                ) from None
+            finally:
+                self._wanted = [other for other in self._wanted if other is not place]
+                self._notify_freed()  # the next in line looks again
+        self._running += need
+        try:
+            yield
+        finally:
+            self._running -= need
+            self._notify_freed()
+
     def _failed(self, managed: ManagedModel) -> ServiceError:
         failure = managed.failure
         assert failure is not None
@@ -389,13 +533,26 @@ class ModelManager:
                 # room is made for what it held last time, up to the whole budget.
                 least = entry.config.memory_bytes or model_file_bytes(entry)
                 self._check_fits(name, least, entry)
-                need = self._estimate(managed, least)
+                loading = managed.loading_bytes
+                if not loading and entry.config.memory_bytes is None:  # a first load
+                    loading = FIRST_LOAD_FACTOR * least
+                need = self._estimate(managed, least, managed.run_bytes, loading)
                 await self._make_room(need, name, f"to load {name!r}")
-                managed.bytes = held + need  # reserved while it loads
+                managed.bytes = held + need  # reserved while it loads and warms up
+                # Inferences running now give their memory back first (new ones wait).
+                while self._running and self.used_bytes() + self._running > (self.budget or 0):
+                    await self._freed.wait()
+                if self._own is None and self.budget is not None:
+                    return_memory_promptly()
                 before = resident_memory()
                 if self._own is None:
                     self._own = before
-                versions = await self._compile(entry)
+                with PeakMemory() as peak:
+                    versions = await self._compile(entry)
+                loading = peak.highest - before
+                managed.loading_bytes = min(managed.loading_bytes or loading, loading)
+                if self._warm_up is not None and self.budget is not None:
+                    await self._measure_warm_up(managed, versions)
                 measured = resident_memory() - before
             except BaseException as exc:
                 managed.bytes = held
@@ -433,6 +590,31 @@ class ModelManager:
             # It may have measured more than its estimate: make up for it with idle models.
             await self._make_room(0, name, f"after {name!r} loaded", idle_only=True)
 
+    async def _measure_warm_up(
+        self, managed: ManagedModel, versions: dict[str, ServedModel]
+    ) -> None:
+        """Run the warm-up of the versions of ``managed`` just loaded, and keep what it
+        allocated above the loaded model's resident memory (the least of the loads'
+        measures: what else runs meanwhile only adds to it)."""
+        assert self._warm_up is not None
+        loaded = resident_memory()
+        with PeakMemory() as peak:
+            input_bytes = await self._warm_up(versions)
+        ran = max(0, peak.highest - loaded)
+        if input_bytes <= 0 or ran <= 0:
+            return
+        per_input_byte = ran / input_bytes
+        managed.run_bytes = min(managed.run_bytes or ran, ran)
+        self.metrics.loads_of(managed.name).inference_bytes = managed.run_bytes
+        known = managed.run_bytes_per_input_byte
+        managed.run_bytes_per_input_byte = min(known or per_input_byte, per_input_byte)
+        _logger.info(
+            "model %r: its warm-up on %s of inputs allocated %s",
+            managed.name,
+            format_bytes(input_bytes),
+            format_bytes(ran),
+        )
+
     def _record_failure(self, managed: ManagedModel, failure: BaseException) -> None:
         managed.state, managed.reason = ModelState.UNAVAILABLE, f"load failed: {failure}"
         managed.failed_at = time.perf_counter()
@@ -463,10 +645,14 @@ class ModelManager:
             await self._unload(managed, reason, self.drain_timeout)
             return True
 
-    def _estimate(self, managed: ManagedModel, least: int) -> int:
+    def _estimate(
+        self, managed: ManagedModel, least: int, running: int = 0, loading: int = 0
+    ) -> int:
         """What a load of ``managed`` will hold: what its last load measured, at least
-        ``least`` (its files or its declared size), at most the budget."""
-        need = max(managed.known_bytes, least)
+        ``least`` (its files or its declared size), with ``running`` bytes of an
+        inference on top, or the ``loading`` bytes the load itself held at once if
+        more; at most the budget."""
+        need = max(max(managed.known_bytes, least) + running, loading)
         return need if self.budget is None else min(need, self.budget)
 
     def _check_fits(self, name: str, size: int, entry: ModelEntry) -> None:
@@ -490,7 +676,7 @@ class ModelManager:
         if self.budget is None:
             return False
         gained = 0 if self._own is None else resident_memory() - self._own
-        return max(self.used_bytes(), gained) + need > self.budget
+        return max(self.used_bytes() + self._running, gained) + need > self.budget
 
     async def _make_room(self, need: int, keep: str, why: str, idle_only: bool = False) -> None:
         """Unload the least recently used models until ``need`` more bytes fit; only
@@ -533,6 +719,7 @@ class ModelManager:
         finally:
             managed.state, managed.reason, managed.bytes = ModelState.UNAVAILABLE, reason, 0
             managed.notify()
+            self._notify_freed()
             figures = self.metrics.loads_of(managed.name)
             figures.unloads += 1
             figures.bytes = 0
@@ -546,8 +733,9 @@ class ModelManager:
         await anyio.to_thread.run_sync(release_free_memory)
 
     async def _unload_idle(self) -> None:
-        """Every tick: the idle models past their ``idle_unload_s``, then, while the
-        server's resident memory is over the budget, the least recently used idle ones."""
+        """Every tick (at once when an inference waits for memory): the idle models past
+        their ``idle_unload_s``, then, while the server's resident memory (or what the
+        waiting inferences need) is over the budget, the least recently used idle ones."""
         while True:
             limits = [
                 entry.config.idle_unload_s
@@ -555,10 +743,14 @@ class ModelManager:
                 if entry.config.idle_unload_s is not None
             ]
             tick = 0.25 if self.budget is not None else 1.0
-            await anyio.sleep(min(tick, max(0.01, min(limits, default=1.0) / 4)))
-            if self._over_budget(0):
+            with anyio.move_on_after(min(tick, max(0.01, min(limits, default=1.0) / 4))):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            wanted = max((need for (need,) in self._wanted), default=0)
+            if self._over_budget(wanted):
+                why = "for a running inference" if wanted else "the server's memory over the budget"
                 async with self._lock:
-                    await self._make_room(0, "", "the server's memory over the budget", True)
+                    await self._make_room(wanted, "", why, True)
             now = time.perf_counter()
             for name in list(self.models):
                 config = self.repository.models[name].config

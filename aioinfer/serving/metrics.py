@@ -107,6 +107,7 @@ class ModelLoadMetrics:
         "evictions",
         "failed_loads",
         "hits",
+        "inference_bytes",
         "load_time",
         "loads",
         "misses",
@@ -116,6 +117,8 @@ class ModelLoadMetrics:
     def __init__(self) -> None:
         self.bytes = 0
         """What the model holds now (0: not loaded)."""
+        self.inference_bytes = 0
+        """What its warm-up inference at load allocated on top (0: not measured)."""
         self.loads = 0
         """Loads that succeeded."""
         self.failed_loads = 0
@@ -241,6 +244,12 @@ class _Collector(Collector):
             "Memory a loaded model holds (measured at its load; 0: not loaded).",
             labels=labels,
         )
+        inference = GaugeMetricFamily(
+            "aioinfer_model_inference_memory_bytes",
+            "Memory the warm-up inference at a model's load allocated on top of the model "
+            "(under a memory budget; 0: not measured).",
+            labels=labels,
+        )
         counters = {
             name: CounterMetricFamily(f"aioinfer_model_{name}", text, labels=labels)
             for name, text in LOAD_COUNTERS.items()
@@ -252,10 +261,11 @@ class _Collector(Collector):
         )
         for name, figures in sorted(self._metrics.load_figures()):
             memory.add_metric([name], figures.bytes)
+            inference.add_metric([name], figures.inference_bytes)
             for attribute, family in counters.items():
                 family.add_metric([name], getattr(figures, attribute))
             load_time.add_metric([name], figures.load_time.cumulative(), figures.load_time.sum)
-        yield from (memory, *counters.values(), load_time)
+        yield from (memory, inference, *counters.values(), load_time)
         if self._metrics.memory_budget is not None:
             budget = GaugeMetricFamily(
                 "aioinfer_memory_budget_bytes", "The memory the loaded models may hold."

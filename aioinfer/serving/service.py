@@ -37,15 +37,17 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import numpy as np
 
 import aioinfer
 from aioinfer.core import Core
+from aioinfer.devices.auto.plugin import unavailable_reason
 from aioinfer.errors import (
     AioinferError,
     ErrorKind,
@@ -142,8 +144,10 @@ class InferCall:
             shared = request.shared_inputs.items()
             inputs = {**inputs, **{name: shared_memory.read(name, s) for name, s in shared}}
         self.computed = time.perf_counter()
+        input_bytes = sum(getattr(value, "nbytes", 0) for value in inputs.values())
         try:
-            results, self.waited = await model.infer(inputs, sequence)
+            async with self._service.manager.inference_memory(model.name, input_bytes):
+                results, self.waited = await model.infer(inputs, sequence)
         except ServiceError:
             raise
         except AioinferError as exc:
@@ -262,6 +266,7 @@ class InferenceService:
             compile=self._compile,
             retire=self._retire,
             idle_since=self._idle_since,
+            warm_up=self._warm_up,
             budget=budget,
             on_demand=budget is not None or self.model_control_mode is ModelControlMode.NONE,
             load_wait=load_wait,
@@ -337,9 +342,11 @@ class InferenceService:
                         model = await self.core.read_model_async(str(path))
                         plan = entry.config.compile_plan(self.core, model)
                         decided = plan.decided
-                        compiled = await self.core.compile_model_async(
-                            model, plan.device, plan.config
-                        )
+                        config = {
+                            **self._budget_properties(plan.device, plan.config),
+                            **plan.config,
+                        }
+                        compiled = await self.core.compile_model_async(model, plan.device, config)
                 except AioinferError as exc:
                     raise type(exc)(f"model {entry.name!r} version {version}: {exc}") from exc
                 served = versions[version] = ServedModel(
@@ -365,6 +372,50 @@ class InferenceService:
             return await load_text_model(self.core, entry, version, path, self.max_sequences)
         except AioinferError as exc:
             raise type(exc)(f"model {entry.name!r} version {version}: {exc}") from exc
+
+    def _budget_properties(self, device: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Under a memory budget, the properties that make the device that computes for
+        ``device`` (``BATCH:``, ``PROCESS:`` wrap it; ``AUTO`` compiles on the first
+        available device of its priorities) give its runs' memory back to the system:
+        onnxruntime's CPU arena off. The model's own ``properties`` override them."""
+        if self.manager.budget is None:
+            return {}
+        computing = device.rsplit(":", 1)[-1]
+        if computing == "AUTO":
+            priorities = config.get("DEVICE_PRIORITIES") or self.core.get_property(
+                "AUTO", "DEVICE_PRIORITIES"
+            )
+            if isinstance(priorities, str):
+                priorities = priorities.split(",")
+            usable = [d for d in priorities if unavailable_reason(self.core, d) is None]
+            computing = usable[0] if usable else ""
+        return {"ORT_CPU_MEM_ARENA": False} if computing == "ORT" else {}
+
+    async def _warm_up(self, versions: dict[str, ServedModel]) -> int:
+        """Run one inference on each of ``versions`` (just loaded) on its
+        :func:`example_inputs`; not for a model that keeps state or generates. The
+        bytes of the inputs given to the inferences that ran (0: none ran); a model
+        that refuses its example inputs is left alone."""
+        given = 0
+        for served in versions.values():
+            config = served.config
+            if config.stateful is not None or config.generate is not None:
+                continue
+            inputs = example_inputs(served.inputs)
+            if inputs is None:
+                continue
+            try:
+                await served.compiled.infer(inputs, share_inputs=True)
+            except AioinferError as exc:
+                _logger.info(
+                    "model %r version %s: no warm-up inference (%s)",
+                    served.name,
+                    served.version,
+                    exc,
+                )
+                continue
+            given += sum(value.nbytes for value in inputs.values())
+        return given
 
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -765,6 +816,28 @@ class InferenceService:
                 of the server.
         """
         return generate_tokens(self, name, version, request)
+
+
+EXAMPLE_DIM = 64
+"""The size an example input gets in a dimension that is not static, but the first: a
+size that the strided convolutions of image models accept, and on which an inference
+allocates in proportion to its inputs as on larger ones."""
+
+
+def example_inputs(ports: Sequence[Any]) -> dict[str, np.ndarray] | None:
+    """Zeros for each of the tensor ``ports``: of its static dimensions, 1 for a first
+    dimension that is not (the batch), :data:`EXAMPLE_DIM` for any other; None when a
+    port's rank is unknown or it is not a tensor."""
+    inputs = {}
+    for port in ports:
+        if port.kind != "tensor" or port.shape is None:
+            return None
+        shape = tuple(
+            dim if isinstance(dim, int) else (1 if axis == 0 else EXAMPLE_DIM)
+            for axis, dim in enumerate(port.shape)
+        )
+        inputs[port.name] = np.zeros(shape, port.dtype)
+    return inputs
 
 
 def _wanted_outputs(

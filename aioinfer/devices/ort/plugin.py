@@ -15,6 +15,7 @@ from aioinfer.devices.ort.export import ort_payload, read_ort_payload
 from aioinfer.devices.ort.profile import SessionProfiler, profile_directory
 from aioinfer.devices.ort.properties import (
     ORT_ALLOW_SPINNING,
+    ORT_CPU_MEM_ARENA,
     ORT_INLINE_RUN_US,
     ORT_PROVIDERS,
     ORT_THREAD_NICE,
@@ -65,6 +66,7 @@ class ORTPlugin(Plugin):
         PERF_COUNT,
         ORT_PROVIDERS,
         ORT_ALLOW_SPINNING,
+        ORT_CPU_MEM_ARENA,
         ORT_INLINE_RUN_US,
         ORT_SINGLE_THREAD_RUN_US,
         ORT_THREAD_NICE,

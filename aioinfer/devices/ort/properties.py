@@ -48,6 +48,17 @@ ORT_ALLOW_SPINNING = Property(
     parse=yes_no,
     mutable=True,
 )
+ORT_CPU_MEM_ARENA = Property(
+    "ORT_CPU_MEM_ARENA",
+    "ORT device: onnxruntime keeps the memory of a run's intermediate tensors in its "
+    "CPU arena for the next runs (on by default). Off: each run allocates them and "
+    "gives them back, so that the process's resident memory falls back after every run "
+    "(what a server under a memory budget needs); it costs a model of microseconds per "
+    "run up to twice its time, a model of milliseconds nothing measurable "
+    "(docs/benchmarks.md, Many models).",
+    default=True,
+    parse=yes_no,
+)
 ORT_INLINE_RUN_US = Property(
     "ORT_INLINE_RUN_US",
     "ORT device with one stream: a run whose last run on inputs of the same shapes "

@@ -83,6 +83,8 @@ class SessionSpec:
     providers: tuple[str, ...]
     intra_op_threads: int
     allow_spinning: bool
+    cpu_mem_arena: bool = True
+    """``ORT_CPU_MEM_ARENA``: the session keeps its runs' memory in its arena."""
     profile_prefix: str = ""
     """Where onnxruntime writes the profile ('' when profiling is off)."""
     nice: int = 0
@@ -107,13 +109,15 @@ class SessionSpec:
             providers=check_providers(config),
             intra_op_threads=intra_op_threads,
             allow_spinning=bool(config["ORT_ALLOW_SPINNING"]),
+            cpu_mem_arena=bool(config["ORT_CPU_MEM_ARENA"]),
             profile_prefix=profile_prefix,
             nice=int(config["ORT_THREAD_NICE"]),
         )
 
     def options(self) -> ort.SessionOptions:
-        """The session options: threads, spinning, external data, profiling."""
+        """The session options: threads, spinning, the arena, external data, profiling."""
         options = ort.SessionOptions()
+        options.enable_cpu_mem_arena = self.cpu_mem_arena
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
