@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import anyio.to_thread
 
@@ -83,12 +82,7 @@ def _served_decoder(entry: ModelEntry, folder: Path) -> ModelEntry:
         folder, _input_names(next(iter(entry.versions.values())))
     ):
         return entry
-    defaults = GenerationDefaults.from_folder(folder)
-    generate: dict[str, Any] = {}
-    if defaults.eos_token_id:
-        generate["eos_token_id"] = list(defaults.eos_token_id)
-    if defaults.max_new_tokens is not None:
-        generate["max_new_tokens"] = defaults.max_new_tokens
+    generate = GenerationDefaults.from_folder(folder).config_values()
     stateful = entry.config.stateful if entry.config.stateful is not None else "auto"
     hint = entry.config.hint or DECODER_HINT
     # A generation holds one of the model's slots while it runs: as many as the scheduler

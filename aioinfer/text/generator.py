@@ -70,6 +70,16 @@ class GenerationDefaults:
     """``temperature``/``top_p``/``top_k`` it gives; None when it does not say whether
     it samples."""
 
+    def config_values(self) -> dict[str, Any]:
+        """The keys of a :class:`GenerationConfig` these defaults give
+        (``eos_token_id``, ``max_new_tokens``), for a config to start from."""
+        values: dict[str, Any] = {}
+        if self.eos_token_id:
+            values["eos_token_id"] = list(self.eos_token_id)
+        if self.max_new_tokens is not None:
+            values["max_new_tokens"] = self.max_new_tokens
+        return values
+
     @classmethod
     def from_folder(cls, folder: str | Path) -> GenerationDefaults:
         """The defaults of ``folder``'s ``generation_config.json`` (none without one).
@@ -146,12 +156,7 @@ class TextGenerator:
         folder = Path(folder)
         tokenizer = read_library_tokenizer(folder / TOKENIZER_FILE)
         defaults = GenerationDefaults.from_folder(folder)
-        values: dict[str, Any] = {}
-        if defaults.eos_token_id:
-            values["eos_token_id"] = list(defaults.eos_token_id)
-        if defaults.max_new_tokens is not None:
-            values["max_new_tokens"] = defaults.max_new_tokens
-        values.update(config or {})
+        values = {**defaults.config_values(), **(config or {})}
         return cls(
             compiled,
             tokenizer,
