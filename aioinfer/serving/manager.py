@@ -325,6 +325,12 @@ class ModelManager:
     async def running(self) -> AsyncIterator[None]:
         """Run the loads that requests start and the idle unloads; at the end, stop them
         (the service closes what is loaded)."""
+        # The events and lock bind to the event loop that first waits on them: an app
+        # whose lifespan runs again on another loop (a test server started twice, an
+        # app mounted again) gets new ones.
+        self._freed, self._wake, self._lock = anyio.Event(), anyio.Event(), anyio.Lock()
+        for managed in self._managed.values():
+            managed.changed = anyio.Event()
         async with anyio.create_task_group() as group:
             self._group = group
             group.start_soon(self._unload_idle)
